@@ -1,0 +1,201 @@
+"""One typed settings schema for every entry point.
+
+Settings come, in increasing priority, from the defaults below, a TOML file (``--config``),
+environment variables ``METRICVAULT_<NAME>`` and command-line flags. Every field carries help
+text; ``metricvault config`` prints them all and ``docs/configuration.md`` lists them (a test
+fails when a setting is missing there).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import MISSING, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from metricvault.durations import format_duration_ms, parse_duration_ms, parse_retention_ms
+from metricvault.errors import ConfigError
+
+ENV_PREFIX = "METRICVAULT_"
+
+
+def _setting(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class RetentionOverride:
+    """Keep the series matching ``selector`` for ``retention`` in ``tier`` (e.g. raw forever)."""
+
+    selector: str
+    tier: str
+    retention: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    data: str = _setting(
+        "./metricvault-data",
+        "Where the vault lives: a local directory or s3://bucket/prefix.",
+    )
+    state_dir: str = _setting(
+        "",
+        "Local directory for the durable ingest buffer of a vault on object storage "
+        "(default: .metricvault-state/<bucket>/<prefix>). Local vaults keep it inside the vault.",
+    )
+    s3_endpoint: str = _setting(
+        "", "S3 endpoint URL for s3:// vaults (MinIO, moto, ...); empty means AWS."
+    )
+    s3_region: str = _setting("us-east-1", "S3 region for s3:// vaults.")
+    s3_access_key: str = _setting(
+        "", "S3 access key; empty means AWS_ACCESS_KEY_ID from the environment."
+    )
+    s3_secret_key: str = _setting(
+        "", "S3 secret key; empty means AWS_SECRET_ACCESS_KEY from the environment."
+    )
+    retention_raw: str = _setting("30d", "How long raw samples are kept ('forever' to never drop).")
+    retention_1m: str = _setting("1095d", "How long 1-minute rollups are kept.")
+    retention_1h: str = _setting("forever", "How long 1-hour rollups are kept.")
+    retention_overrides: tuple[RetentionOverride, ...] = _setting(
+        (),
+        "Per-selector retention, e.g. [[retention_overrides]] selector='{experiment=\"x\"}' "
+        "tier='raw' retention='forever'.",
+    )
+    flush_interval: str = _setting(
+        "10s", "How often buffered samples become Parquet files (gateway and maintain loop)."
+    )
+    flush_max_samples: int = _setting(2_000_000, "Flush early once this many samples are buffered.")
+    buffer_max_bytes: int = _setting(
+        2 * 1024**3,
+        "Refuse writes (backpressure, HTTP 503) while the ingest buffer is over this size.",
+    )
+    counter_lookback: str = _setting(
+        "1h",
+        "How far back the previous sample of a counter is looked for when computing increase; "
+        "a longer gap counts as a fresh start.",
+    )
+    compact_min_files: int = _setting(
+        2, "Compact a day partition once it holds this many data files."
+    )
+    keep_snapshots: int = _setting(
+        10, "Catalog snapshots kept by maintain; older ones are expired (readers see new ones)."
+    )
+    orphan_grace: str = _setting(
+        "15m",
+        "Unreferenced data files younger than this are not deleted (a writer may be committing).",
+    )
+    maintain_interval: str = _setting(
+        "60s", "Pause between rounds of 'metricvault maintain --loop'."
+    )
+    cache_bytes: int = _setting(
+        512 * 1024**2, "Memory for decoded data files kept by a Vault for repeated queries."
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("retention_raw", "retention_1m", "retention_1h"):
+            _check(name, parse_retention_ms, getattr(self, name))
+        for name in ("flush_interval", "counter_lookback", "orphan_grace", "maintain_interval"):
+            _check(name, parse_duration_ms, getattr(self, name))
+        for name in ("flush_max_samples", "buffer_max_bytes", "compact_min_files", "cache_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"setting {name} must be at least 1, got {getattr(self, name)}")
+        for override in self.retention_overrides:
+            if override.tier not in ("raw", "1m", "1h"):
+                raise ConfigError(
+                    f"retention override for {override.selector!r} names tier {override.tier!r}; "
+                    "tiers are raw, 1m, 1h"
+                )
+            _check("retention_overrides.retention", parse_retention_ms, override.retention)
+
+    def retention_ms(self, tier: str) -> int | None:
+        return parse_retention_ms(getattr(self, f"retention_{tier}"))
+
+    def with_overrides(self, **values: Any) -> Settings:
+        return replace(self, **{k: _coerce(k, v) for k, v in values.items() if v is not None})
+
+    @classmethod
+    def load(
+        cls,
+        config_file: str | Path | None = None,
+        env: dict[str, str] | None = None,
+        **flags: Any,
+    ) -> Settings:
+        """Defaults < TOML file < ``METRICVAULT_*`` environment < explicit flags."""
+        values: dict[str, Any] = {}
+        if config_file:
+            values.update(_read_toml(Path(config_file)))
+        values.update(_read_env(os.environ if env is None else env))
+        values.update({k: v for k, v in flags.items() if v is not None})
+        unknown = set(values) - set(setting_names())
+        if unknown:
+            raise ConfigError(
+                f"unknown setting(s) {', '.join(sorted(unknown))}; known settings are listed by "
+                "'metricvault config'"
+            )
+        return cls(**{k: _coerce(k, v) for k, v in values.items()})
+
+
+def setting_names() -> list[str]:
+    return [f.name for f in fields(Settings)]
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(name, default, help) for every setting, in schema order."""
+    rows = []
+    for f in fields(Settings):
+        default = f.default if f.default is not MISSING else ""
+        rows.append((f.name, repr(default), str(f.metadata["help"])))
+    return rows
+
+
+def _check(name: str, parse: Any, value: Any) -> None:
+    try:
+        parse(value)
+    except Exception as exc:
+        raise ConfigError(f"setting {name}={value!r} is invalid: {exc}") from exc
+
+
+def _coerce(name: str, value: Any) -> Any:
+    if name == "retention_overrides":
+        if isinstance(value, str):
+            raise ConfigError(
+                "retention_overrides is set in the TOML file as [[retention_overrides]] tables"
+            )
+        return tuple(
+            v if isinstance(v, RetentionOverride) else RetentionOverride(**v) for v in value
+        )
+    kind = type(getattr(Settings(), name)) if name in setting_names() else str
+    if kind is int and isinstance(value, str):
+        try:
+            return int(value.replace("_", ""))
+        except ValueError as exc:
+            raise ConfigError(f"setting {name} must be an integer, got {value!r}") from exc
+    return value
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {path} does not exist") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    section = raw.get("metricvault", raw)
+    return dict(section)
+
+
+def _read_env(env: Any) -> dict[str, Any]:
+    found = {}
+    for name in setting_names():
+        key = ENV_PREFIX + name.upper()
+        if key in env and name != "retention_overrides":
+            found[name] = env[key]
+    return found
+
+
+def tier_resolution_ms(tier: str) -> int:
+    return 0 if tier == "raw" else parse_duration_ms(tier)
+
+
+__all__ = ["RetentionOverride", "Settings", "describe", "format_duration_ms", "setting_names"]

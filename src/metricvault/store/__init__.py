@@ -1,0 +1,1 @@
+"""The embedded tiered store: ingest buffer, catalog, Parquet files, rollups, retention, query."""

@@ -1,0 +1,164 @@
+"""The durable ingest buffer: SQLite in WAL mode with ``synchronous=FULL``.
+
+``append`` returns only after the batch (and any series it introduces) is committed and
+fsynced, so an acknowledged write survives ``kill -9`` and power loss. Each buffer has a
+random id; the catalog records, per buffer id, the highest sequence number already turned into
+Parquet files. A flush that crashed before its catalog commit is simply redone, and one that
+crashed after it finds its batches at or below the watermark and deletes them: exactly once.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from metricvault.errors import StorageError
+from metricvault.model import SAMPLE_SCHEMA, SERIES_SCHEMA
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS batches (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    samples INTEGER NOT NULL,
+    payload BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS series (
+    series_id INTEGER PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    metric TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    kind TEXT NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class Pending:
+    """What a flush takes out of the buffer: samples and new series up to ``max_seq``."""
+
+    max_seq: int
+    samples: pa.Table
+    series: pa.Table
+    batch_seqs: pa.Array
+
+
+class IngestBuffer:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=30000")
+            self._db.executescript(_SCHEMA)
+            self.buffer_id = self._load_id()
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot open ingest buffer {path}: {exc}") from exc
+
+    def _load_id(self) -> str:
+        row = self._db.execute("SELECT value FROM meta WHERE key='buffer_id'").fetchone()
+        if row:
+            return str(row[0])
+        new_id = uuid.uuid4().hex
+        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('buffer_id', ?)", (new_id,))
+        row = self._db.execute("SELECT value FROM meta WHERE key='buffer_id'").fetchone()
+        return str(row[0])
+
+    def append(self, samples: pa.Table, new_series: Iterable[tuple[int, str, str, str]]) -> int:
+        """Durably store one batch; returns its sequence number."""
+        payload = _to_ipc(samples)
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                cur = self._db.execute(
+                    "INSERT INTO batches (samples, payload) VALUES (?, ?)",
+                    (samples.num_rows, payload),
+                )
+                seq = int(cur.lastrowid or 0)
+                self._db.executemany(
+                    "INSERT OR IGNORE INTO series VALUES (?, ?, ?, ?, ?)",
+                    [(sid, seq, metric, labels, kind) for sid, metric, labels, kind in new_series],
+                )
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._db.execute("ROLLBACK")
+                raise StorageError(f"cannot append to ingest buffer {self.path}: {exc}") from exc
+        return seq
+
+    def pending(self, after_seq: int, max_samples: int) -> Pending | None:
+        """Batches with seq > ``after_seq`` (at least one, then up to ``max_samples``)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, samples, payload FROM batches WHERE seq > ? ORDER BY seq",
+                (after_seq,),
+            )
+            tables, seqs, total, max_seq = [], [], 0, after_seq
+            for seq, count, payload in rows:
+                if tables and total + count > max_samples:
+                    break
+                tables.append(_from_ipc(payload))
+                seqs.append(pa.array([seq] * count, pa.int64()))
+                total += count
+                max_seq = int(seq)
+            if not tables:
+                return None
+            series = self._series_between(after_seq, max_seq)
+        return Pending(
+            max_seq=max_seq,
+            samples=pa.concat_tables(tables),
+            series=series,
+            batch_seqs=pa.concat_arrays(seqs),
+        )
+
+    def _series_between(self, lo: int, hi: int) -> pa.Table:
+        rows = self._db.execute(
+            "SELECT series_id, metric, labels, kind FROM series WHERE seq > ? AND seq <= ?",
+            (lo, hi),
+        ).fetchall()
+        cols = list(zip(*rows, strict=True)) if rows else [[], [], [], []]
+        return pa.table([pa.array(c) for c in cols], schema=SERIES_SCHEMA)
+
+    def all_series(self) -> list[tuple[int, str, str, str]]:
+        with self._lock:
+            rows = self._db.execute("SELECT series_id, metric, labels, kind FROM series")
+            return [(int(a), str(b), str(c), str(d)) for a, b, c, d in rows]
+
+    def discard_through(self, seq: int) -> None:
+        """Forget batches (and their series rows) that the catalog already holds."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("DELETE FROM batches WHERE seq <= ?", (seq,))
+            self._db.execute("DELETE FROM series WHERE seq <= ?", (seq,))
+            self._db.execute("COMMIT")
+
+    def depth(self) -> tuple[int, int]:
+        """(samples, payload bytes) waiting to be flushed."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT coalesce(sum(samples), 0), coalesce(sum(length(payload)), 0) FROM batches"
+            ).fetchone()
+        return int(row[0]), int(row[1])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    options = ipc.IpcWriteOptions(compression="lz4")
+    with ipc.new_stream(sink, SAMPLE_SCHEMA, options=options) as writer:
+        writer.write_table(table.cast(SAMPLE_SCHEMA))
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _from_ipc(payload: bytes) -> pa.Table:
+    return ipc.open_stream(pa.py_buffer(payload)).read_all()

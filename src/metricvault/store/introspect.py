@@ -1,0 +1,135 @@
+"""Looking inside a vault: the series table, statistics, and the SQL escape hatch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from metricvault.durations import HOUR_MS, now_ms
+from metricvault.errors import InputError
+from metricvault.selector import parse_selector
+from metricvault.store import query as q
+from metricvault.store.rollup import ROLLUP_SCHEMA
+from metricvault.store.rollup import fetch_arrow
+
+if TYPE_CHECKING:
+    from metricvault.store.vault import Vault
+
+TIERS = ("raw", "1m", "1h")
+
+
+def series_frame(vault: Vault, selector: str | None, output: str) -> Any:
+    infos = vault.index.all()
+    if selector:
+        sel = parse_selector(selector)
+        infos = [i for i in infos if sel.matches(i.metric, i.labels)]
+    infos.sort(key=lambda i: (i.metric, i.labels_json))
+    names = sorted({k for i in infos for k in i.labels})
+    cols: dict[str, pa.Array] = {
+        "series_id": pa.array([i.series_id for i in infos], pa.int64()),
+        "metric": pa.array([i.metric for i in infos], pa.string()),
+        "kind": pa.array([i.kind for i in infos], pa.string()),
+    }
+    for name in names:
+        cols[name] = pa.array([i.labels.get(name) for i in infos], pa.string())
+    return q.convert(pa.table(cols), output)
+
+
+def stats(vault: Vault, now: int | None = None) -> dict[str, Any]:
+    now = now_ms() if now is None else now
+    snap = vault.snapshot()
+    tiers = {}
+    for tier in TIERS:
+        files = snap.tier_files(tier)
+        rows = sum(f.rows for f in files)
+        size = sum(f.bytes for f in files)
+        tiers[tier] = {
+            "files": len(files),
+            "rows": rows,
+            "bytes": size,
+            "bytes_per_row": round(size / rows, 3) if rows else None,
+            "first": min((f.min_ts for f in files), default=None),
+            "last": max((f.max_ts for f in files), default=None),
+        }
+    pending_samples, pending_bytes = vault.buffer.depth()
+    watermark = snap.rollup_watermark_ms()
+    return {
+        "uri": vault.location.uri,
+        "series": len(vault.index),
+        "snapshot": snap.version,
+        "tiers": tiers,
+        "rollup": {
+            "pending_hours": len(snap.dirty_hours),
+            "complete_until": watermark,
+            "lag_ms": max(0, now - watermark) if watermark is not None else 0,
+        },
+        "buffer": {"samples": pending_samples, "bytes": pending_bytes},
+        "raw_horizon": snap.raw_horizon_ms or None,
+    }
+
+
+_VIEW_SQL = {
+    "raw": "SELECT series_id, ts, make_timestamp(ts * 1000) AS timestamp, "
+    "coalesce(value_f, value_i / pow(10, scale)) AS value FROM {src}",
+    "rollup": "SELECT series_id, ts, make_timestamp(ts * 1000) AS timestamp, count, "
+    + ", ".join(
+        f"coalesce({c}_f, {c}_i / pow(10, scale)) AS {c}"
+        for c in ("sum", "min", "max", "last", "increase")
+    )
+    + ", coalesce(sum_f, sum_i / pow(10, scale)) / count AS mean FROM {src}",
+}
+
+
+def run_sql(vault: Vault, statement: str, output: str) -> Any:
+    if vault.buffer.depth()[0]:
+        vault.flush()
+    snap = vault.snapshot()
+    con = duckdb.connect()
+    con.register("series_src", vault.index.to_table())
+    con.execute("CREATE VIEW series AS SELECT * FROM series_src")
+    for tier in TIERS:
+        view = "raw" if tier == "raw" else f"rollup_{tier}"
+        files = [f.path for f in snap.tier_files(tier)]
+        if files:
+            con.register(f"{view}_src", ds.dataset(files, filesystem=vault.location.fs))
+            sql = _VIEW_SQL["raw" if tier == "raw" else "rollup"].format(src=f"{view}_src")
+        else:
+            con.register(f"{view}_src", _empty(tier))
+            sql = f"SELECT * FROM {view}_src"
+        con.execute(f"CREATE VIEW {view} AS {sql}")
+    try:
+        result = fetch_arrow(con, statement)
+    except duckdb.Error as exc:
+        raise InputError(f"SQL failed: {exc}") from exc
+    finally:
+        con.close()
+    return q.convert(result, output)
+
+
+def _empty(tier: str) -> pa.Table:
+    ts = pa.timestamp("us")
+    if tier == "raw":
+        schema = pa.schema(
+            [
+                ("series_id", pa.int64()),
+                ("ts", pa.int64()),
+                ("timestamp", ts),
+                ("value", pa.float64()),
+            ]
+        )
+    else:
+        schema = pa.schema(
+            [
+                *list(ROLLUP_SCHEMA)[:2],
+                ("timestamp", ts),
+                *list(ROLLUP_SCHEMA)[2:],
+                ("mean", pa.float64()),
+            ]
+        )
+    return schema.empty_table()
+
+
+_ = HOUR_MS

@@ -1,0 +1,151 @@
+"""Where things live in a vault, on local disk or object storage (through ``pyarrow.fs``).
+
+    <root>/catalog/v000000000042.json          catalog snapshots (the highest version is current)
+    <root>/series/part-<id>.parquet            the series table (id -> metric, labels, kind)
+    <root>/data/<tier>/day=YYYY-MM-DD/part-<id>-<uuid>.parquet
+    <state>/buffer.sqlite                      the durable ingest buffer (always local disk)
+    <state>/vault.lock                         serialises catalog commits between processes
+
+A local vault keeps ``<state>`` inside ``<root>``; an ``s3://`` vault keeps it in ``state_dir``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from metricvault.config import Settings
+from metricvault.errors import ConfigError, NotFoundError, StorageError
+
+
+@dataclass
+class Location:
+    """A vault's root on some filesystem plus its local state directory."""
+
+    uri: str
+    fs: pafs.FileSystem
+    root: str
+    state_dir: Path
+    remote: bool
+
+    def path(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+    def read_bytes(self, path: str) -> bytes:
+        try:
+            with self.fs.open_input_stream(path) as stream:
+                return bytes(stream.read())
+        except FileNotFoundError as exc:
+            raise NotFoundError(f"{path} does not exist in vault {self.uri}") from exc
+        except OSError as exc:
+            raise StorageError(f"cannot read {path} from vault {self.uri}: {exc}") from exc
+
+    def write_bytes_exclusive(self, path: str, data: bytes) -> bool:
+        """Create ``path`` with ``data`` unless it exists; False when someone else won."""
+        if not self.remote:
+            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            Path(tmp).parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+            _fsync_dir(Path(path).parent)
+            return True
+        if self.exists(path):
+            return False
+        with self.fs.open_output_stream(path) as out:
+            out.write(data)
+        return True
+
+    def exists(self, path: str) -> bool:
+        return bool(self.fs.get_file_info(path).type != pafs.FileType.NotFound)
+
+    def list_files(self, prefix: str) -> list[pafs.FileInfo]:
+        selector = pafs.FileSelector(self.path(prefix), recursive=True, allow_not_found=True)
+        return [i for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File]
+
+    def delete(self, path: str) -> None:
+        try:
+            self.fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+
+    def new_data_path(self, tier: str, day: str, file_id: int) -> str:
+        name = f"part-{file_id:010d}-{uuid.uuid4().hex[:12]}.parquet"
+        return self.path("data", tier, f"day={day}", name)
+
+    def new_series_path(self, file_id: int) -> str:
+        return self.path("series", f"part-{file_id:010d}-{uuid.uuid4().hex[:12]}.parquet")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_location(uri: str, settings: Settings, create: bool = True) -> Location:
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        return _open_s3(uri, parsed.netloc, parsed.path.strip("/"), settings)
+    if parsed.scheme not in ("", "file"):
+        raise ConfigError(
+            f"unsupported vault URI {uri!r}: use a local directory or s3://bucket/prefix"
+        )
+    root = Path(parsed.path if parsed.scheme == "file" else uri).expanduser().resolve()
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"vault path {root} exists and is not a directory")
+    if not root.exists():
+        if not create:
+            raise NotFoundError(f"no vault at {root}: create one with 'metricvault demo' or write")
+        root.mkdir(parents=True)
+    state = root / "state"
+    state.mkdir(exist_ok=True)
+    return Location(str(root), pafs.LocalFileSystem(), str(root), state, remote=False)
+
+
+def _open_s3(uri: str, bucket: str, prefix: str, settings: Settings) -> Location:
+    if not bucket:
+        raise ConfigError(f"vault URI {uri!r} names no bucket: use s3://bucket/prefix")
+    access = settings.s3_access_key or os.environ.get("AWS_ACCESS_KEY_ID") or None
+    secret = settings.s3_secret_key or os.environ.get("AWS_SECRET_ACCESS_KEY") or None
+    kwargs: dict[str, object] = {"region": settings.s3_region}
+    if access and secret:
+        kwargs.update(access_key=access, secret_key=secret)
+    if settings.s3_endpoint:
+        endpoint = urlparse(settings.s3_endpoint)
+        kwargs["endpoint_override"] = endpoint.netloc or settings.s3_endpoint
+        kwargs["scheme"] = endpoint.scheme or "https"
+    try:
+        fs = pafs.S3FileSystem(**kwargs)
+        info = fs.get_file_info(bucket)
+    except (OSError, pa.ArrowException) as exc:
+        raise StorageError(f"cannot reach S3 bucket {bucket!r} for {uri}: {exc}") from exc
+    if info.type == pafs.FileType.NotFound:
+        raise NotFoundError(
+            f"S3 bucket {bucket!r} does not exist (endpoint {settings.s3_endpoint or 'AWS'}): "
+            "create it first"
+        )
+    root = f"{bucket}/{prefix}".rstrip("/")
+    if settings.state_dir:
+        state = Path(settings.state_dir)
+    else:
+        digest = hashlib.sha1(f"{settings.s3_endpoint}|{root}".encode()).hexdigest()[:8]
+        state = Path(".metricvault-state") / f"{bucket}-{digest}"
+    state.mkdir(parents=True, exist_ok=True)
+    return Location(uri, fs, root, state.resolve(), remote=True)

@@ -1,0 +1,289 @@
+"""Maintenance: compaction, rollups, retention and snapshot expiry.
+
+Every step is idempotent and commits atomically, so ``metricvault maintain`` may be killed at
+any moment and simply run again. Each step holds the vault's writer lock for one partition at a
+time: flushes wait a little, writes (which only append to the durable buffer) never do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from rich.progress import Progress
+
+from metricvault.durations import DAY_MS, HOUR_MS, now_ms, parse_duration_ms
+from metricvault.selector import parse_selector
+from metricvault.store import files as fmt
+from metricvault.store import rollup
+from metricvault.store.catalog import Change, DataFile
+from metricvault.store.reader import float_columns
+
+if TYPE_CHECKING:
+    from metricvault.store.vault import Vault
+
+log = logging.getLogger("metricvault")
+TIERS = ("raw", "1m", "1h")
+MINUTE_MS = 60_000
+
+
+def maintain(vault: Vault, now: int | None, progress: bool) -> dict[str, Any]:
+    now = now_ms() if now is None else now
+    report: dict[str, Any] = {"flushed_samples": vault.flush()}
+    with _progress(progress) as bar:
+        report["compacted_partitions"] = compact(vault, now, bar)
+        report["rolled_up_hours"] = roll_up(vault, bar)
+        report["retention"] = apply_retention(vault, now, bar)
+    report["expired"] = expire(vault, now)
+    lag = vault.snapshot().dirty_hours
+    report["rollup_pending_hours"] = len(lag)
+    return report
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[Progress | None]:
+    if not enabled:
+        yield None
+        return
+    with Progress(transient=True) as bar:
+        yield bar
+
+
+def _track(bar: Progress | None, items: list[Any], label: str) -> Iterable[Any]:
+    if bar is None or not items:
+        yield from items
+        return
+    task = bar.add_task(label, total=len(items))
+    for item in items:
+        yield item
+        bar.advance(task)
+    bar.remove_task(task)
+
+
+# ---------------------------------------------------------------- compaction
+def compact(vault: Vault, now: int, bar: Progress | None = None) -> int:
+    """Merge each (tier, day) partition with several files into one, dropping duplicates."""
+    groups: dict[tuple[str, str], list[DataFile]] = defaultdict(list)
+    for f in vault.snapshot().files:
+        groups[(f.tier, f.day)].append(f)
+    todo = [k for k, v in groups.items() if len(v) >= vault.settings.compact_min_files]
+    done = 0
+    for tier, day in _track(bar, sorted(todo), "compacting"):
+        with vault.writer_lock():
+            current = [f for f in vault.snapshot().files if f.tier == tier and f.day == day]
+            if len(current) < vault.settings.compact_min_files:
+                continue
+            merged = _read_all(vault, current)
+            new = vault.write_data_file(merged, tier, _day_no(day), max(f.file_id for f in current))
+            vault.catalog.commit(Change(add=[new], remove={f.path for f in current}))
+            done += 1
+    return done
+
+
+def _read_all(vault: Vault, files: list[DataFile]) -> pa.Table:
+    tables, order = [], []
+    for f in files:
+        t = fmt.decode(pq.read_table(f.path, filesystem=vault.location.fs), float_columns(f.tier))
+        tables.append(t)
+        order.append(np.full(t.num_rows, f.file_id))
+    return fmt.sort_dedup(pa.concat_tables(tables), np.concatenate(order))
+
+
+def _day_no(day: str) -> int:
+    return int(np.datetime64(day, "D").astype(np.int64))
+
+
+def _day_end(day: str) -> int:
+    return (_day_no(day) + 1) * DAY_MS
+
+
+# ---------------------------------------------------------------- rollups
+def roll_up(vault: Vault, bar: Progress | None = None) -> int:
+    """Recompute the 1m and 1h rollups of every dirty hour, one day at a time."""
+    by_day: dict[int, list[int]] = defaultdict(list)
+    for h in vault.snapshot().dirty_hours:
+        by_day[h * HOUR_MS // DAY_MS].append(h)
+    total = 0
+    for day_no in _track(bar, sorted(by_day), "rolling up"):
+        with vault.writer_lock():
+            hours = [h for h in vault.snapshot().dirty_hours if h * HOUR_MS // DAY_MS == day_no]
+            if hours:
+                _roll_up_day(vault, day_no, sorted(hours))
+                total += len(hours)
+    return total
+
+
+def _roll_up_day(vault: Vault, day_no: int, hours: list[int]) -> None:
+    snap = vault.snapshot()
+    lookback = parse_duration_ms(vault.settings.counter_lookback)
+    since, until = hours[0] * HOUR_MS, (hours[-1] + 1) * HOUR_MS
+    samples = vault.reader.read(snap.tier_files("raw"), None, since - lookback, until)
+    counters = pa.array([i.series_id for i in vault.index.all() if i.kind == "counter"], pa.int64())
+    partials = rollup.raw_partials(
+        samples, counters, width=MINUTE_MS, origin=0, since=since, until=until, lookback=lookback
+    )
+    hour_set = pa.array(hours, pa.int64())
+    partials = partials.filter(pc.is_in(pc.divide(partials["ts"], HOUR_MS), value_set=hour_set))
+    raw_gone = snap.raw_horizon_ms > since
+    change = Change(dirty_remove=set(hours))
+    new_1m = _replace_hours(vault, change, "1m", day_no, hour_set, partials, merge=raw_gone)
+    partials_1h = rollup.rollup_partials(
+        new_1m.filter(pc.is_in(pc.divide(new_1m["ts"], HOUR_MS), value_set=hour_set)),
+        width=HOUR_MS,
+        origin=0,
+    )
+    _replace_hours(vault, change, "1h", day_no, hour_set, partials_1h, merge=False)
+    vault.catalog.commit(change)
+
+
+def _replace_hours(
+    vault: Vault,
+    change: Change,
+    tier: str,
+    day_no: int,
+    hours: pa.Array,
+    partials: pa.Table,
+    merge: bool,
+) -> pa.Table:
+    """Swap the rows of ``hours`` in the tier's day partition for ``partials``; returns the
+    partition's new rows. With ``merge`` (raw already expired there), combine instead."""
+    snap = vault.snapshot()
+    old_files = [f for f in snap.tier_files(tier) if _day_no(f.day) == day_no]
+    old = vault.reader.read(old_files, None, day_no * DAY_MS, (day_no + 1) * DAY_MS, tier)
+    in_hours = pc.is_in(pc.divide(old["ts"], HOUR_MS), value_set=hours)
+    if merge:
+        as_partials = old.filter(in_hours).append_column("last_ts", old.filter(in_hours)["ts"])
+        partials = rollup.combine([as_partials.select(list(rollup.PARTIAL_COLUMNS)), partials])
+    kept = old.filter(pc.invert(in_hours))
+    rows = pa.concat_tables([kept.cast(rollup.ROLLUP_SCHEMA), rollup.to_rollup_rows(partials)])
+    rows = rows.sort_by([("series_id", "ascending"), ("ts", "ascending")])
+    change.remove |= {f.path for f in old_files}
+    if rows.num_rows:
+        file_id = vault.snapshot().next_file_id + change.file_ids_used
+        change.add.append(vault.write_data_file(rows, tier, day_no, file_id))
+        change.file_ids_used += 1
+    return rows
+
+
+# ---------------------------------------------------------------- retention
+def _retention_rules(vault: Vault, tier: str) -> tuple[int | None, list[tuple[Any, int | None]]]:
+    from metricvault.durations import parse_retention_ms
+
+    rules = [
+        (parse_selector(o.selector), parse_retention_ms(o.retention))
+        for o in vault.settings.retention_overrides
+        if o.tier == tier
+    ]
+    return vault.settings.retention_ms(tier), rules
+
+
+def apply_retention(vault: Vault, now: int, bar: Progress | None = None) -> dict[str, int]:
+    """Drop (or trim) day partitions past their tier's retention; never unrolled raw data."""
+    dropped: dict[str, int] = {}
+    for tier in TIERS:
+        default, rules = _retention_rules(vault, tier)
+        shortest = min(
+            [r for r in [default, *(r for _, r in rules)] if r is not None], default=None
+        )
+        if shortest is None:
+            continue
+        days = sorted({f.day for f in vault.snapshot().tier_files(tier)})
+        due = [d for d in days if _day_end(d) <= now - shortest]
+        count = 0
+        for day in _track(bar, due, f"retention {tier}"):
+            with vault.writer_lock():
+                count += _expire_day(vault, tier, day, now, default, rules)
+        dropped[tier] = count
+    return dropped
+
+
+def _expire_day(
+    vault: Vault,
+    tier: str,
+    day: str,
+    now: int,
+    default: int | None,
+    rules: list[tuple[Any, int | None]],
+) -> int:
+    snap = vault.snapshot()
+    files = [f for f in snap.tier_files(tier) if f.day == day]
+    if not files:
+        return 0
+    if tier == "raw":
+        pending = [h for h in snap.dirty_hours if h * HOUR_MS // DAY_MS == _day_no(day)]
+        if pending:
+            log.warning(
+                "RETENTION BLOCKED: raw data of %s is past retention but %d hour(s) of it are "
+                "not rolled up yet; it is kept until 'metricvault maintain' rolls them up",
+                day,
+                len(pending),
+            )
+            return 0
+    ids = pc.unique(
+        pa.concat_arrays(
+            [
+                pq.read_table(f.path, columns=["series_id"], filesystem=vault.location.fs)[
+                    "series_id"
+                ].combine_chunks()
+                for f in files
+            ]
+        )
+    ).to_numpy()
+    expired = [s for s in ids if _expired(vault, int(s), day, now, default, rules)]
+    if not expired:
+        return 0
+    change = Change(remove={f.path for f in files})
+    if len(expired) < len(ids):
+        rows = _read_all(vault, files)
+        keep = rows.filter(pc.invert(pc.is_in(rows["series_id"], pa.array(expired, pa.int64()))))
+        change.add.append(
+            vault.write_data_file(keep, tier, _day_no(day), max(f.file_id for f in files))
+        )
+    if tier == "raw":
+        change.raw_horizon_ms = _day_end(day)
+    vault.catalog.commit(change)
+    return 1
+
+
+def _expired(
+    vault: Vault,
+    series_id: int,
+    day: str,
+    now: int,
+    default: int | None,
+    rules: list[tuple[Any, int | None]],
+) -> bool:
+    retention = default
+    if rules and series_id in vault.index:
+        info = vault.index.get(series_id)
+        for selector, rule in rules:
+            if selector.matches(info.metric, info.labels):
+                retention = rule
+                break
+    return retention is not None and _day_end(day) <= now - retention
+
+
+# ---------------------------------------------------------------- expiry
+def expire(vault: Vault, now: int) -> dict[str, int]:
+    """Keep the newest snapshots; delete files no kept snapshot references (after a grace)."""
+    grace = parse_duration_ms(vault.settings.orphan_grace)
+    with vault.writer_lock():
+        kept, removed = vault.catalog.expire(vault.settings.keep_snapshots)
+        referenced = {f.path for s in kept for f in s.files}
+        referenced |= {f.path for s in kept for f in s.series_files}
+        deleted = 0
+        for info in [*vault.location.list_files("data"), *vault.location.list_files("series")]:
+            if info.path in referenced or not info.path.endswith(".parquet"):
+                continue
+            mtime = info.mtime.timestamp() * 1000 if info.mtime else now_ms()
+            if now_ms() - mtime >= grace:
+                vault.location.delete(info.path)
+                deleted += 1
+    return {"snapshots": removed, "files": deleted}

@@ -1,0 +1,214 @@
+"""Turn what users hand to ``Vault.write`` into validated ``(series_id, ts, value)`` batches.
+
+Accepted inputs, all in the long shape that queries return:
+- Arrow tables and pandas/polars frames with columns ``metric``, ``timestamp`` (int64 epoch ms
+  or a timestamp type) and ``value``; every other column is a label (null or "" = absent);
+- iterables of ``(metric, labels_dict, ts_ms, value)`` tuples.
+
+Validation is all-or-nothing: the first problem raises and nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from metricvault.errors import InputError, LabelError, ValueRangeError
+from metricvault.model import (
+    KINDS,
+    MAX_TS_MS,
+    MIN_TS_MS,
+    SAMPLE_SCHEMA,
+    Series,
+    kind_from_name,
+)
+
+_SEP = "\x00\x1f"
+_NULL = "\x00\x1e"
+TIME_COLUMNS = ("timestamp", "ts")
+
+
+@dataclass(frozen=True)
+class Batch:
+    samples: pa.Table  # SAMPLE_SCHEMA
+    series: list[tuple[int, str, str, str]]  # (series_id, metric, labels_json, kind)
+
+
+def normalize(data: Any, kinds: Mapping[str, str] | None = None) -> Batch:
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if not isinstance(data, pa.Table):
+        data = _frame_to_arrow(data)
+    if isinstance(data, pa.Table):
+        return _from_table(data, kinds or {})
+    return _from_tuples(data, kinds or {})
+
+
+def _frame_to_arrow(data: Any) -> Any:
+    module = type(data).__module__
+    if module.startswith("pandas"):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    if module.startswith("polars"):
+        return data.to_arrow()
+    return data
+
+
+def _from_table(table: pa.Table, kinds: Mapping[str, str]) -> Batch:
+    names = table.column_names
+    time_col = next((c for c in TIME_COLUMNS if c in names), None)
+    missing = [c for c in ("metric", "value") if c not in names] + (
+        [] if time_col else ["timestamp"]
+    )
+    if missing:
+        raise InputError(
+            f"table lacks column(s) {', '.join(missing)}; write needs 'metric', 'timestamp' "
+            f"(epoch ms or a timestamp type) and 'value', other columns are labels; got {names}"
+        )
+    if table.num_rows == 0:
+        return Batch(SAMPLE_SCHEMA.empty_table(), [])
+    label_cols = [c for c in names if c not in ("metric", "value", time_col)]
+    ts = _timestamps(table.column(time_col))
+    values = _values(table.column("value"))
+    metric = _strings(table.column("metric"), "metric")
+    labels = {c: _strings(table.column(c), c, allow_null=True) for c in label_cols}
+    if metric.null_count:
+        raise InputError(f"column 'metric' has {metric.null_count} null(s); every row needs one")
+    key = pc.binary_join_element_wise(
+        metric, *labels.values(), _SEP, null_handling="replace", null_replacement=_NULL
+    )
+    encoded = pc.dictionary_encode(key).combine_chunks()
+    first_rows = _first_occurrence(encoded.indices.to_numpy(), len(encoded.dictionary))
+    metric_first = metric.take(first_rows).to_pylist()
+    label_first = {c: col.take(first_rows).to_pylist() for c, col in labels.items()}
+    series, ids = [], np.empty(len(first_rows), dtype=np.int64)
+    for i, name in enumerate(metric_first):
+        row_labels = {c: v[i] for c, v in label_first.items() if v[i]}
+        s = Series.make(name, row_labels)
+        ids[i] = s.series_id
+        series.append((s.series_id, s.metric, s.labels_json, _kind(s.metric, kinds)))
+    sid = ids[encoded.indices.to_numpy()]
+    _check(sid, ts, values, series, ids)
+    samples = pa.table([pa.array(sid), pa.array(ts), pa.array(values)], schema=SAMPLE_SCHEMA)
+    return Batch(samples, _unique(series))
+
+
+def _first_occurrence(indices: np.ndarray, n: int) -> pa.Array:
+    order = np.argsort(indices, kind="stable")
+    starts = np.searchsorted(indices[order], np.arange(n))
+    return pa.array(order[starts])
+
+
+def _unique(series: list[tuple[int, str, str, str]]) -> list[tuple[int, str, str, str]]:
+    return list({s[0]: s for s in series}.values())
+
+
+def _strings(col: pa.ChunkedArray, name: str, allow_null: bool = False) -> pa.ChunkedArray:
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    if pa.types.is_null(col.type):
+        return col.cast(pa.string())
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        if pa.types.is_floating(col.type) or not (
+            pa.types.is_integer(col.type) or pa.types.is_boolean(col.type)
+        ):
+            raise LabelError(
+                f"column {name!r} has type {col.type}; metric and label columns must be strings "
+                "(integers are converted): cast it, e.g. df[col] = df[col].astype(str)"
+            )
+        col = col.cast(pa.string())
+    return col.cast(pa.string())
+
+
+def _timestamps(col: pa.ChunkedArray) -> np.ndarray:
+    if pa.types.is_timestamp(col.type):
+        col = pc.cast(col.cast(pa.timestamp("ms", col.type.tz)), pa.int64())
+    elif pa.types.is_integer(col.type):
+        col = col.cast(pa.int64())
+    else:
+        raise InputError(
+            f"timestamp column has type {col.type}; give epoch milliseconds as integers or a "
+            "timestamp type (pandas datetime64 / Arrow timestamp)"
+        )
+    if col.null_count:
+        raise InputError(f"timestamp column has {col.null_count} null(s)")
+    return np.asarray(col.to_numpy(), dtype=np.int64)
+
+
+def _values(col: pa.ChunkedArray) -> np.ndarray:
+    if not (
+        pa.types.is_floating(col.type)
+        or pa.types.is_integer(col.type)
+        or pa.types.is_boolean(col.type)
+    ):
+        raise InputError(f"value column has type {col.type}; values must be numbers")
+    if col.null_count:
+        raise InputError(f"value column has {col.null_count} null(s); drop them before writing")
+    return np.asarray(col.cast(pa.float64()).to_numpy(), dtype=np.float64)
+
+
+def _check(
+    sid: np.ndarray,
+    ts: np.ndarray,
+    values: np.ndarray,
+    series: list[tuple[int, str, str, str]],
+    ids: np.ndarray,
+) -> None:
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        raise ValueRangeError(
+            f"{bad.size} value(s) are NaN or infinite, e.g. {values[bad[0]]} at ts={ts[bad[0]]} "
+            f"for {_name(sid[bad[0]], series)}; the store keeps finite numbers only — drop "
+            "them (Prometheus staleness markers are dropped by the gateway)"
+        )
+    bad = np.flatnonzero((ts < MIN_TS_MS) | (ts > MAX_TS_MS))
+    if bad.size:
+        raise ValueRangeError(
+            f"{bad.size} timestamp(s) outside 1990..2200, e.g. {ts[bad[0]]} for "
+            f"{_name(sid[bad[0]], series)}; timestamps are epoch milliseconds (seconds x 1000)"
+        )
+
+
+def _name(series_id: int, series: list[tuple[int, str, str, str]]) -> str:
+    for sid, metric, labels, _ in series:
+        if sid == series_id:
+            return f"{metric}{labels}"
+    return str(series_id)
+
+
+def _kind(metric: str, kinds: Mapping[str, str]) -> str:
+    kind = kinds.get(metric) or kind_from_name(metric)
+    if kind not in KINDS:
+        raise InputError(f"kind {kind!r} for {metric!r} is not one of {', '.join(KINDS)}")
+    return kind
+
+
+def _from_tuples(rows: Iterable[Any], kinds: Mapping[str, str]) -> Batch:
+    cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, str, str, str]] = {}
+    sids: list[int] = []
+    tss: list[int] = []
+    vals: list[float] = []
+    try:
+        for metric, labels, ts, value in rows:
+            key = (metric, tuple(sorted((labels or {}).items())))
+            entry = cache.get(key)
+            if entry is None:
+                s = Series.make(metric, labels)
+                entry = cache[key] = (s.series_id, s.metric, s.labels_json, _kind(metric, kinds))
+            sids.append(entry[0])
+            tss.append(int(ts))
+            vals.append(float(value))
+    except (TypeError, ValueError) as exc:
+        raise InputError(
+            f"cannot read sample tuple: {exc}; write takes (metric, labels_dict, ts_ms, value) "
+            "tuples, an Arrow table or a DataFrame"
+        ) from exc
+    sid, ts_a, val = np.array(sids, np.int64), np.array(tss, np.int64), np.array(vals, np.float64)
+    series = list(cache.values())
+    _check(sid, ts_a, val, series, sid)
+    samples = pa.table([pa.array(sid), pa.array(ts_a), pa.array(val)], schema=SAMPLE_SCHEMA)
+    return Batch(samples, _unique(series))

@@ -1,0 +1,174 @@
+"""Queries: tier planning, stitching across tiers, aggregation and the long output shape.
+
+A query with a ``step`` is answered per (series, bucket); buckets are aligned to multiples of
+the step since the Unix epoch (``step="all"``: one bucket spanning ``[start, end)``). The
+planner covers the range with the coarsest tier whose resolution divides the step, where that
+tier is complete (before the rollup watermark), and fills the unaligned or not-yet-rolled-up
+edges from finer tiers down to raw samples. Every source yields the same partial aggregates, so
+the answer does not depend on which tier served which part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from metricvault.durations import parse_duration_ms
+from metricvault.errors import InputError, TimeRangeError
+from metricvault.model import AGGREGATES
+from metricvault.store import rollup
+from metricvault.store.catalog import Snapshot
+from metricvault.store.reader import Reader
+from metricvault.store.series_index import SeriesIndex
+
+ROLLUP_TIERS: tuple[tuple[str, int], ...] = (("1h", 3_600_000), ("1m", 60_000))
+OUTPUTS = ("pandas", "arrow", "polars")
+
+
+@dataclass(frozen=True)
+class Segment:
+    tier: str
+    start: int
+    end: int
+
+
+def plan(start: int, end: int, width: int | None, watermark: int | None) -> list[Segment]:
+    """Cover ``[start, end)`` with tier segments, coarsest first (``width`` None: any tier)."""
+    limit = end if watermark is None else min(end, watermark)
+
+    def cover(lo: int, hi: int, tiers: Sequence[tuple[str, int]]) -> list[Segment]:
+        if lo >= hi:
+            return []
+        for i, (name, res) in enumerate(tiers):
+            if width is not None and width % res:
+                continue
+            a = -(-lo // res) * res
+            b = min(hi, limit) // res * res
+            if a < b:
+                rest = tiers[i + 1 :]
+                return [*cover(lo, a, rest), Segment(name, a, b), *cover(b, hi, rest)]
+        return [Segment("raw", lo, hi)]
+
+    return cover(start, end, ROLLUP_TIERS)
+
+
+def parse_step(step: str | int | None) -> int | None:
+    """Step in ms; None for raw samples; -1 for ``"all"`` (one bucket over the range)."""
+    if step is None:
+        return None
+    if isinstance(step, str) and step.strip().lower() == "all":
+        return -1
+    return parse_duration_ms(step)
+
+
+def check_aggs(aggs: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(aggs, str):
+        aggs = [a.strip() for a in aggs.split(",")]
+    bad = [a for a in aggs if a not in AGGREGATES]
+    if bad or not aggs:
+        raise InputError(
+            f"unknown aggregate(s) {', '.join(bad) or '(none given)'}; "
+            f"choose from {', '.join(AGGREGATES)}"
+        )
+    return tuple(aggs)
+
+
+@dataclass
+class QueryContext:
+    snapshot: Snapshot
+    reader: Reader
+    index: SeriesIndex
+    lookback_ms: int
+
+
+def raw_samples(ctx: QueryContext, series_ids: list[int], start: int, end: int) -> pa.Table:
+    return ctx.reader.read(ctx.snapshot.tier_files("raw"), series_ids, start, end)
+
+
+def aggregate(
+    ctx: QueryContext, series_ids: list[int], start: int, end: int, step: int
+) -> tuple[pa.Table, list[Segment]]:
+    """Partials per (series, bucket) for a step query, and the segments that served it."""
+    if step == -1:
+        width, origin, lo, hi = end - start, start, start, end
+    else:
+        width, origin = step, 0
+        lo, hi = start // step * step, -(-end // step) * step
+    if hi <= lo:
+        raise TimeRangeError(f"empty time range: start {start} is not before end {end}")
+    segments = plan(lo, hi, None if step == -1 else width, ctx.snapshot.rollup_watermark_ms())
+    counters = pa.array([s for s in series_ids if ctx.index.is_counter(s)], pa.int64())
+    parts = []
+    for seg in segments:
+        if seg.tier == "raw":
+            samples = raw_samples(ctx, series_ids, seg.start - ctx.lookback_ms, seg.end)
+            parts.append(
+                rollup.raw_partials(
+                    samples,
+                    counters,
+                    width=width,
+                    origin=origin,
+                    since=seg.start,
+                    until=seg.end,
+                    lookback=ctx.lookback_ms,
+                )
+            )
+        else:
+            rows = ctx.reader.read(
+                ctx.snapshot.tier_files(seg.tier), series_ids, seg.start, seg.end
+            )
+            parts.append(rollup.rollup_partials(rows, width=width, origin=origin))
+    return rollup.combine(parts), segments
+
+
+def finish_aggregates(partials: pa.Table, aggs: Sequence[str]) -> dict[str, pa.Array]:
+    cols: dict[str, pa.Array] = {}
+    for agg in aggs:
+        if agg == "mean":
+            cols[agg] = pc.divide(partials["sum"], pc.cast(partials["count"], pa.float64()))
+        else:
+            cols[agg] = partials[agg]
+    return cols
+
+
+def shape(index: SeriesIndex, table: pa.Table, value_columns: dict[str, Any], output: str) -> Any:
+    """Long shape: timestamp (UTC), metric, one column per label name, then values."""
+    sid = table["series_id"].to_numpy() if table.num_rows else np.empty(0, np.int64)
+    ts = table["ts"].to_numpy() if table.num_rows else np.empty(0, np.int64)
+    uniq = np.unique(sid)
+    infos = [index.get(int(s)) for s in uniq]
+    rank_of = np.argsort(np.argsort([i.metric + "\x00" + i.labels_json for i in infos]))
+    pos = np.searchsorted(uniq, sid)
+    order = np.lexsort((ts, rank_of[pos])) if len(sid) else np.empty(0, np.int64)
+    take = pa.array(pos[order])
+    label_names = sorted({k for i in infos for k in i.labels})
+    cols: dict[str, pa.Array] = {
+        "timestamp": pa.array(ts[order], pa.timestamp("ms", tz="UTC")),
+        "metric": pa.array([i.metric for i in infos], pa.string()).take(take),
+    }
+    for name in label_names:
+        cols[name] = pa.array([i.labels.get(name) for i in infos], pa.string()).take(take)
+    for name, values in value_columns.items():
+        cols[name] = _as_array(values).take(pa.array(order))
+    return convert(pa.table(cols), output)
+
+
+def convert(table: pa.Table, output: str) -> Any:
+    if output == "arrow":
+        return table
+    if output == "polars":
+        import polars as pl
+
+        return pl.from_arrow(table)
+    if output == "pandas":
+        return table.to_pandas()
+    raise InputError(f"unknown output {output!r}; choose from {', '.join(OUTPUTS)}")
+
+
+def _as_array(values: Any) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values

@@ -1,0 +1,336 @@
+"""``Vault``: the public face of the store — write, query, SQL, maintenance, statistics."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from metricvault.config import Settings
+from metricvault.durations import (
+    DAY_MS,
+    HOUR_MS,
+    TimeLike,
+    day_of,
+    now_ms,
+    parse_duration_ms,
+    parse_time_ms,
+)
+from metricvault.errors import BackpressureError, TimeRangeError
+from metricvault.selector import parse_selector
+from metricvault.store import files as fmt
+from metricvault.store import query as q
+from metricvault.store.buffer import IngestBuffer
+from metricvault.store.catalog import Catalog, Change, DataFile, SeriesFile, Snapshot
+from metricvault.store.layout import Location, open_location
+from metricvault.store.normalize import normalize
+from metricvault.store.reader import FileCache, Reader
+from metricvault.store.series_index import SeriesIndex
+
+log = logging.getLogger("metricvault")
+
+
+class Vault:
+    """A metric store on local disk or S3. Open with :meth:`Vault.open`.
+
+    >>> vault = Vault.open("./metricvault-data")
+    >>> vault.write(frame)                       # durable when it returns
+    >>> vault.query('DCGM_FI_DEV_GPU_UTIL{Hostname="node01"}', "-7d", "now", step="1h",
+    ...             aggs=("mean", "max"))
+    """
+
+    def __init__(self, location: Location, settings: Settings) -> None:
+        self.settings = settings
+        self.location = location
+        self.catalog = Catalog(location)
+        self.buffer = IngestBuffer(location.state_dir / "buffer.sqlite")
+        self.index = SeriesIndex()
+        self.reader = Reader(location, FileCache(settings.cache_bytes))
+        self._lock = threading.RLock()
+        self._lock_file = open(location.state_dir / "vault.lock", "a+")  # noqa: SIM115
+        self._lookback = parse_duration_ms(settings.counter_lookback)
+        self._flusher: threading.Thread | None = None
+        self._flush_wanted = threading.Event()
+        self._closed = threading.Event()
+        self._flush_error: BaseException | None = None
+        self._load_series()
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(
+        cls, uri: str | None = None, settings: Settings | None = None, **overrides: Any
+    ) -> Vault:
+        """Open (creating if needed) the vault at a directory or ``s3://bucket/prefix``.
+
+        Keyword overrides are settings (see ``metricvault config``), e.g.
+        ``Vault.open("s3://b/p", s3_endpoint="http://127.0.0.1:9000")``.
+        """
+        settings = (settings or Settings.load()).with_overrides(**overrides)
+        uri = uri or settings.data
+        return cls(open_location(uri, settings), settings)
+
+    def _load_series(self) -> None:
+        snap = self.catalog.current()
+        for sf in snap.series_files:
+            self.index.load_table(_read_series(self.location, sf.path))
+        self.index.load(self.buffer.all_series())
+
+    def __enter__(self) -> Vault:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the background flusher and flush what is buffered."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._flush_wanted.set()
+        if self._flusher:
+            self._flusher.join()
+        self.flush()
+        self.buffer.close()
+        self._lock_file.close()
+
+    # ------------------------------------------------------------------ writing
+    def write(self, data: Any, kinds: Mapping[str, str] | None = None) -> int:
+        """Store samples durably; returns how many. See :mod:`metricvault.store.normalize`.
+
+        ``kinds`` maps metric names to ``"gauge"``/``"counter"`` where names do not tell.
+        Nothing is written if any sample is invalid.
+        """
+        batch = normalize(data, kinds)
+        if batch.samples.num_rows == 0:
+            return 0
+        self._check_backpressure()
+        new = [s for s in batch.series if s[0] not in self.index]
+        for sid, metric, labels, _kind in batch.series:
+            if sid in self.index:
+                self.index.add(sid, metric, labels, self.index.get(sid).kind)
+        with self._lock:
+            self.buffer.append(batch.samples, new)
+            for sid, metric, labels, kind in new:
+                self.index.add(sid, metric, labels, kind)
+        self._pending_samples += batch.samples.num_rows
+        if self._pending_samples >= self.settings.flush_max_samples:
+            self._wake_flusher()
+        return batch.samples.num_rows
+
+    _pending_samples = 0
+
+    def _check_backpressure(self) -> None:
+        if self._flush_error is not None:
+            err, self._flush_error = self._flush_error, None
+            raise err
+        _, size = self.buffer.depth() if self._pending_samples else (0, 0)
+        if size > self.settings.buffer_max_bytes:
+            raise BackpressureError(
+                f"ingest buffer holds {size} bytes, over buffer_max_bytes="
+                f"{self.settings.buffer_max_bytes}: flushing is behind; retry shortly or raise "
+                "the limit",
+                retry_after_s=5,
+            )
+
+    def _wake_flusher(self) -> None:
+        if self._flusher is None:
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name="metricvault-flusher", daemon=True
+            )
+            self._flusher.start()
+        self._flush_wanted.set()
+
+    def _flush_loop(self) -> None:
+        while not self._closed.is_set():
+            self._flush_wanted.wait()
+            self._flush_wanted.clear()
+            if self._closed.is_set():
+                return
+            try:
+                self.flush()
+            except BaseException as exc:  # surfaced to the next write()
+                log.exception("background flush failed")
+                self._flush_error = exc
+
+    @contextmanager
+    def writer_lock(self) -> Iterator[None]:
+        """Serialise catalog commits with other threads and processes using this vault."""
+        with self._lock:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+
+    def flush(self) -> int:
+        """Turn buffered samples into Parquet files, exactly once; returns samples flushed."""
+        total = 0
+        with self.writer_lock():
+            while True:
+                snap = self.catalog.current()
+                done = snap.buffers.get(self.buffer.buffer_id, 0)
+                self.buffer.discard_through(done)
+                pending = self.buffer.pending(done, self.settings.flush_max_samples)
+                if pending is None:
+                    break
+                self._commit_flush(snap, pending)
+                self.buffer.discard_through(pending.max_seq)
+                total += pending.samples.num_rows
+        self._pending_samples = 0
+        return total
+
+    def _commit_flush(self, snap: Snapshot, pending: Any) -> None:
+        samples = fmt.sort_dedup(pending.samples, pending.batch_seqs)
+        change = Change(buffers={self.buffer.buffer_id: pending.max_seq})
+        file_id = snap.next_file_id
+        day_no = pc.divide(samples["ts"], DAY_MS).to_numpy()
+        for day in np.unique(day_no):
+            part = samples.filter(pa.array(day_no == day))
+            change.add.append(self.write_data_file(part, "raw", int(day), file_id))
+            file_id += 1
+        if pending.series.num_rows:
+            path = self.location.new_series_path(file_id)
+            data = fmt.write_plain_parquet(pending.series)
+            self.location.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            with self.location.fs.open_output_stream(path) as out:
+                out.write(data)
+            change.add_series.append(SeriesFile(path, pending.series.num_rows, len(data)))
+            file_id += 1
+        change.file_ids_used = file_id - snap.next_file_id
+        change.dirty_add = dirty_hours(samples["ts"].to_numpy(), self._lookback)
+        self.catalog.commit(change)
+
+    def write_data_file(self, table: pa.Table, tier: str, day_no: int, file_id: int) -> DataFile:
+        """Encode ``table`` (sorted by series_id, ts) as one Parquet file of ``tier``/day."""
+        day = day_of(day_no * DAY_MS)
+        path = self.location.new_data_path(tier, day, file_id)
+        cols = fmt.RAW_FLOATS if tier == "raw" else fmt.ROLLUP_FLOATS
+        data = fmt.write_parquet(table, cols)
+        self.location.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with self.location.fs.open_output_stream(path) as out:
+            out.write(data)
+        ts = table["ts"]
+        return DataFile(
+            path=path,
+            tier=tier,
+            day=day,
+            rows=table.num_rows,
+            bytes=len(data),
+            min_ts=int(pc.min(ts).as_py()),
+            max_ts=int(pc.max(ts).as_py()),
+            file_id=file_id,
+        )
+
+    # ------------------------------------------------------------------ reading
+    def snapshot(self) -> Snapshot:
+        return self.catalog.current()
+
+    def refresh(self) -> None:
+        """Pick up series that other processes registered (queries see new files anyway)."""
+        snap = self.catalog.current()
+        for sf in snap.series_files:
+            self.index.load_table(_read_series(self.location, sf.path))
+
+    def query(
+        self,
+        selector: str,
+        start: TimeLike = "-1h",
+        end: TimeLike = "now",
+        step: str | int | None = None,
+        aggs: Sequence[str] = ("mean",),
+        output: str = "pandas",
+    ) -> Any:
+        """Samples or per-step aggregates for the series matching a PromQL selector.
+
+        Returns the long shape: ``timestamp`` (UTC), ``metric``, one column per label name,
+        then ``value`` (``step=None``: raw samples in ``[start, end)``) or one column per
+        aggregate in ``aggs`` (``mean, min, max, count, sum, last, increase``). ``step`` is a
+        duration (``"1m"``, ``"1h"``, ``"1d"``) — buckets are aligned to multiples of it — or
+        ``"all"`` for one bucket over the whole range. ``start``/``end`` take datetimes, ISO
+        strings, epoch ms, ``"now"`` and relative forms like ``"-30d"``.
+        """
+        sel = parse_selector(selector)
+        now = now_ms()
+        t0, t1 = parse_time_ms(start, now=now), parse_time_ms(end, now=now)
+        if t1 <= t0:
+            raise TimeRangeError(f"start {start!r} is not before end {end!r}")
+        step_ms = q.parse_step(step)
+        agg_names = q.check_aggs(aggs) if step_ms is not None else ()
+        if self._pending_samples:
+            self.flush()
+        ctx = self._context()
+        series_ids = self.index.match(sel)
+        if step_ms is None:
+            samples = q.raw_samples(ctx, series_ids, t0, t1) if series_ids else _empty_raw()
+            return q.shape(self.index, samples, {"value": samples["value"]}, output)
+        partials, _ = (
+            q.aggregate(ctx, series_ids, t0, t1, step_ms)
+            if series_ids
+            else (
+                _empty_partials(),
+                [],
+            )
+        )
+        return q.shape(self.index, partials, q.finish_aggregates(partials, agg_names), output)
+
+    def _context(self) -> q.QueryContext:
+        return q.QueryContext(self.catalog.current(), self.reader, self.index, self._lookback)
+
+    def series(self, selector: str | None = None, output: str = "pandas") -> Any:
+        """The series table (id, metric, labels as columns, kind), optionally filtered."""
+        from metricvault.store.introspect import series_frame
+
+        return series_frame(self, selector, output)
+
+    def sql(self, statement: str, output: str = "pandas") -> Any:
+        """Run DuckDB SQL over views ``raw``, ``rollup_1m``, ``rollup_1h`` and ``series``."""
+        from metricvault.store.introspect import run_sql
+
+        return run_sql(self, statement, output)
+
+    def stats(self, now: int | None = None) -> dict[str, Any]:
+        """Series count, rows/bytes/coverage per tier, bytes per sample, rollup lag, buffer."""
+        from metricvault.store.introspect import stats
+
+        return stats(self, now)
+
+    # ------------------------------------------------------------------ maintenance
+    def maintain(self, now_ms: int | None = None, progress: bool = False) -> dict[str, Any]:
+        """Flush, compact, roll up, apply retention and expire snapshots. Idempotent."""
+        from metricvault.store.maintenance import maintain
+
+        return maintain(self, now_ms, progress)
+
+
+def dirty_hours(ts: np.ndarray, lookback_ms: int) -> set[int]:
+    """Hours whose rollups change when samples at ``ts`` arrive (their own, and the hours
+    within ``lookback`` after them, where a counter's next sample may now have a new prev)."""
+    hours = np.unique(ts // HOUR_MS)
+    reach = -(-lookback_ms // HOUR_MS)
+    spread = np.unique(np.concatenate([hours + k for k in range(reach + 1)]))
+    return {int(h) for h in spread}
+
+
+def _read_series(location: Location, path: str) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path, filesystem=location.fs)
+
+
+def _empty_raw() -> pa.Table:
+    from metricvault.model import SAMPLE_SCHEMA
+
+    return SAMPLE_SCHEMA.empty_table()
+
+
+def _empty_partials() -> pa.Table:
+    from metricvault.store.rollup import empty_partials
+
+    return empty_partials()
