@@ -182,7 +182,9 @@ class VictoriaMetrics:
             except OSError:
                 self._reset_connection()
             time.sleep(0.1)
-        raise VictoriaMetricsError(f"victoria-metrics not healthy in {timeout_s} s:\n{self.log_tail()}")
+        raise VictoriaMetricsError(
+            f"victoria-metrics not healthy in {timeout_s} s:\n{self.log_tail()}"
+        )
 
     def stop(self) -> None:
         self._reset_connection()
@@ -248,26 +250,43 @@ class VictoriaMetrics:
     def force_flush(self) -> None:
         self._get_ok("/internal/force_flush")
 
-    def force_merge_and_wait(self, timeout_s: float = 1800.0) -> float:
-        """Force-merge all partitions and wait until parts stop changing; returns seconds."""
+    def force_merge_and_wait(self, max_rounds: int = 5, timeout_s: float = 3600.0) -> float:
+        """Force-merge until a round changes no part; returns seconds (with settle polling).
+
+        A forced merge skips parts that a background merge holds, so one round can leave
+        several parts per partition; the next round merges those.
+        """
         started = time.perf_counter()
-        self._get_ok("/internal/force_merge")
+        deadline = time.monotonic() + timeout_s
+        before: object = None
+        for _ in range(max_rounds):
+            self._get_ok("/internal/force_merge")
+            after = self._wait_settled(deadline)
+            if after == before:
+                break
+            before = after
+        return time.perf_counter() - started
+
+    def _wait_settled(self, deadline: float) -> object:
+        """Wait until no merge runs, no rows are pending and the files stop changing."""
         previous: object = None
         stable = 0
         while stable < MERGE_STABLE_POLLS:
-            if time.perf_counter() - started > timeout_s:
-                raise VictoriaMetricsError(f"force_merge still running after {timeout_s} s")
+            if time.monotonic() > deadline:
+                raise VictoriaMetricsError("force_merge did not settle before the deadline")
             time.sleep(MERGE_POLL_S)
             current = (self._part_listing(), self._busy())
             stable = stable + 1 if current == previous and not current[1] else 0
             previous = current
-        return time.perf_counter() - started - MERGE_POLL_S * MERGE_STABLE_POLLS
+        return previous
 
     def _part_listing(self) -> tuple[tuple[str, int], ...]:
         found = []
         for sub in ("data", "indexdb"):
             for root, _dirs, files in os.walk(self.data_dir / sub):
-                found += [(os.path.join(root, f), os.path.getsize(os.path.join(root, f))) for f in files]
+                found += [
+                    (os.path.join(root, f), os.path.getsize(os.path.join(root, f))) for f in files
+                ]
         return tuple(sorted(found))
 
     def _busy(self) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ def run_vault(
         maintain_s = time.perf_counter() - started
         result = VaultResult(written, write_s, maintain_s, vault.stats(), dir_bytes(path))
         for case in query_cases(summary):
-            result.timings[case.key] = time_runs(lambda c=case: c.run_vault(vault), runs)
+            result.timings[case.key] = time_runs(partial(case.run_vault, vault), runs)
         return result
     finally:
         vault.close()
@@ -161,9 +162,7 @@ class VmResult:
     timings: dict[str, Timing] = field(default_factory=dict)
 
 
-def run_vm(
-    binary: str, workload: Workload, summary: Summary, workdir: Path, runs: int
-) -> VmResult:
+def run_vm(binary: str, workload: Workload, summary: Summary, workdir: Path, runs: int) -> VmResult:
     with VictoriaMetrics(binary, workdir) as vm:
         format_s = post_s = 0.0
         for chunk in workload.chunks():
@@ -174,10 +173,16 @@ def run_vm(
         flush_s = time.perf_counter() - started
         merge_s = vm.force_merge_and_wait()
         result = VmResult(
-            format_s, post_s, flush_s, merge_s, vm.sizes(), vm.series_count(), _fidelity(vm, summary)
+            format_s,
+            post_s,
+            flush_s,
+            merge_s,
+            vm.sizes(),
+            vm.series_count(),
+            _fidelity(vm, summary),
         )
         for case in query_cases(summary):
-            result.timings[case.key] = time_runs(lambda c=case: c.run_vm(vm), runs)
+            result.timings[case.key] = time_runs(partial(case.run_vm, vm), runs)
         return result
 
 

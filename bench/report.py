@@ -60,20 +60,48 @@ def storage_section(run: DatasetRun) -> Section:
             counted = f"tier {tier}: {_int(run.vault.tier_rows(tier))} rows (vault.stats())"
             rows.append((f"metricvault {tier}", counted, _int(size), _per(size, n)))
         rows.append(
-            ("metricvault dir", "whole vault directory: all tiers, buffer, catalog, series",
-             _int(run.vault.dir_bytes), _per(run.vault.dir_bytes, n))
+            (
+                "metricvault dir",
+                "whole vault directory: all tiers, buffer, catalog, series",
+                _int(run.vault.dir_bytes),
+                _per(run.vault.dir_bytes, n),
+            )
         )
     if run.files is not None:
-        rows.append(("CSV + gzip", "long table, pyarrow CSV writer, gzip (default level)",
-                     _int(run.files.csv_gzip_bytes), _per(run.files.csv_gzip_bytes, n)))
-        rows.append(("Parquet", "long table, pyarrow defaults (snappy, dictionary, 1 Mi-row groups)",
-                     _int(run.files.parquet_bytes), _per(run.files.parquet_bytes, n)))
+        rows.append(
+            (
+                "CSV + gzip",
+                "long table, pyarrow CSV writer, gzip (default level)",
+                _int(run.files.csv_gzip_bytes),
+                _per(run.files.csv_gzip_bytes, n),
+            )
+        )
+        rows.append(
+            (
+                "Parquet",
+                "long table, pyarrow defaults (snappy, dictionary, 1 Mi-row groups)",
+                _int(run.files.parquet_bytes),
+                _per(run.files.parquet_bytes, n),
+            )
+        )
     if run.vm is not None:
         sizes = run.vm.sizes
-        rows.append(("VictoriaMetrics data", "data/ (small + big parts) after force_merge",
-                     _int(sizes.data_bytes), _per(sizes.data_bytes, n)))
-        rows.append(("VictoriaMetrics total", "whole -storageDataPath: data/ + indexdb/ + metadata",
-                     _int(sizes.total_bytes), _per(sizes.total_bytes, n)))
+        rows.append(
+            (
+                "VictoriaMetrics data",
+                "data/ (small + big parts) after force_merge",
+                _int(sizes.data_bytes),
+                _per(sizes.data_bytes, n),
+            )
+        )
+        rows.append(
+            (
+                "VictoriaMetrics total",
+                "whole -storageDataPath: data/ + indexdb/ + metadata",
+                _int(sizes.total_bytes),
+                _per(sizes.total_bytes, n),
+            )
+        )
     headers = ("store", "what is counted (apparent file sizes)", "bytes", "bytes/sample")
     return Section(f"On disk: {n:,} samples", headers, rows)
 
@@ -83,15 +111,27 @@ def write_section(run: DatasetRun) -> Section:
     rows: list[tuple[str, ...]] = []
     if run.vault is not None:
         v = run.vault
-        rows.append(("metricvault Vault.write", _int(v.samples_written), f"{v.write_s:.2f}",
-                     _rate(v.samples_written, v.write_s),
-                     f"durable on return; maintain() afterwards took {v.maintain_s:.2f} s"))
+        rows.append(
+            (
+                "metricvault Vault.write",
+                _int(v.samples_written),
+                f"{v.write_s:.2f}",
+                _rate(v.samples_written, v.write_s),
+                f"durable on return; maintain() afterwards took {v.maintain_s:.2f} s",
+            )
+        )
     if run.vm is not None:
         m = run.vm
-        rows.append(("VictoriaMetrics /api/v1/import", _int(n), f"{m.post_s:.2f}",
-                     _rate(n, m.post_s),
-                     f"time in POSTs; JSON built in Python {m.format_s:.2f} s (excluded); "
-                     f"force_flush {m.flush_s:.2f} s, force_merge {m.merge_s:.1f} s"))
+        rows.append(
+            (
+                "VictoriaMetrics /api/v1/import",
+                _int(n),
+                f"{m.post_s:.2f}",
+                _rate(n, m.post_s),
+                f"time in POSTs; JSON built in Python {m.format_s:.2f} s (excluded); "
+                f"force_flush {m.flush_s:.2f} s, force_merge until settled {m.merge_s:.0f} s",
+            )
+        )
     headers = ("system", "samples", "seconds", "samples/s", "note")
     return Section("Write throughput", headers, rows)
 
@@ -106,8 +146,16 @@ def query_section(run: DatasetRun, runs: int) -> Section:
             timing = None if result is None else result.timings.get(case.key)
             if timing is None:
                 continue
-            rows.append((case.key, system, f"{timing.first_ms:.1f}", f"{timing.median_ms:.1f}",
-                         f"{timing.rows:,} ({case.expected_rows:,})", request))
+            rows.append(
+                (
+                    case.key,
+                    system,
+                    f"{timing.first_ms:.1f}",
+                    f"{timing.median_ms:.1f}",
+                    f"{timing.rows:,} ({case.expected_rows:,})",
+                    request,
+                )
+            )
     if not any(case.key == "Q3" for case in run.cases):
         rows.append(("Q3", "both", NA, NA, NA, "no MFU / experiment series in this dataset"))
     headers = ("query", "system", "first ms", f"median of {runs} ms", "rows (expected)", "request")
@@ -115,7 +163,7 @@ def query_section(run: DatasetRun, runs: int) -> Section:
 
 
 def target_section(run: DatasetRun) -> Section:
-    rows = [_raw_vs_vm(run), _rollup_vs_raw(run), _write_target(run)]
+    rows: list[tuple[str, ...]] = [_raw_vs_vm(run), _rollup_vs_raw(run), _write_target(run)]
     targets = {"Q1": 20.0, "Q2": 5.0, "Q3": 20.0}
     measured = {c.key: c for c in run.cases}
     for key, limit in targets.items():
@@ -168,7 +216,9 @@ def run_notes(run: DatasetRun) -> list[str]:
         notes.append(f"VictoriaMetrics holds {run.vm.series:,} series")
         fid = run.vm.fidelity
         if fid is not None:
-            state = "exact" if fid.exact else f"not exact (max relative error {fid.max_rel_error:.2e})"
+            state = (
+                "exact" if fid.exact else f"not exact (max relative error {fid.max_rel_error:.2e})"
+            )
             notes.append(
                 f"VictoriaMetrics export of the Q2 series: {fid.stored:,} of {fid.sent:,} samples, "
                 f"values {state}"
@@ -208,8 +258,9 @@ def markdown_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str
     def line(cells: tuple[str, ...]) -> str:
         return "| " + " | ".join(cell.replace("|", r"\|") for cell in cells) + " |"
 
-    numeric = [all(_looks_numeric(row[i]) for row in rows) if rows else False
-               for i in range(len(headers))]
+    numeric = [
+        all(_looks_numeric(row[i]) for row in rows) if rows else False for i in range(len(headers))
+    ]
     rule = tuple("---:" if right else "---" for right in numeric)
     return "\n".join([line(headers), "| " + " | ".join(rule) + " |", *map(line, rows)])
 

@@ -7,8 +7,8 @@ reference) and query latency of Q1-Q3 (first run and median), and prints PASS/MI
 
 Run from the repository root::
 
-    .venv/bin/python bench/storage.py --quick               # 2 nodes x 1 day + real data, ~2 min
-    .venv/bin/python bench/storage.py                       # 13 nodes x 8 GPUs x 7 d (~150M samples)
+    .venv/bin/python bench/storage.py --quick           # 2 nodes x 1 day + real data, ~2 min
+    .venv/bin/python bench/storage.py                   # 13 nodes x 8 GPUs x 7 d, ~150M samples
     .venv/bin/python bench/storage.py --nodes 4 --days 2 --datasets sim --markdown results.md
 
 It installs nothing. VictoriaMetrics comes from ``apt-get install -y victoria-metrics``; without

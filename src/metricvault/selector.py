@@ -100,6 +100,7 @@ def parse_selector(text: str) -> Selector:
 
 def _parse_matchers(body: str, text: str) -> list[Matcher]:
     out: list[Matcher] = []
+    body = body.strip()
     pos = 0
     while pos < len(body):
         m = _MATCHER_RE.match(body, pos)
@@ -115,6 +116,8 @@ def _parse_matchers(body: str, text: str) -> list[Matcher]:
             if body[pos] != ",":
                 raise SelectorError(f"cannot parse selector {text!r}: expected ',' at {pos}")
             pos += 1
+            while pos < len(body) and body[pos].isspace():
+                pos += 1
     return out
 
 

@@ -172,7 +172,8 @@ class NodeSimulator:
             + _POWER_DRIFT_W[phase] * drift
             + _POWER_SD_W[phase] * z
         )
-        return np.clip(power, c.idle_power_w[:, None] - 3.0, POWER_CAP_W)
+        clipped: F64 = np.clip(power, c.idle_power_w[:, None] - 3.0, POWER_CAP_W)
+        return clipped
 
     def _clock(self, phase: NDArray[np.int8], power: F64, z: F64) -> F64:
         # Boost clock until the board nears its power cap, then throttle.

@@ -66,7 +66,8 @@ def normal(row_keys: U64, steps: I64) -> F64:
         + ((h >> np.uint64(32)) & _LOW16)
         + (h >> np.uint64(48))
     )
-    return (total.astype(np.float64) - _SUM_MEAN) * (1.0 / _SUM_SD)
+    z: F64 = (total.astype(np.float64) - _SUM_MEAN) * (1.0 / _SUM_SD)
+    return z
 
 
 def smooth(row_keys: U64, steps: I64, period_steps: int) -> F64:

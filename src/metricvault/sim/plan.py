@@ -157,7 +157,8 @@ def checkpoint_seconds(plan: Plan, j: int, index: NDArray[np.int64]) -> NDArray[
     """How long checkpoint number ``index`` of job ``j`` takes (120-180 s)."""
     spread = CHECKPOINT_MAX_S - CHECKPOINT_MIN_S + 1
     draws = noise.hashes(np.array([noise.key(plan.spec.seed, "ckpt", j)], np.uint64), index)[0]
-    return CHECKPOINT_MIN_S + (draws % np.uint64(spread)).astype(np.int64)
+    seconds: NDArray[np.int64] = CHECKPOINT_MIN_S + (draws % np.uint64(spread)).astype(np.int64)
+    return seconds
 
 
 @dataclass(frozen=True)

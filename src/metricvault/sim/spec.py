@@ -58,7 +58,8 @@ def default_jobs(nodes: int, days: float) -> tuple[JobSpec, ...]:
         raise ConfigError(f"a cluster needs at least 1 node, got nodes={nodes}")
     run_s = days * 86_400
     if nodes == 1:
-        first, second = (0,), (0,)
+        first: tuple[int, ...] = (0,)
+        second: tuple[int, ...] = (0,)
         window_r3, window_r4 = (0.02, 0.45), (0.50, 0.95)
     else:
         half = (nodes + 1) // 2

@@ -42,7 +42,8 @@ def job_efficiency(plan: Plan, j: int, steps: I64) -> F64:
     k = np.array([noise.key(plan.spec.seed, "job-efficiency", j)], dtype=np.uint64)
     drift = noise.smooth(k, steps, max(1, 600 // plan.spec.interval_s))[0]
     jitter = noise.normal(k ^ np.uint64(1), steps)[0]
-    return 1.0 + 0.025 * drift + 0.015 * jitter
+    efficiency: F64 = 1.0 + 0.025 * drift + 0.015 * jitter
+    return efficiency
 
 
 def job_mfu(plan: Plan, j: int, steps: I64) -> F64:
@@ -103,14 +104,16 @@ class JobSimulator:
         curve = self.loss_floor + (LOSS_START - self.loss_floor) * progress**-LOSS_EXPONENT
         z = noise.normal(self._keys[:1], steps)[0]
         spike = noise.uniform(self._keys[1:2], steps)[0] < LOSS_SPIKE_CHANCE
-        return curve * (1.0 + 0.012 * z) + np.where(spike, 0.4 * curve, 0.0)
+        loss: F64 = curve * (1.0 + 0.012 * z) + np.where(spike, 0.4 * curve, 0.0)
+        return loss
 
     def _grad_norm(self, steps: I64, tokens: I64) -> F64:
         early = np.exp(-tokens.astype(np.float64) / (0.05 * self.planned_tokens))
         z = noise.normal(self._keys[2:3], steps)[0]
         spike = noise.uniform(self._keys[3:4], steps)[0] < GRAD_SPIKE_CHANCE
         base = (0.22 + 1.6 * early) * np.exp(0.12 * z)
-        return np.where(spike, base * 4.0, base)
+        grad: F64 = np.where(spike, base * 4.0, base)
+        return grad
 
     def _learning_rate(self, tokens: I64) -> F64:
         done = tokens.astype(np.float64) / self.planned_tokens

@@ -35,8 +35,9 @@ def _row_scales(values: np.ndarray) -> np.ndarray:
         if todo.size == 0:
             break
         v = values[todo]
-        scaled = np.round(v * 10.0**k)
-        ok = (np.abs(scaled) < _EXACT_LIMIT) & (scaled / 10.0**k == v)
+        with np.errstate(over="ignore", invalid="ignore"):
+            scaled = np.round(v * 10.0**k)
+            ok = (np.abs(scaled) < _EXACT_LIMIT) & (scaled / 10.0**k == v)
         out[todo[ok]] = k
         todo = todo[~ok]
     return out

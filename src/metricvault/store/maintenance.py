@@ -90,7 +90,10 @@ def compact(vault: Vault, now: int, bar: Progress | None = None) -> int:
 def _read_all(vault: Vault, files: list[DataFile]) -> pa.Table:
     tables, order = [], []
     for f in files:
-        t = fmt.decode(pq.read_table(f.path, filesystem=vault.location.fs), float_columns(f.tier))
+        t = fmt.decode(
+            pq.read_table(f.path, filesystem=vault.location.fs, partitioning=None),
+            float_columns(f.tier),
+        )
         tables.append(t)
         order.append(np.full(t.num_rows, f.file_id))
     return fmt.sort_dedup(pa.concat_tables(tables), np.concatenate(order))
@@ -229,9 +232,9 @@ def _expire_day(
     ids = pc.unique(
         pa.concat_arrays(
             [
-                pq.read_table(f.path, columns=["series_id"], filesystem=vault.location.fs)[
-                    "series_id"
-                ].combine_chunks()
+                pq.read_table(
+                    f.path, columns=["series_id"], filesystem=vault.location.fs, partitioning=None
+                )["series_id"].combine_chunks()
                 for f in files
             ]
         )

@@ -99,7 +99,9 @@ class Reader:
 
     def _load(self, f: DataFile, cols: tuple[str, ...], filters: object) -> pa.Table:
         try:
-            table = pq.read_table(f.path, filesystem=self.loc.fs, filters=filters)
+            table = pq.read_table(
+                f.path, filesystem=self.loc.fs, filters=filters, partitioning=None
+            )
         except (OSError, pa.ArrowException) as exc:
             raise StorageError(f"cannot read data file {f.path}: {exc}") from exc
         return fmt.decode(table, cols)

@@ -61,6 +61,7 @@ class Vault:
         self._closed = threading.Event()
         self._flush_error: BaseException | None = None
         self._load_series()
+        self._pending_samples = self.buffer.depth()[0]
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -123,8 +124,6 @@ class Vault:
         if self._pending_samples >= self.settings.flush_max_samples:
             self._wake_flusher()
         return batch.samples.num_rows
-
-    _pending_samples = 0
 
     def _check_backpressure(self) -> None:
         if self._flush_error is not None:
@@ -321,7 +320,7 @@ def dirty_hours(ts: np.ndarray, lookback_ms: int) -> set[int]:
 def _read_series(location: Location, path: str) -> pa.Table:
     import pyarrow.parquet as pq
 
-    return pq.read_table(path, filesystem=location.fs)
+    return pq.read_table(path, filesystem=location.fs, partitioning=None)
 
 
 def _empty_raw() -> pa.Table:

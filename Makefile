@@ -1,0 +1,51 @@
+# metricvault: `make demo` runs the main job, `make test` runs the whole suite.
+# Both create .venv and install what they need; `make test` also installs the Debian
+# packages that the end-to-end tests start as real servers (when run as root).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+APT_TEST_PACKAGES ?= git
+
+.PHONY: demo test lint unit e2e bench clean system-deps
+
+$(BIN)/metricvault: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.test-deps: $(BIN)/metricvault
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(BIN)/metricvault
+	$(BIN)/metricvault demo
+
+system-deps:
+	@missing=""; for p in $(APT_TEST_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+lint: $(VENV)/.test-deps
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy --strict src
+
+test: $(VENV)/.test-deps system-deps lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+unit: $(VENV)/.test-deps
+	$(BIN)/python -m pytest -q tests/unit
+
+e2e: $(VENV)/.test-deps system-deps
+	$(BIN)/python -m pytest -q tests/e2e
+
+bench: $(VENV)/.test-deps
+	$(BIN)/python bench/storage.py
+
+clean:
+	rm -rf $(VENV) metricvault-data .metricvault-state demo-report.html

@@ -1,0 +1,338 @@
+"""``metricvault``: keep GPU-cluster and LLM training/inference metrics for years.
+
+Every command works on a vault — a local directory (default ``./metricvault-data``) or
+``s3://bucket/prefix`` — given with ``--data`` or ``METRICVAULT_DATA``. Settings come from
+``--config FILE`` (TOML), ``METRICVAULT_*`` environment variables and flags; ``metricvault
+config`` lists them all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import pandas as pd
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from metricvault.config import Settings, describe
+from metricvault.durations import (
+    format_duration_ms,
+    ms_to_datetime,
+    parse_duration_ms,
+    parse_time_ms,
+)
+from metricvault.errors import MetricVaultError
+from metricvault.store.vault import Vault
+
+app = typer.Typer(
+    name="metricvault",
+    help=__doc__,
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+DataOpt = Annotated[
+    str | None,
+    typer.Option("--data", "-d", help="Vault directory or s3://bucket/prefix.", show_default=False),
+]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="TOML settings file.", show_default=False)
+]
+FormatOpt = Annotated[
+    str, typer.Option("--format", "-f", help="Output: table, csv, json or parquet (needs -o).")
+]
+OutOpt = Annotated[
+    Path | None, typer.Option("--output", "-o", help="Write the result to this file.")
+]
+
+
+def load_settings(data: str | None, config: Path | None) -> Settings:
+    return Settings.load(config_file=config, data=data)
+
+
+def open_vault(data: str | None, config: Path | None) -> Vault:
+    settings = load_settings(data, config)
+    return Vault.open(settings.data, settings)
+
+
+def emit(frame: pd.DataFrame, fmt: str, output: Path | None, title: str = "") -> None:
+    """Print or save a result frame in the requested format."""
+    if fmt == "parquet":
+        if output is None:
+            raise typer.BadParameter("--format parquet needs --output FILE")
+        frame.to_parquet(output, index=False)
+    elif fmt == "csv":
+        text = frame.to_csv(index=False)
+        output.write_text(text) if output else sys.stdout.write(text)
+    elif fmt == "json":
+        text = frame.to_json(orient="records", date_format="iso", indent=1)
+        output.write_text(text) if output else sys.stdout.write(text + "\n")
+    elif fmt == "table":
+        if output:
+            output.write_text(frame.to_string(index=False))
+        else:
+            console.print(_rich_table(frame, title))
+    else:
+        raise typer.BadParameter(f"unknown format {fmt!r}: use table, csv, json or parquet")
+    if output:
+        err.print(f"wrote {len(frame)} rows to {output}")
+
+
+def _rich_table(frame: pd.DataFrame, title: str, limit: int = 200) -> Table:
+    table = Table(title=title or None, show_lines=False)
+    for col in frame.columns:
+        table.add_column(str(col), justify="right" if frame[col].dtype.kind in "fiu" else "left")
+    for row in frame.head(limit).itertuples(index=False):
+        table.add_row(*(_cell(v) for v in row))
+    if len(frame) > limit:
+        table.caption = f"{len(frame) - limit} more rows: use --format csv or -o FILE"
+    return table
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    return str(value)
+
+
+@app.command()
+def query(
+    selector: Annotated[str, typer.Argument(help="PromQL selector, e.g. 'mfu{job=\"llama-7b\"}'.")],
+    start: Annotated[
+        str, typer.Option("--start", "-s", help="ISO time, epoch ms or -30d.")
+    ] = "-1h",
+    end: Annotated[
+        str, typer.Option("--end", "-e", help="ISO time, epoch ms, now or -1d.")
+    ] = "now",
+    step: Annotated[
+        str | None,
+        typer.Option(help="Bucket width (1m, 1h, 1d) or 'all'; omit for raw samples."),
+    ] = None,
+    agg: Annotated[
+        str, typer.Option(help="Aggregates: mean,min,max,count,sum,last,increase.")
+    ] = "mean",
+    fmt: FormatOpt = "table",
+    output: OutOpt = None,
+    data: DataOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Read samples or per-step aggregates of the series a selector matches.
+
+    Without --step you get raw samples (`value` column); with it, one row per series and
+    bucket with one column per aggregate, served from the coarsest tier that fits.
+
+    Example: `metricvault query 'DCGM_FI_DEV_GPU_UTIL{Hostname="node01"}' -s -7d --step 1h
+    --agg mean,max`
+    """
+    with open_vault(data, config) as vault:
+        frame = vault.query(selector, start, end, step=step, aggs=agg.split(","))
+    emit(frame, fmt, output, title=selector)
+
+
+@app.command()
+def sql(
+    statement: Annotated[str, typer.Argument(help="DuckDB SQL.")],
+    fmt: FormatOpt = "table",
+    output: OutOpt = None,
+    data: DataOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Run DuckDB SQL over the views `raw`, `rollup_1m`, `rollup_1h` and `series`.
+
+    `raw(series_id, ts, timestamp, value)`; `rollup_*(series_id, ts, timestamp, count, sum, min,
+    max, last, increase, mean)`; `series(series_id, metric, labels JSON, kind)`.
+
+    Example: `metricvault sql "SELECT s.metric, count(*) FROM raw JOIN series s USING
+    (series_id) GROUP BY 1"`
+    """
+    with open_vault(data, config) as vault:
+        emit(vault.sql(statement), fmt, output)
+
+
+@app.command()
+def series(
+    selector: Annotated[str | None, typer.Argument(help="Optional PromQL selector.")] = None,
+    fmt: FormatOpt = "table",
+    output: OutOpt = None,
+    data: DataOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """List the series in the vault (id, metric, kind and labels)."""
+    with open_vault(data, config) as vault:
+        emit(vault.series(selector), fmt, output, title="series")
+
+
+@app.command()
+def stats(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    data: DataOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Series count, samples and bytes per tier, bytes/sample, time coverage, rollup lag."""
+    with open_vault(data, config) as vault:
+        info = vault.stats()
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return
+    print_stats(info)
+
+
+def print_stats(info: dict[str, Any]) -> None:
+    table = Table(
+        title=f"{info['uri']}  ·  {info['series']} series  ·  snapshot {info['snapshot']}"
+    )
+    for col in ("tier", "files", "rows", "bytes", "bytes/row", "first", "last"):
+        table.add_column(col, justify="left" if col in ("tier", "first", "last") else "right")
+    for tier, t in info["tiers"].items():
+        table.add_row(
+            tier,
+            f"{t['files']:,}",
+            f"{t['rows']:,}",
+            f"{t['bytes']:,}",
+            f"{t['bytes_per_row']}" if t["bytes_per_row"] is not None else "",
+            _when(t["first"]),
+            _when(t["last"]),
+        )
+    console.print(table)
+    lag = info["rollup"]
+    state = (
+        "up to date"
+        if not lag["pending_hours"]
+        else (
+            f"{lag['pending_hours']} hour(s) pending, complete until {_when(lag['complete_until'])}"
+        )
+    )
+    console.print(f"rollups: {state}")
+    console.print(f"ingest buffer: {info['buffer']['samples']:,} samples waiting")
+
+
+def _when(ms: int | None) -> str:
+    return ms_to_datetime(ms).strftime("%Y-%m-%d %H:%M:%S") if ms is not None else ""
+
+
+@app.command()
+def maintain(
+    loop: Annotated[bool, typer.Option(help="Keep running every maintain_interval.")] = False,
+    now: Annotated[
+        str | None, typer.Option(help="Pretend it is this time (for retention); default: now.")
+    ] = None,
+    data: DataOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Flush the ingest buffer, compact, roll up (1m, 1h), apply retention, expire snapshots.
+
+    Idempotent and safe to kill at any moment: every step commits atomically, and a killed run
+    is finished by the next one.
+    """
+    settings = load_settings(data, config)
+    interval = parse_duration_ms(settings.maintain_interval) / 1000
+    with Vault.open(settings.data, settings) as vault:
+        while True:
+            started = time.monotonic()
+            report = vault.maintain(parse_time_ms(now) if now else None, progress=True)
+            console.print(_report_line(report, time.monotonic() - started))
+            if not loop:
+                return
+            time.sleep(interval)
+
+
+def _report_line(report: dict[str, Any], seconds: float) -> str:
+    return (
+        f"flushed {report['flushed_samples']:,} samples, compacted "
+        f"{report['compacted_partitions']} partition(s), rolled up {report['rolled_up_hours']} "
+        f"hour(s), retention dropped {sum(report['retention'].values())} partition(s), expired "
+        f"{report['expired']['snapshots']} snapshot(s) and {report['expired']['files']} file(s) "
+        f"in {seconds:.1f}s; {report['rollup_pending_hours']} hour(s) still pending"
+    )
+
+
+@app.command("import")
+def import_(
+    path: Annotated[Path, typer.Argument(help="CSV or Parquet file in the long shape.")],
+    data: DataOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Write a CSV/Parquet file in the long shape (`metric`, `timestamp`, `value`, labels...).
+
+    `timestamp` is epoch milliseconds or an ISO time; every other column is a label.
+    """
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    if not path.exists():
+        raise typer.BadParameter(f"{path} does not exist")
+    if path.suffix == ".parquet":
+        table = pq.read_table(path)
+    else:
+        table = pacsv.read_csv(path, convert_options=_csv_types(path))
+    with open_vault(data, config) as vault:
+        count = vault.write(table)
+    console.print(f"wrote {count:,} samples from {path}")
+
+
+def _csv_types(path: Path) -> Any:
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    header = path.open().readline().strip().split(",")
+    types = {c: pa.string() for c in header if c not in ("timestamp", "value")}
+    types["value"] = pa.float64()
+    return pacsv.ConvertOptions(column_types=types)
+
+
+@app.command()
+def config(
+    data: DataOpt = None,
+    config_file: Annotated[Path | None, typer.Option("--config", "-c")] = None,
+) -> None:
+    """Show every setting with its current value, default and meaning."""
+    settings = load_settings(data, config_file)
+    table = Table(title="settings (TOML key = METRICVAULT_<KEY> environment variable)")
+    for col in ("setting", "value", "default", "meaning"):
+        table.add_column(col, overflow="fold")
+    for name, default, help_text in describe():
+        table.add_row(name, repr(getattr(settings, name)), default, help_text)
+    console.print(table)
+
+
+@app.command()
+def demo(
+    data: DataOpt = None,
+    nodes: Annotated[int, typer.Option(help="Simulated nodes (8 GPUs each).")] = 2,
+    days: Annotated[float, typer.Option(help="Days of 5-second data to backfill.")] = 14,
+    seed: Annotated[int, typer.Option(help="Simulator seed.")] = 0,
+    report: Annotated[Path, typer.Option(help="HTML report to write.")] = Path("demo-report.html"),
+    fresh: Annotated[bool, typer.Option(help="Delete the demo vault first.")] = True,
+) -> None:
+    """Backfill a vault with a simulated GPU cluster, maintain it, and report.
+
+    Simulates NODES x 8 GPUs for DAYS at 5 s running two training jobs (all series are labelled
+    `simulated="true"`), runs maintenance, prints bytes/sample per tier and a side-by-side
+    table of the jobs, and writes an HTML report with plots.
+    """
+    from metricvault.demo import run_demo
+
+    run_demo(data or "./metricvault-data", nodes, days, seed, report, fresh, console)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        app()
+    except MetricVaultError as exc:
+        err.print(f"[bold red]error[/] ({type(exc).__name__}): {exc.message}")
+        sys.exit(2)
+
+
+_ = format_duration_ms

@@ -1,0 +1,102 @@
+"""Golden properties of the Parquet encoding: lossless, compact, the layout we promise."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from metricvault.store import files
+
+floats = st.floats(allow_nan=False, allow_infinity=False, width=64)
+
+
+def _table(sid, values):
+    return pa.table(
+        {
+            "series_id": pa.array(sid, pa.int64()),
+            "ts": pa.array(np.arange(len(values)) * 5000 + 1_767_225_600_000, pa.int64()),
+            "value": pa.array(values, pa.float64()),
+        }
+    )
+
+
+def _roundtrip(table, cols=files.RAW_FLOATS):
+    return files.read_parquet(io.BytesIO(files.write_parquet(table, cols)), cols)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(floats, st.integers(-(10**12), 10**12).map(float)), min_size=1))
+def test_roundtrip_is_bit_exact(values):
+    table = _table([7] * len(values), values)
+    back = _roundtrip(table)["value"].to_numpy()
+    assert np.array_equal(back.view(np.int64), np.array(values, np.float64).view(np.int64))
+
+
+@pytest.mark.parametrize(
+    ("values", "scale"),
+    [([1.0, 2.0, 100.0], 0), ([0.5, 1.25], 2), ([245.123, 250.5], 3), ([0.1, 0.2], 1)],
+)
+def test_decimal_values_become_scaled_integers(values, scale):
+    physical = files.encode(_table([1] * len(values), values), files.RAW_FLOATS)
+    assert physical["scale"].to_pylist() == [scale] * len(values)
+    assert physical["value_f"].null_count == len(values)
+    assert physical["value_i"].to_pylist() == [round(v * 10**scale) for v in values]
+
+
+def test_values_that_are_not_short_decimals_fall_back_to_floats():
+    values = [0.1 + 0.2, 1 / 3, -0.0]
+    physical = files.encode(_table([1, 1, 1], values), files.RAW_FLOATS)
+    assert physical["value_f"].null_count == 0
+    assert physical["value_i"].null_count == 3
+
+
+def test_parquet_layout_uses_metric_friendly_encodings():
+    values = np.round(np.random.default_rng(1).uniform(0, 100, 10_000), 1)
+    data = files.write_parquet(_table(np.repeat([1, 2], 5000), values), files.RAW_FLOATS)
+    meta = pq.ParquetFile(io.BytesIO(data)).metadata
+    col = {
+        meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i)
+        for i in range(meta.num_columns)
+    }
+    assert "DELTA_BINARY_PACKED" in col["ts"].encodings
+    assert "DELTA_BINARY_PACKED" in col["value_i"].encodings
+    assert "BYTE_STREAM_SPLIT" in col["value_f"].encodings
+    assert col["ts"].compression == "ZSTD"
+    # 10k samples of 1-decimal values: far below the 16 bytes of a naive (ts, value) pair
+    assert len(data) / 10_000 < 3
+
+
+def test_rollup_columns_roundtrip_with_missing_increase():
+    table = pa.table(
+        {
+            "series_id": pa.array([1, 1], pa.int64()),
+            "ts": pa.array([0, 60_000], pa.int64()),
+            "count": pa.array([12, 12], pa.int64()),
+            "sum": [12.5, 13.75],
+            "min": [1.0, 1.25],
+            "max": [2.0, 2.5],
+            "last": [1.5, 2.0],
+            "increase": pa.array([None, 3.0], pa.float64()),
+        }
+    )
+    back = _roundtrip(table, files.ROLLUP_FLOATS)
+    assert back["increase"].to_pylist() == [None, 3.0]
+    assert back["sum"].to_pylist() == [12.5, 13.75]
+
+
+def test_sort_dedup_keeps_the_latest_write():
+    table = pa.table(
+        {
+            "series_id": pa.array([2, 1, 1, 2], pa.int64()),
+            "ts": pa.array([10, 10, 10, 10], pa.int64()),
+            "value": [1.0, 2.0, 3.0, 4.0],
+        }
+    )
+    out = files.sort_dedup(table, pa.array([1, 1, 2, 0]))
+    assert out.to_pydict() == {"series_id": [1, 2], "ts": [10, 10], "value": [3.0, 1.0]}

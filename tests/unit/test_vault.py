@@ -1,0 +1,273 @@
+"""Behaviour of the embedded store: inputs, atomic bad input, exactly-once, tiers, retention."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+import numpy as np
+import pandas as pd
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from metricvault import Vault
+from metricvault.config import RetentionOverride
+from metricvault.errors import InputError, LabelError, SelectorError, ValueRangeError
+from metricvault.store import maintenance
+from metricvault.store.catalog import Catalog
+from metricvault.store.query import Segment, plan
+
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+H = 3_600_000
+D = 86_400_000
+
+
+def gauge_rows(n=720, series=2, start=T0, step=5000):
+    return [
+        (
+            "gpu_util",
+            {"gpu": str(g), "Hostname": "node01"},
+            start + i * step,
+            float((i * 7 + g) % 101),
+        )
+        for g in range(series)
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def vault(tmp_path):
+    with Vault.open(str(tmp_path / "v")) as v:
+        yield v
+
+
+def test_accepts_tuples_arrow_pandas_polars_and_datetimes(vault):
+    rows = gauge_rows(10, 1)
+    frame = pd.DataFrame(
+        {
+            "metric": ["m_pd"] * 3,
+            "timestamp": pd.to_datetime([T0, T0 + 5000, T0 + 10000], unit="ms", utc=True),
+            "value": [1, 2, 3],
+            "gpu": ["0", None, ""],
+        }
+    )
+    table = pa.table({"metric": ["m_pa"], "ts": [T0], "value": [4.5], "gpu": [7]})
+    polars = pl.DataFrame({"metric": ["m_pl"], "timestamp": [T0], "value": [1.0]})
+    assert vault.write(rows) == 10
+    assert vault.write(frame) == 3
+    assert vault.write(table) == 1
+    assert vault.write(polars) == 1
+    out = vault.query('{__name__=~"m_.*"}', T0, T0 + H)
+    assert list(out.columns) == ["timestamp", "metric", "gpu", "value"]
+    assert out["metric"].tolist() == ["m_pa", "m_pd", "m_pd", "m_pd", "m_pl"]
+    # the pandas rows without a gpu label (None and "") are one series
+    assert out[out.metric == "m_pd"]["gpu"].isna().tolist() == [False, True, True]
+    assert out[out.metric == "m_pa"]["gpu"].tolist() == ["7"]
+    assert str(out["timestamp"].dtype) == "datetime64[ms, UTC]"
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "message"),
+    [
+        ([("m", {}, T0, float("nan"))], ValueRangeError, "NaN or infinite"),
+        ([("m", {}, T0, float("inf"))], ValueRangeError, "NaN or infinite"),
+        ([("m", {}, 1_000, 1.0)], ValueRangeError, "outside 1990..2200"),
+        ([("m", {"bad-label": "x"}, T0, 1.0)], LabelError, "invalid label name"),
+        ([("m", {}, T0, "abc")], InputError, "cannot read sample tuple"),
+        (pa.table({"metric": ["m"], "value": [1.0]}), InputError, "lacks column"),
+        (pa.table({"metric": ["m"], "timestamp": [1.5e12], "value": [1.0]}), InputError, "type"),
+        (pa.table({"metric": [None], "timestamp": [T0], "value": [1.0]}), InputError, "null"),
+        (pa.table({"metric": ["m"], "timestamp": [T0], "value": ["x"]}), InputError, "numbers"),
+    ],
+)
+def test_bad_input_is_refused_whole_and_changes_nothing(vault, bad, error, message):
+    good_then_bad = gauge_rows(5, 1) + (bad if isinstance(bad, list) else [])
+    with pytest.raises(error, match=message):
+        vault.write(good_then_bad if isinstance(bad, list) else bad)
+    assert vault.buffer.depth() == (0, 0)
+    assert len(vault.index) == 0
+    assert vault.query("gpu_util", T0, T0 + H).empty
+
+
+def test_flush_is_exactly_once_when_killed_between_file_write_and_commit(tmp_path, monkeypatch):
+    path = str(tmp_path / "v")
+    v = Vault.open(path)
+    v.write(gauge_rows())
+    real_commit = Catalog.commit
+    monkeypatch.setattr(
+        Catalog, "commit", lambda self, change: (_ for _ in ()).throw(OSError("killed"))
+    )
+    with pytest.raises(OSError):
+        v.flush()
+    monkeypatch.setattr(Catalog, "commit", real_commit)
+    v.buffer.close()  # simulate the crash: no close(), no flush
+    with Vault.open(path) as again:
+        assert again.query("gpu_util", T0, T0 + D).shape[0] == 1440
+        again.maintain(now_ms=T0 + 2 * D)
+        assert again.stats()["tiers"]["raw"]["rows"] == 1440  # orphan file was not counted
+
+
+def test_flush_is_exactly_once_when_killed_after_commit(tmp_path, monkeypatch):
+    path = str(tmp_path / "v")
+    v = Vault.open(path)
+    v.write(gauge_rows())
+    real_discard = v.buffer.discard_through
+
+    def discard_then_die(seq):
+        if seq > 0:  # the call after the catalog commit
+            raise OSError("killed")
+        real_discard(seq)
+
+    monkeypatch.setattr(v.buffer, "discard_through", discard_then_die)
+    with pytest.raises(OSError):
+        v.flush()
+    monkeypatch.undo()
+    v.buffer.close()
+    with Vault.open(path) as again:
+        assert again.flush() == 0
+        assert again.stats()["tiers"]["raw"]["rows"] == 1440
+        assert again.buffer.depth() == (0, 0)
+
+
+def test_duplicates_are_stored_once_and_the_later_write_wins(vault):
+    vault.write([("m", {}, T0, 1.0), ("m", {}, T0 + 5000, 2.0)])
+    vault.flush()
+    vault.write([("m", {}, T0, 10.0)])
+    vault.flush()
+    assert vault.query("m", T0, T0 + H)["value"].tolist() == [10.0, 2.0]
+    vault.maintain(now_ms=T0 + 2 * D)
+    assert vault.stats()["tiers"]["raw"] == pytest.approx(vault.stats()["tiers"]["raw"])
+    assert vault.stats()["tiers"]["raw"]["rows"] == 2
+    assert vault.stats()["tiers"]["raw"]["files"] == 1
+    assert vault.query("m", T0, T0 + H)["value"].tolist() == [10.0, 2.0]
+
+
+def test_late_data_recomputes_rollups(vault):
+    vault.write(gauge_rows(720, 1))
+    vault.maintain(now_ms=T0 + 2 * D)
+    before = vault.query("gpu_util", T0, T0 + H, step="1h", aggs=("count", "max"))
+    vault.write([("gpu_util", {"gpu": "0", "Hostname": "node01"}, T0 + 2501, 1000.0)])
+    vault.maintain(now_ms=T0 + 2 * D)
+    after = vault.query("gpu_util", T0, T0 + H, step="1h", aggs=("count", "max"))
+    assert before["count"].tolist() == [720]
+    assert after["count"].tolist() == [721]
+    assert after["max"].tolist() == [1000.0]
+    assert vault.sql("SELECT sum(count) AS n FROM rollup_1h")["n"].tolist() == [721]
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "width", "watermark", "expected"),
+    [
+        (0, 2 * H, 60_000, None, [Segment("1m", 0, 2 * H)]),
+        (0, 2 * H, H, None, [Segment("1h", 0, 2 * H)]),
+        (0, 2 * H, 30_000, None, [Segment("raw", 0, 2 * H)]),
+        (0, 2 * H, H, H, [Segment("1h", 0, H), Segment("raw", H, 2 * H)]),
+        (
+            30_000,
+            H + 90_000,
+            None,
+            None,
+            [
+                Segment("raw", 30_000, 60_000),
+                Segment("1m", 60_000, H),
+                Segment("1h", H, H) if False else Segment("1m", H, H + 60_000),
+                Segment("raw", H + 60_000, H + 90_000),
+            ][:2]
+            + [Segment("1m", H, H + 60_000), Segment("raw", H + 60_000, H + 90_000)],
+        ),
+    ],
+)
+def test_planner_uses_the_coarsest_fitting_tier(start, end, width, watermark, expected):
+    got = plan(start, end, width, watermark)
+    merged = []
+    for seg in got:  # adjacent segments of one tier are one read
+        if merged and merged[-1].tier == seg.tier and merged[-1].end == seg.start:
+            merged[-1] = Segment(seg.tier, merged[-1].start, seg.end)
+        else:
+            merged.append(seg)
+    exp = []
+    for seg in expected:
+        if exp and exp[-1].tier == seg.tier and exp[-1].end == seg.start:
+            exp[-1] = Segment(seg.tier, exp[-1].start, seg.end)
+        else:
+            exp.append(seg)
+    assert merged == exp
+
+
+def test_retention_drops_rolled_up_raw_days_and_rollups_keep_answering(tmp_path):
+    keep = RetentionOverride('{experiment="paper"}', "raw", "forever")
+    with Vault.open(str(tmp_path / "v"), retention_raw="1d", retention_overrides=(keep,)) as v:
+        v.write(gauge_rows(720 * 24, 1))
+        v.write(
+            [("loss", {"experiment": "paper"}, T0 + i * 60_000, 1.0 / (i + 1)) for i in range(100)]
+        )
+        v.maintain(now_ms=T0 + D + H)
+        hourly = v.query("gpu_util", T0, T0 + D, step="1h", aggs=("mean", "count"))
+        v.maintain(now_ms=T0 + 3 * D)
+        assert v.query("gpu_util", T0, T0 + D).empty  # raw gone
+        assert len(v.query("loss", T0, T0 + D)) == 100  # kept by the override
+        again = v.query("gpu_util", T0, T0 + D, step="1h", aggs=("mean", "count"))
+        pd.testing.assert_frame_equal(hourly, again)
+        assert v.stats()["raw_horizon"] == T0 + D
+
+
+def test_retention_never_drops_raw_data_that_is_not_rolled_up(tmp_path, caplog):
+    with Vault.open(str(tmp_path / "v"), retention_raw="1d") as v:
+        v.write(gauge_rows(100, 1))
+        v.flush()
+        with caplog.at_level(logging.WARNING, logger="metricvault"):
+            maintenance.apply_retention(v, T0 + 10 * D)
+        assert "RETENTION BLOCKED" in caplog.text
+        assert len(v.query("gpu_util", T0, T0 + D)) == 100
+        assert v.stats()["rollup"]["pending_hours"] > 0
+
+
+def test_stats_and_series_and_sql(vault):
+    vault.write(gauge_rows(720, 2))
+    vault.write([("energy_total", {"gpu": "0"}, T0 + i * 5000, float(i)) for i in range(720)])
+    vault.maintain(now_ms=T0 + 2 * D)
+    st = vault.stats()
+    assert st["series"] == 3
+    assert st["tiers"]["raw"]["rows"] == 2160
+    assert st["tiers"]["1m"]["rows"] == 180
+    assert st["rollup"]["pending_hours"] == 0
+    series = vault.series("gpu_util")
+    assert series["gpu"].tolist() == ["0", "1"]
+    assert vault.series()["kind"].tolist() == ["counter", "gauge", "gauge"]
+    got = vault.sql(
+        "SELECT s.metric, count(*) AS n FROM raw JOIN series s USING (series_id) "
+        "GROUP BY 1 ORDER BY 1"
+    )
+    assert got.to_dict("list") == {"metric": ["energy_total", "gpu_util"], "n": [720, 1440]}
+    with pytest.raises(InputError, match="SQL failed"):
+        vault.sql("SELECT nope FROM raw")
+
+
+def test_query_errors_are_clear(vault):
+    with pytest.raises(SelectorError):
+        vault.query("gpu util", "-1h", "now")
+    with pytest.raises(InputError, match="unknown aggregate"):
+        vault.query("gpu_util", "-1h", "now", step="1m", aggs=("median",))
+    with pytest.raises(Exception, match="not before end"):
+        vault.query("gpu_util", "now", "-1h")
+
+
+def test_query_times_accept_datetimes_iso_and_relative(vault):
+    vault.write(gauge_rows(12, 1))
+    a = vault.query("gpu_util", datetime(2026, 1, 1, tzinfo=UTC), "2026-01-01T00:01:00Z")
+    b = vault.query("gpu_util", T0, T0 + 60_000)
+    pd.testing.assert_frame_equal(a, b)
+    assert len(a) == 12
+    assert vault.query("gpu_util", "-30d", "now").empty
+
+
+def test_increase_is_equal_from_every_tier(vault):
+    values = np.cumsum(np.random.default_rng(3).integers(0, 50, 3 * 720)).astype(float)
+    values[1000:] -= values[1000] - 5  # a counter reset
+    vault.write([("x_total", {}, T0 + i * 5000, v) for i, v in enumerate(values)])
+    raw = vault.query("x_total", T0, T0 + 3 * H, step="all", aggs=("increase",))
+    vault.maintain(now_ms=T0 + 2 * D)
+    for step in ("all", "1m", "1h", "30s"):
+        got = vault.query("x_total", T0, T0 + 3 * H, step=step, aggs=("increase",))
+        assert got["increase"].sum() == pytest.approx(raw["increase"].iloc[0], rel=1e-12)
