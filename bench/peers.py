@@ -35,7 +35,7 @@ VM_INSTALL_HINT = (
 )
 MAX_ROWS_PER_IMPORT_SLICE = 500_000  # keeps every JSON line far below -import.maxLineLen
 MAX_BODY_BYTES = 16 * 1024 * 1024
-MERGE_POLL_S = 1.0
+MERGE_POLL_S = 0.5
 MERGE_STABLE_POLLS = 3
 
 

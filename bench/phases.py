@@ -60,6 +60,12 @@ class VaultResult:
         value = self.stats.get("tiers", {}).get(tier, {}).get("rows")
         return None if value is None else int(value)
 
+    def tier_span_ms(self, tier: str) -> int | None:
+        """Time the tier covers (its first to last timestamp), where stats() says."""
+        info = self.stats.get("tiers", {}).get(tier, {})
+        first, last = info.get("first"), info.get("last")
+        return None if first is None or last is None else max(1, int(last) - int(first))
+
 
 def scan(workload: Workload, summary: Summary) -> None:
     """Only the summary pass (when metricvault cannot run)."""

@@ -77,14 +77,14 @@ def _q1(s: Summary) -> QueryCase:
     )
 
     def run_vault(vault: Any) -> int:
-        return len(vault.query(metric, start, end, step=None, aggs=("mean", "max")))
+        return len(vault.query(metric, start, end, step="all", aggs=("mean", "max")))
 
     return QueryCase(
         key="Q1",
         title=f"mean and max of {metric} per GPU, whole range",
         target_ms=20.0,
         expected_rows=len(s.gpus),
-        vault_call=f'query("{metric}", start, end, step=None, aggs=("mean","max"))',
+        vault_call=f'query("{metric}", start, end, step="all", aggs=("mean","max"))',
         vm_request=f"/api/v1/query time=end: {expr}",
         run_vault=run_vault,
         run_vm=lambda vm: vm.instant(expr, s.max_ts) // 2,

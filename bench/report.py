@@ -9,10 +9,13 @@ from rich.table import Table
 
 from bench.datasets import Summary
 from bench.phases import FileResult, VaultResult, VmResult
-from bench.queries import QueryCase
+from bench.queries import QueryCase, Timing
 
 WRITE_TARGET = 1_000_000  # samples/s through Vault.write
 NA = "n/a"
+HOUR_MS = 3_600_000
+VM_DATA_NOTE = "data/ (small + big parts) after force_merge"
+VM_TOTAL_NOTE = "whole -storageDataPath: data/ + indexdb/ + metadata"
 
 
 @dataclass
@@ -52,88 +55,49 @@ def _verdict(ok: bool | None) -> str:
 
 
 def storage_section(run: DatasetRun) -> Section:
-    n = run.summary.samples
-    rows: list[tuple[str, ...]] = []
+    sizes: list[tuple[str, str, int | None]] = []  # (store, what is counted, bytes)
     if run.vault is not None:
         for tier in ("raw", "1m", "1h"):
-            size = run.vault.tier_bytes(tier)
             counted = f"tier {tier}: {_int(run.vault.tier_rows(tier))} rows (vault.stats())"
-            rows.append((f"metricvault {tier}", counted, _int(size), _per(size, n)))
-        rows.append(
-            (
-                "metricvault dir",
-                "whole vault directory: all tiers, buffer, catalog, series",
-                _int(run.vault.dir_bytes),
-                _per(run.vault.dir_bytes, n),
-            )
-        )
+            sizes.append((f"metricvault {tier}", counted, run.vault.tier_bytes(tier)))
+        whole = "whole vault directory: all tiers, buffer, catalog, series"
+        sizes.append(("metricvault dir", whole, run.vault.dir_bytes))
     if run.files is not None:
-        rows.append(
-            (
-                "CSV + gzip",
-                "long table, pyarrow CSV writer, gzip (default level)",
-                _int(run.files.csv_gzip_bytes),
-                _per(run.files.csv_gzip_bytes, n),
-            )
-        )
-        rows.append(
-            (
-                "Parquet",
-                "long table, pyarrow defaults (snappy, dictionary, 1 Mi-row groups)",
-                _int(run.files.parquet_bytes),
-                _per(run.files.parquet_bytes, n),
-            )
-        )
+        csv_note = "long table, pyarrow CSV writer, gzip (default level)"
+        parquet_note = "long table, pyarrow defaults (snappy, dictionary, 1 Mi-row groups)"
+        sizes.append(("CSV + gzip", csv_note, run.files.csv_gzip_bytes))
+        sizes.append(("Parquet", parquet_note, run.files.parquet_bytes))
     if run.vm is not None:
-        sizes = run.vm.sizes
-        rows.append(
-            (
-                "VictoriaMetrics data",
-                "data/ (small + big parts) after force_merge",
-                _int(sizes.data_bytes),
-                _per(sizes.data_bytes, n),
-            )
-        )
-        rows.append(
-            (
-                "VictoriaMetrics total",
-                "whole -storageDataPath: data/ + indexdb/ + metadata",
-                _int(sizes.total_bytes),
-                _per(sizes.total_bytes, n),
-            )
-        )
+        vm = run.vm.sizes
+        sizes.append(("VictoriaMetrics data", VM_DATA_NOTE, vm.data_bytes))
+        sizes.append(("VictoriaMetrics total", VM_TOTAL_NOTE, vm.total_bytes))
+    n = run.summary.samples
+    rows = [(store, counted, _int(size), _per(size, n)) for store, counted, size in sizes]
     headers = ("store", "what is counted (apparent file sizes)", "bytes", "bytes/sample")
-    return Section(f"On disk: {n:,} samples", headers, rows)
+    return Section(f"On disk: {n:,} samples", headers, list(rows))
 
 
 def write_section(run: DatasetRun) -> Section:
-    n = run.summary.samples
     rows: list[tuple[str, ...]] = []
     if run.vault is not None:
         v = run.vault
-        rows.append(
-            (
-                "metricvault Vault.write",
-                _int(v.samples_written),
-                f"{v.write_s:.2f}",
-                _rate(v.samples_written, v.write_s),
-                f"durable on return; maintain() afterwards took {v.maintain_s:.2f} s",
-            )
-        )
+        note = f"durable on return; maintain() afterwards took {v.maintain_s:.2f} s"
+        rows.append(_write_row("metricvault Vault.write", v.samples_written, v.write_s, note))
     if run.vm is not None:
         m = run.vm
+        note = (
+            f"time in POSTs; JSON built in Python {m.format_s:.2f} s (excluded); "
+            f"force_flush {m.flush_s:.2f} s, force_merge until settled {m.merge_s:.0f} s"
+        )
         rows.append(
-            (
-                "VictoriaMetrics /api/v1/import",
-                _int(n),
-                f"{m.post_s:.2f}",
-                _rate(n, m.post_s),
-                f"time in POSTs; JSON built in Python {m.format_s:.2f} s (excluded); "
-                f"force_flush {m.flush_s:.2f} s, force_merge until settled {m.merge_s:.0f} s",
-            )
+            _write_row("VictoriaMetrics /api/v1/import", run.summary.samples, m.post_s, note)
         )
     headers = ("system", "samples", "seconds", "samples/s", "note")
     return Section("Write throughput", headers, rows)
+
+
+def _write_row(system: str, samples: int, seconds: float, note: str) -> tuple[str, ...]:
+    return (system, _int(samples), f"{seconds:.2f}", _rate(samples, seconds), note)
 
 
 def query_section(run: DatasetRun, runs: int) -> Section:
@@ -146,20 +110,16 @@ def query_section(run: DatasetRun, runs: int) -> Section:
             timing = None if result is None else result.timings.get(case.key)
             if timing is None:
                 continue
-            rows.append(
-                (
-                    case.key,
-                    system,
-                    f"{timing.first_ms:.1f}",
-                    f"{timing.median_ms:.1f}",
-                    f"{timing.rows:,} ({case.expected_rows:,})",
-                    request,
-                )
-            )
+            rows.append(_query_row(case, system, timing, request))
     if not any(case.key == "Q3" for case in run.cases):
         rows.append(("Q3", "both", NA, NA, NA, "no MFU / experiment series in this dataset"))
     headers = ("query", "system", "first ms", f"median of {runs} ms", "rows (expected)", "request")
     return Section("Query latency", headers, rows)
+
+
+def _query_row(case: QueryCase, system: str, timing: Timing, request: str) -> tuple[str, ...]:
+    rows = f"{timing.rows:,} ({case.expected_rows:,})"
+    return (case.key, system, f"{timing.first_ms:.1f}", f"{timing.median_ms:.1f}", rows, request)
 
 
 def target_section(run: DatasetRun) -> Section:
@@ -185,12 +145,26 @@ def _raw_vs_vm(run: DatasetRun) -> tuple[str, str, str]:
 
 
 def _rollup_vs_raw(run: DatasetRun) -> tuple[str, str, str]:
-    raw = run.vault.tier_bytes("raw") if run.vault else None
-    rollup = run.vault.tier_bytes("1m") if run.vault else None
-    target = "1m tier bytes <= 1/2 raw tier bytes (same data)"
-    if not raw or rollup is None:
+    """Bytes per covered hour of the 1m tier against the raw tier's (plain bytes if no span)."""
+    target = "1m tier bytes per covered span <= 1/2 of raw tier's"
+    vault = run.vault
+    raw = vault.tier_bytes("raw") if vault else None
+    rollup = vault.tier_bytes("1m") if vault else None
+    if vault is None or not raw or rollup is None:
         return target, NA, NA
-    return target, f"{rollup:,} / {raw:,} = {rollup / raw:.2f}", _verdict(rollup * 2 <= raw)
+    raw_span, rollup_span = vault.tier_span_ms("raw"), vault.tier_span_ms("1m")
+    if raw_span is None or rollup_span is None:
+        return (
+            target,
+            f"{rollup:,} B vs {raw:,} B = {rollup / raw:.2f}",
+            _verdict(2 * rollup <= raw),
+        )
+    ratio = (rollup / rollup_span) / (raw / raw_span)
+    text = (
+        f"{rollup:,} B / {rollup_span / HOUR_MS:.1f} h vs {raw:,} B / {raw_span / HOUR_MS:.1f} h"
+        f" = {ratio:.2f}"
+    )
+    return target, text, _verdict(ratio <= 0.5)
 
 
 def _write_target(run: DatasetRun) -> tuple[str, str, str]:
@@ -212,6 +186,8 @@ def run_notes(run: DatasetRun) -> list[str]:
         f"{s.samples:,} samples, {len(s.series):,} series, {len(s.gpus):,} GPUs, "
         f"{s.span_ms / 3_600_000:.1f} h of data; Q2 reads {s.probe_selector()}"
     )
+    if run.vault is not None:
+        notes.append(_vault_state(run.vault))
     if run.vm is not None:
         notes.append(f"VictoriaMetrics holds {run.vm.series:,} series")
         fid = run.vm.fidelity
@@ -224,6 +200,17 @@ def run_notes(run: DatasetRun) -> list[str]:
                 f"values {state}"
             )
     return notes
+
+
+def _vault_state(vault: VaultResult) -> str:
+    stats = vault.stats
+    buffer = stats.get("buffer", {})
+    rollup = stats.get("rollup", {})
+    return (
+        f"metricvault after maintain(): {stats.get('series', NA)} series, buffer "
+        f"{buffer.get('samples', NA)} samples / {buffer.get('bytes', NA)} bytes, "
+        f"rollup pending hours {rollup.get('pending_hours', NA)}"
+    )
 
 
 # --- rendering --------------------------------------------------------------------------------

@@ -169,7 +169,7 @@ def _version(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    out = Console(highlight=False)
+    out = Console(highlight=False, width=shutil.get_terminal_size((160, 40)).columns)
     report = [environment(args)]
     root = Path(tempfile.mkdtemp(prefix="metricvault-bench-", dir=args.workdir))
     try:

@@ -1,4 +1,4 @@
-"""Parsing of durations (``30d``, ``90s``, ``forever``) and points in time (ISO, epoch ms, ``-30d``)."""
+"""Durations (``30d``, ``90s``, ``forever``) and points in time (ISO, epoch ms, ``-30d``)."""
 
 from __future__ import annotations
 

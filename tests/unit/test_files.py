@@ -98,5 +98,5 @@ def test_sort_dedup_keeps_the_latest_write():
             "value": [1.0, 2.0, 3.0, 4.0],
         }
     )
-    out = files.sort_dedup(table, pa.array([1, 1, 2, 0]))
-    assert out.to_pydict() == {"series_id": [1, 2], "ts": [10, 10], "value": [3.0, 1.0]}
+    out = files.sort_dedup(table)
+    assert out.to_pydict() == {"series_id": [1, 2], "ts": [10, 10], "value": [3.0, 4.0]}

@@ -170,29 +170,27 @@ def test_late_data_recomputes_rollups(vault):
             None,
             [
                 Segment("raw", 30_000, 60_000),
-                Segment("1m", 60_000, H),
-                Segment("1h", H, H) if False else Segment("1m", H, H + 60_000),
+                Segment("1m", 60_000, H + 60_000),
                 Segment("raw", H + 60_000, H + 90_000),
-            ][:2]
-            + [Segment("1m", H, H + 60_000), Segment("raw", H + 60_000, H + 90_000)],
+            ],
+        ),
+        (
+            30_000,
+            3 * H + 90_000,
+            None,
+            None,
+            [
+                Segment("raw", 30_000, 60_000),
+                Segment("1m", 60_000, H),
+                Segment("1h", H, 3 * H),
+                Segment("1m", 3 * H, 3 * H + 60_000),
+                Segment("raw", 3 * H + 60_000, 3 * H + 90_000),
+            ],
         ),
     ],
 )
 def test_planner_uses_the_coarsest_fitting_tier(start, end, width, watermark, expected):
-    got = plan(start, end, width, watermark)
-    merged = []
-    for seg in got:  # adjacent segments of one tier are one read
-        if merged and merged[-1].tier == seg.tier and merged[-1].end == seg.start:
-            merged[-1] = Segment(seg.tier, merged[-1].start, seg.end)
-        else:
-            merged.append(seg)
-    exp = []
-    for seg in expected:
-        if exp and exp[-1].tier == seg.tier and exp[-1].end == seg.start:
-            exp[-1] = Segment(seg.tier, exp[-1].start, seg.end)
-        else:
-            exp.append(seg)
-    assert merged == exp
+    assert plan(start, end, width, watermark) == expected
 
 
 def test_retention_drops_rolled_up_raw_days_and_rollups_keep_answering(tmp_path):

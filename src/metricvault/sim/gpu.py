@@ -137,13 +137,13 @@ class NodeSimulator:
             tensor_mean + _TENSOR_MEAN[phase] + _TENSOR_SD[phase] * z["tensor"], 0.0, sm
         )
         dram = np.clip(_DRAM_MEAN[phase] + _DRAM_SD[phase] * z["dram"], 0.0, 1.0)
-        power = self._power(steps, phase, sm, tensor, z["power"])
+        power = np.round(self._power(steps, phase, sm, tensor, z["power"]), 3)  # as reported
         clock = self._clock(phase, power, z["clock"])
         temp = self._temperature(steps, power, z["temp"])
         fb_used = self._fb_used(steps, timeline.job, phase, timeline.since_start_s)
         energy = self._energy(steps[lead:], power[:, lead:])
         rows = (
-            util, copy, fb_used, FB_TOTAL_MIB - fb_used, temp, np.round(power, 3), clock,
+            util, copy, fb_used, FB_TOTAL_MIB - fb_used, temp, power, clock,
             None, np.round(sm, 6), np.round(tensor, 6), np.round(dram, 6),
         )  # fmt: skip
         gpus, count = len(self.constants.ambient_c), len(steps) - lead

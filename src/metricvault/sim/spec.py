@@ -6,6 +6,7 @@ gaps, the node restart, job phases) and `metricvault.sim.workload` into samples.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from metricvault.errors import ConfigError
@@ -97,6 +98,8 @@ def _check_cluster(spec: ClusterSpec) -> None:
         raise ConfigError(f"a cluster needs at least 1 node, got nodes={spec.nodes}")
     if not spec.interval_s >= 1:
         raise ConfigError(f"interval_s={spec.interval_s} must be a whole number of seconds >= 1")
+    if not math.isfinite(spec.days):
+        raise ConfigError(f"days={spec.days} must be a finite number of days, e.g. 14.0")
     if not spec.days * 86_400 >= spec.interval_s:
         raise ConfigError(
             f"days={spec.days} is shorter than one scrape interval ({spec.interval_s} s); "

@@ -104,9 +104,14 @@ def total_samples(spec: ClusterSpec) -> int:
 
 
 def series_count(spec: ClusterSpec) -> int:
-    """How many distinct series a run has (GPU series plus training series)."""
-    jobs = len(spec.resolved_jobs())
-    return spec.nodes * spec.gpus_per_node * len(GPU_METRICS) + jobs * len(TRAINING_METRICS)
+    """How many distinct series ``generate(spec)`` yields (GPU series plus training series)."""
+    plan = make_plan(spec)
+    steps = np.arange(plan.n_steps, dtype=np.int64)
+    per_node = len(GPU_METRICS) * spec.gpus_per_node
+    count = sum(per_node for n in range(spec.nodes) if node_present(plan, n, steps).any())
+    for j in range(len(plan.jobs)):
+        count += len(TRAINING_METRICS) if job_emits(plan, j, steps).any() else 0
+    return count
 
 
 def to_pandas(spec: ClusterSpec) -> pd.DataFrame:

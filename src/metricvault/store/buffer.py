@@ -46,7 +46,6 @@ class Pending:
     max_seq: int
     samples: pa.Table
     series: pa.Table
-    batch_seqs: pa.Array
 
 
 class IngestBuffer:
@@ -100,12 +99,12 @@ class IngestBuffer:
                 "SELECT seq, samples, payload FROM batches WHERE seq > ? ORDER BY seq",
                 (after_seq,),
             )
-            tables, seqs, total, max_seq = [], [], 0, after_seq
+            tables: list[pa.Table] = []
+            total, max_seq = 0, after_seq
             for seq, count, payload in rows:
                 if tables and total + count > max_samples:
                     break
                 tables.append(_from_ipc(payload))
-                seqs.append(pa.array([seq] * count, pa.int64()))
                 total += count
                 max_seq = int(seq)
             if not tables:
@@ -115,7 +114,6 @@ class IngestBuffer:
             max_seq=max_seq,
             samples=pa.concat_tables(tables),
             series=series,
-            batch_seqs=pa.concat_arrays(seqs),
         )
 
     def _series_between(self, lo: int, hi: int) -> pa.Table:
@@ -123,8 +121,8 @@ class IngestBuffer:
             "SELECT series_id, metric, labels, kind FROM series WHERE seq > ? AND seq <= ?",
             (lo, hi),
         ).fetchall()
-        cols = list(zip(*rows, strict=True)) if rows else [[], [], [], []]
-        return pa.table([pa.array(c) for c in cols], schema=SERIES_SCHEMA)
+        columns = [[row[i] for row in rows] for i in range(4)]
+        return pa.table([pa.array(c) for c in columns], schema=SERIES_SCHEMA)
 
     def all_series(self) -> list[tuple[int, str, str, str]]:
         with self._lock:

@@ -136,19 +136,27 @@ def read_parquet(source: object, float_columns: Sequence[str], filters: object =
     return decode(table, float_columns)
 
 
-def sort_dedup(table: pa.Table, order: pa.Array | None = None) -> pa.Table:
-    """Sort by ``(series_id, ts)`` and keep one row per key: the one with the highest ``order``
-    (later writes win), or the last row in input order when ``order`` is None."""
-    n = table.num_rows
-    if n == 0:
+def sort_dedup(table: pa.Table) -> pa.Table:
+    """Sort by ``(series_id, ts)`` and keep one row per key: the last one in input order.
+
+    Callers concatenate in write order (buffer sequence, file id), so the last row is the
+    latest write and wins, as in Prometheus and VictoriaMetrics.
+    """
+    if table.num_rows == 0:
         return table
     sid = table.column("series_id").to_numpy()
     ts = table.column("ts").to_numpy()
-    rank = np.arange(n) if order is None else np.asarray(order)
-    idx = np.lexsort((np.arange(n), rank, ts, sid))
+    if _strictly_sorted(sid, ts):
+        return table
+    idx = np.lexsort((ts, sid))  # stable: equal keys keep input order
     sid_s, ts_s = sid[idx], ts[idx]
     last_of_key = np.r_[(sid_s[1:] != sid_s[:-1]) | (ts_s[1:] != ts_s[:-1]), True]
     return table.take(pa.array(idx[last_of_key]))
+
+
+def _strictly_sorted(sid: np.ndarray, ts: np.ndarray) -> bool:
+    same = sid[1:] == sid[:-1]
+    return bool(np.all(sid[1:] >= sid[:-1]) and np.all(~same | (ts[1:] > ts[:-1])))
 
 
 def write_plain_parquet(table: pa.Table) -> bytes:

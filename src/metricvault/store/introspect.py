@@ -12,8 +12,7 @@ from metricvault.durations import HOUR_MS, now_ms
 from metricvault.errors import InputError
 from metricvault.selector import parse_selector
 from metricvault.store import query as q
-from metricvault.store.rollup import ROLLUP_SCHEMA
-from metricvault.store.rollup import fetch_arrow
+from metricvault.store.rollup import ROLLUP_SCHEMA, fetch_arrow
 
 if TYPE_CHECKING:
     from metricvault.store.vault import Vault

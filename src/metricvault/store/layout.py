@@ -11,6 +11,7 @@ A local vault keeps ``<state>`` inside ``<root>``; an ``s3://`` vault keeps it i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import uuid
@@ -78,10 +79,8 @@ class Location:
         return [i for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File]
 
     def delete(self, path: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.fs.delete_file(path)
-        except FileNotFoundError:
-            pass
 
     def new_data_path(self, tier: str, day: str, file_id: int) -> str:
         name = f"part-{file_id:010d}-{uuid.uuid4().hex[:12]}.parquet"

@@ -88,15 +88,15 @@ def compact(vault: Vault, now: int, bar: Progress | None = None) -> int:
 
 
 def _read_all(vault: Vault, files: list[DataFile]) -> pa.Table:
-    tables, order = [], []
-    for f in files:
-        t = fmt.decode(
+    """Every row of ``files``, deduplicated with later files winning."""
+    tables = [
+        fmt.decode(
             pq.read_table(f.path, filesystem=vault.location.fs, partitioning=None),
             float_columns(f.tier),
         )
-        tables.append(t)
-        order.append(np.full(t.num_rows, f.file_id))
-    return fmt.sort_dedup(pa.concat_tables(tables), np.concatenate(order))
+        for f in sorted(files, key=lambda f: f.file_id)
+    ]
+    return fmt.sort_dedup(pa.concat_tables(tables))
 
 
 def _day_no(day: str) -> int:

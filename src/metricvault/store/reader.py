@@ -7,11 +7,11 @@ milliseconds. Rows from files whose time ranges overlap are deduplicated (later 
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -72,14 +72,14 @@ class Reader:
         """Decoded rows with ``start <= ts < end`` for the given series (None: all)."""
         chosen = [f for f in files if f.max_ts >= start and f.min_ts < end]
         ids = None if series_ids is None else pa.array(sorted(series_ids), pa.int64())
+        chosen.sort(key=lambda f: f.file_id)  # later files win on duplicate samples
         pairs = [(f, t) for f in chosen if (t := self._read_one(f, ids, start, end)).num_rows]
         if not pairs:
             return _empty(tier)
         tables = [t for _, t in pairs]
         if len(pairs) == 1 or not _overlapping([f for f, _ in pairs]):
             return pa.concat_tables(tables)
-        order = np.concatenate([np.full(t.num_rows, f.file_id) for f, t in pairs])
-        return fmt.sort_dedup(pa.concat_tables(tables), order)
+        return fmt.sort_dedup(pa.concat_tables(tables))
 
     def _read_one(self, f: DataFile, ids: pa.Array | None, start: int, end: int) -> pa.Table:
         cols = float_columns(f.tier)
@@ -109,7 +109,7 @@ class Reader:
 
 def _overlapping(files: Sequence[DataFile]) -> bool:
     spans = sorted((f.min_ts, f.max_ts) for f in files)
-    return any(b[0] <= a[1] for a, b in zip(spans, spans[1:], strict=False))
+    return any(b[0] <= a[1] for a, b in itertools.pairwise(spans))
 
 
 def _empty(tier: str) -> pa.Table:

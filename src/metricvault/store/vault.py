@@ -123,7 +123,7 @@ class Vault:
         self._pending_samples += batch.samples.num_rows
         if self._pending_samples >= self.settings.flush_max_samples:
             self._wake_flusher()
-        return batch.samples.num_rows
+        return int(batch.samples.num_rows)
 
     def _check_backpressure(self) -> None:
         if self._flush_error is not None:
@@ -186,7 +186,7 @@ class Vault:
         return total
 
     def _commit_flush(self, snap: Snapshot, pending: Any) -> None:
-        samples = fmt.sort_dedup(pending.samples, pending.batch_seqs)
+        samples = fmt.sort_dedup(pending.samples)  # batches come in sequence order
         change = Change(buffers={self.buffer.buffer_id: pending.max_seq})
         file_id = snap.next_file_id
         day_no = pc.divide(samples["ts"], DAY_MS).to_numpy()
