@@ -9,7 +9,7 @@ from rich.table import Table
 
 from bench.datasets import Summary
 from bench.phases import FileResult, VaultResult, VmResult
-from bench.queries import QueryCase, Timing
+from bench.queries import QUERY_TARGETS_MS, QueryCase, Timing
 
 WRITE_TARGET = 1_000_000  # samples/s through Vault.write
 NA = "n/a"
@@ -72,9 +72,9 @@ def storage_section(run: DatasetRun) -> Section:
         sizes.append(("VictoriaMetrics data", VM_DATA_NOTE, vm.data_bytes))
         sizes.append(("VictoriaMetrics total", VM_TOTAL_NOTE, vm.total_bytes))
     n = run.summary.samples
-    rows = [(store, counted, _int(size), _per(size, n)) for store, counted, size in sizes]
+    rows: list[tuple[str, ...]] = [(s, c, _int(size), _per(size, n)) for s, c, size in sizes]
     headers = ("store", "what is counted (apparent file sizes)", "bytes", "bytes/sample")
-    return Section(f"On disk: {n:,} samples", headers, list(rows))
+    return Section(f"On disk: {n:,} samples", headers, rows)
 
 
 def write_section(run: DatasetRun) -> Section:
@@ -124,9 +124,8 @@ def _query_row(case: QueryCase, system: str, timing: Timing, request: str) -> tu
 
 def target_section(run: DatasetRun) -> Section:
     rows: list[tuple[str, ...]] = [_raw_vs_vm(run), _rollup_vs_raw(run), _write_target(run)]
-    targets = {"Q1": 20.0, "Q2": 5.0, "Q3": 20.0}
     measured = {c.key: c for c in run.cases}
-    for key, limit in targets.items():
+    for key, limit in QUERY_TARGETS_MS.items():
         timing = run.vault.timings.get(key) if run.vault and key in measured else None
         text = NA if timing is None else f"{timing.median_ms:.1f} ms"
         ok = None if timing is None else timing.median_ms <= limit

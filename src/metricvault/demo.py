@@ -145,9 +145,9 @@ def _storage_table(stats: dict[str, Any], written: int) -> Table:
 
 def _jobs_table(jobs: list[JobSummary]) -> Table:
     table = Table(title="training jobs, side by side (from vault queries)")
-    for col in ("job", "GPUs", "hours", "GPU-hours", "mean MFU", "mean util %", "energy kWh"):
+    table.add_column("job", no_wrap=True)
+    for col in ("GPUs", "hours", "GPU-h", "MFU", "util %", "kWh", "final loss"):
         table.add_column(col, justify="right")
-    table.add_column("final loss", justify="right")
     for j in jobs:
         table.add_row(
             j.name,

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from metricvault.durations import ms_to_datetime  # noqa: E402
+from metricvault.durations import ms_to_datetime
 
 if TYPE_CHECKING:
     from metricvault.demo import JobSummary
@@ -111,7 +111,8 @@ def write_report(
     path.write_text(
         f"""<!doctype html><html><head><meta charset="utf-8"><title>metricvault demo</title>
 <style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto}}
-table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}</style>
+table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}</style>
 </head><body><h1>metricvault demo report</h1>
 <p><b>Simulated data</b> (metricvault.sim, seed {spec.seed}): {spec.nodes} nodes x
 {spec.gpus_per_node} GPUs, {period}, 5 s samples. Every series carries

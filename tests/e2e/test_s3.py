@@ -324,6 +324,17 @@ def test_reader_picks_up_a_writers_later_commit(
         writer.close()
 
 
+def test_vault_at_the_bucket_root(s3_server: S3Server, s3_bucket: str, tmp_path: Path) -> None:
+    samples = make_samples(T0, T0 + HOUR, 5 * SECOND)
+    uri = f"s3://{s3_bucket}"
+    with Vault.open(uri, s3_endpoint=s3_server.endpoint, state_dir=str(tmp_path)) as vault:
+        vault.write(to_arrow(samples))
+        vault.flush()
+        assert_raw_equal(vault.query('{host="node01"}', T0, T0 + DAY), samples, T0, T0 + DAY)
+    keys = bucket_keys(s3_server, s3_bucket)
+    assert {k.split("/")[0] for k in keys} == {"catalog", "data", "series"}
+
+
 # ---------------------------------------------------------------- durability
 CRASHING_WRITER = textwrap.dedent(
     """
@@ -413,6 +424,24 @@ def test_uri_without_bucket_is_a_config_error(
 ) -> None:
     with pytest.raises(ConfigError, match="names no bucket"):
         Vault.open(uri, s3_endpoint=s3_server.endpoint, state_dir=str(tmp_path / "state"))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=StorageError,
+    reason="BUG: layout._open_s3 parses a scheme-less s3_endpoint 'localhost:9000' as scheme "
+    "'localhost' and fails with a retryable StorageError ('Invalid S3 connection scheme') "
+    "instead of a ConfigError that says to write http://localhost:9000",
+)
+def test_endpoint_without_scheme_is_a_config_error(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match="s3_endpoint"):
+        Vault.open(
+            f"s3://{s3_bucket}/{PREFIX}",
+            s3_endpoint=f"localhost:{s3_server.port}",
+            state_dir=str(tmp_path / "state"),
+        )
 
 
 def test_unreachable_endpoint_is_a_storage_error(s3_bucket: str, tmp_path: Path) -> None:

@@ -35,11 +35,11 @@ ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
 
 @pytest.fixture(scope="module")
 def frame() -> pd.DataFrame:
+    # Rows of a series come in time order: chunks are time-ordered, series are contiguous in one.
     df = to_pandas(SPEC)
-    df["series"] = (
-        df["metric"] + "|" + df["Hostname"].fillna("") + "|" + df["gpu"].fillna("") + "|"
-    ) + df["job"].fillna("")
-    return df.sort_values(["series", "timestamp"], kind="stable").reset_index(drop=True)
+    labels = ["metric", "Hostname", "gpu", "job"]
+    df["series"] = df.groupby(labels, dropna=False, sort=False).ngroup()
+    return df
 
 
 def _digest(tables: list[pa.Table]) -> str:
@@ -104,13 +104,13 @@ def test_gpu_series_carry_gpu_labels_and_training_series_carry_job(frame: pd.Dat
     gpu_rows = frame[frame["metric"].isin(GPU_METRICS)]
     assert gpu_rows[["Hostname", "UUID", "device", "gpu", "modelName"]].notna().all().all()
     assert gpu_rows["job"].isna().all()
-    assert set(gpu_rows["Hostname"]) == {"node01", "node02"}
-    assert set(gpu_rows["device"]) == {"nvidia0", "nvidia1"}
+    assert set(gpu_rows["Hostname"].unique()) == {"node01", "node02"}
+    assert set(gpu_rows["device"].unique()) == {"nvidia0", "nvidia1"}
     uuids = gpu_rows.drop_duplicates(["Hostname", "gpu", "UUID"])["UUID"]
     assert len(uuids) == uuids.nunique() == SPEC.nodes * SPEC.gpus_per_node
     assert uuids.str.fullmatch(r"GPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}").all()
     train_rows = frame[frame["metric"].isin(TRAINING_METRICS)]
-    assert set(train_rows["job"]) == {"llama-70b-r3", "llama-70b-r4"}
+    assert set(train_rows["job"].unique()) == {"llama-70b-r3", "llama-70b-r4"}
     assert train_rows[["Hostname", "UUID", "device", "gpu", "modelName"]].isna().all().all()
 
 
@@ -152,7 +152,7 @@ def test_every_node_has_a_scrape_gap(frame: pd.DataFrame) -> None:
     util = _metric(frame, "DCGM_FI_DEV_GPU_UTIL")
     gaps = util.groupby("series")["timestamp"].diff()
     short = util[(gaps > step_ms) & (gaps <= 7 * step_ms)]
-    assert set(short["Hostname"]) == {"node01", "node02"}
+    assert set(short["Hostname"].unique()) == {"node01", "node02"}
     # all series of a node miss the same scrapes
     per_node = util.groupby("Hostname")["timestamp"].nunique()
     node_rows = frame[frame["Hostname"].notna()].groupby("Hostname")["timestamp"].nunique()
@@ -167,7 +167,7 @@ def test_energy_counter_only_resets_at_the_restart(frame: pd.DataFrame) -> None:
     step_ms = SPEC.interval_s * 1000
     first_back = SPEC.start_ms + restart.down_end * step_ms
     assert len(drops) == SPEC.gpus_per_node
-    assert set(drops["Hostname"]) == {f"node{restart.node + 1:02d}"}
+    assert set(drops["Hostname"].unique()) == {f"node{restart.node + 1:02d}"}
     assert ((drops["timestamp"] - first_back).between(0, 60)).all()
     assert (drops["value"] < 5e6).all()  # starts again from one interval's energy (mJ)
     gap = energy.groupby("series")["timestamp"].diff()
@@ -299,6 +299,7 @@ def test_default_jobs_share_the_cluster() -> None:
         (ClusterSpec(nodes=0), "at least 1 node"),
         (ClusterSpec(interval_s=0), "interval_s"),
         (ClusterSpec(days=0.0), "shorter than one scrape interval"),
+        (ClusterSpec(days=float("nan")), "finite"),
         (ClusterSpec(start_ms=0), "timestamp range"),
         (ClusterSpec(jobs=(JobSpec("a", (5,), 0, 10, 1.0, 1.0),)), "distinct indices"),
         (
@@ -316,7 +317,9 @@ def test_bad_specs_are_refused(spec: ClusterSpec, message: str) -> None:
 
 def test_bad_chunk_size_is_refused() -> None:
     with pytest.raises(ConfigError, match="chunk_hours"):
-        next(generate(ClusterSpec(days=0.1), chunk_hours=0))
+        generate(ClusterSpec(days=0.1), chunk_hours=0)
+    with pytest.raises(ConfigError, match="nodes"):
+        generate(ClusterSpec(nodes=-1))
 
 
 @pytest.mark.slow

@@ -11,8 +11,14 @@ What happens in a run (all drawn deterministically from ``ClusterSpec.seed``):
   checkpoints every 2 h (2-3 min of low utilisation) and evaluation every 6 h (10 min).
 - Scrapes of a node occasionally fail for 1-6 consecutive intervals (at least once per node).
 - In runs of 2 days or more one node reboots once, between 40 % and 60 % of the run: 5 minutes
-  without samples, then its energy counters start again near zero; its job restarts too.
+  without samples, then its energy counters start again near zero. A job on that node stops on
+  all its nodes (no training samples) and resumes from its checkpoint; its token counter goes on.
+- Training series are scraped from the job's first node, so they share that node's gaps.
 - Each scrape target has a constant offset of a few milliseconds, like Prometheus scrapes.
+
+GPU series carry ``Hostname``, ``UUID``, ``device``, ``gpu``, ``modelName`` and no ``job`` (a GPU
+serves several jobs over a run, and a series' labels never change); training series carry only
+``job``. Which job held a node when is in ``ClusterSpec.jobs`` / `default_jobs`.
 """
 
 from __future__ import annotations
@@ -72,15 +78,18 @@ def generate(spec: ClusterSpec, chunk_hours: float = 6.0) -> Iterator[pa.Table]:
 
     A window covers whole scrape intervals (``chunk_hours`` is rounded to them); windows without
     any sample are skipped. Within a table, rows are grouped by series and time-ordered. Values do
-    not depend on ``chunk_hours``.
+    not depend on ``chunk_hours``. A bad spec raises `ConfigError` here, not at the first chunk.
     """
     if not chunk_hours > 0:
         raise ConfigError(f"chunk_hours={chunk_hours} must be positive, e.g. 6.0")
     plan = make_plan(spec)
+    return _chunks(plan, max(1, round(chunk_hours * 3600 / spec.interval_s)))
+
+
+def _chunks(plan: Plan, chunk_steps: int) -> Iterator[pa.Table]:
     labels = _Dictionaries.of(plan)
-    nodes = [NodeSimulator(plan, node) for node in range(spec.nodes)]
+    nodes = [NodeSimulator(plan, node) for node in range(plan.spec.nodes)]
     jobs = [JobSimulator(plan, j) for j in range(len(plan.jobs))]
-    chunk_steps = max(1, round(chunk_hours * 3600 / spec.interval_s))
     for first in range(0, plan.n_steps, chunk_steps):
         end = min(plan.n_steps, first + chunk_steps)
         builder = _ChunkBuilder(plan, labels)
@@ -115,7 +124,7 @@ def series_count(spec: ClusterSpec) -> int:
 
 
 def to_pandas(spec: ClusterSpec) -> pd.DataFrame:
-    """All chunks as one DataFrame; meant for small specs (a 2-node, 14-day run is ~50 M rows)."""
+    """All chunks as one DataFrame; meant for small specs (a 2-node, 14-day run is ~44 M rows)."""
     tables = list(generate(spec))
     frame: pd.DataFrame = (pa.concat_tables(tables) if tables else SCHEMA.empty_table()).to_pandas()
     return frame

@@ -102,12 +102,15 @@ def decode(table: pa.Table, float_columns: Sequence[str]) -> pa.Table:
     return pa.table(out)
 
 
-def _column_encodings(physical: pa.Schema) -> dict[str, str]:
+def _column_encodings(physical: pa.Schema, rollup: bool) -> dict[str, str]:
+    """Raw values change little from sample to sample, so their deltas are small; a rollup's
+    min/max/sum/last jump more between minutes, and byte-stream-split then zstd stores them
+    ~13 % smaller than deltas (measured on the demo workload; docs/decisions/0002)."""
     enc = {}
     for f in physical:
-        if f.name == "ts" or f.name.endswith("_i"):
+        if f.name == "ts" or (f.name.endswith("_i") and not rollup):
             enc[f.name] = "DELTA_BINARY_PACKED"
-        elif f.name.endswith("_f"):
+        elif f.name.endswith(("_f", "_i")):
             enc[f.name] = "BYTE_STREAM_SPLIT"
     return enc
 
@@ -115,7 +118,7 @@ def _column_encodings(physical: pa.Schema) -> dict[str, str]:
 def write_parquet(table: pa.Table, float_columns: Sequence[str]) -> bytes:
     """Encode and serialise a table sorted by ``(series_id, ts)``; returns the file bytes."""
     physical = encode(table, float_columns)
-    encodings = _column_encodings(physical.schema)
+    encodings = _column_encodings(physical.schema, rollup="count" in table.column_names)
     sink = io.BytesIO()
     pq.write_table(
         physical,
