@@ -42,7 +42,8 @@ class Settings:
     state_dir: str = _setting(
         "",
         "Local directory for the durable ingest buffer of a vault on object storage "
-        "(default: .metricvault-state/<bucket>/<prefix>). Local vaults keep it inside the vault.",
+        "(default: .metricvault-state/<bucket>-<hash of endpoint and prefix>). "
+        "Local vaults keep it inside the vault.",
     )
     s3_endpoint: str = _setting(
         "", "S3 endpoint URL for s3:// vaults (MinIO, moto, ...); empty means AWS."

@@ -269,3 +269,22 @@ def test_increase_is_equal_from_every_tier(vault):
     for step in ("all", "1m", "1h", "30s"):
         got = vault.query("x_total", T0, T0 + 3 * H, step=step, aggs=("increase",))
         assert got["increase"].sum() == pytest.approx(raw["increase"].iloc[0], rel=1e-12)
+
+
+def test_late_samples_before_the_raw_horizon_are_refused_and_change_nothing(tmp_path):
+    with Vault.open(str(tmp_path / "v"), retention_raw="1d") as v:
+        v.write(gauge_rows(720 * 24 * 3, 1))
+        v.maintain(now_ms=T0 + 3 * D + H)
+        assert v.stats()["raw_horizon"] == T0 + 2 * D
+        before = v.query("gpu_util", T0, T0 + 3 * D, step="1h", aggs=("count", "sum"))
+        late = [("gpu_util", {"gpu": "0", "Hostname": "node01"}, T0 + 2 * D + 30 * 60_000, 5.0)]
+        with pytest.raises(ValueRangeError, match="dropped by retention"):
+            v.write(late)
+        assert v.buffer.depth() == (0, 0)
+        v.write([("gpu_util", {"gpu": "0", "Hostname": "node01"}, T0 + 2 * D + 2 * H, 5.0)])
+        v.maintain(now_ms=T0 + 3 * D + H)
+        after = v.query("gpu_util", T0, T0 + 3 * D, step="1h", aggs=("count", "sum"))
+        assert after["count"].sum() == before["count"].sum()  # a duplicate of a kept sample
+        pd.testing.assert_frame_equal(
+            after[after.timestamp < "2026-01-03"], before[before.timestamp < "2026-01-03"]
+        )

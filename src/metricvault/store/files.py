@@ -99,7 +99,7 @@ def decode(table: pa.Table, float_columns: Sequence[str]) -> pa.Table:
     }
     for c in float_columns:
         out[c] = decode_column(table, c)
-    return pa.table(out)
+    return pa.table(out).combine_chunks()
 
 
 def _column_encodings(physical: pa.Schema, rollup: bool) -> dict[str, str]:

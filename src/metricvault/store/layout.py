@@ -128,8 +128,13 @@ def _open_s3(uri: str, bucket: str, prefix: str, settings: Settings) -> Location
         kwargs.update(access_key=access, secret_key=secret)
     if settings.s3_endpoint:
         endpoint = urlparse(settings.s3_endpoint)
-        kwargs["endpoint_override"] = endpoint.netloc or settings.s3_endpoint
-        kwargs["scheme"] = endpoint.scheme or "https"
+        if endpoint.scheme not in ("http", "https") or not endpoint.netloc:
+            raise ConfigError(
+                f"s3_endpoint {settings.s3_endpoint!r} is not an http(s) URL: write it as "
+                f"http://{settings.s3_endpoint} (or https://...)"
+            )
+        kwargs["endpoint_override"] = endpoint.netloc
+        kwargs["scheme"] = endpoint.scheme
     try:
         fs = pafs.S3FileSystem(**kwargs)
         info = fs.get_file_info(bucket)

@@ -134,15 +134,14 @@ def _roll_up_day(vault: Vault, day_no: int, hours: list[int]) -> None:
     )
     hour_set = pa.array(hours, pa.int64())
     partials = partials.filter(pc.is_in(pc.divide(partials["ts"], HOUR_MS), value_set=hour_set))
-    raw_gone = snap.raw_horizon_ms > since
     change = Change(dirty_remove=set(hours))
-    new_1m = _replace_hours(vault, change, "1m", day_no, hour_set, partials, merge=raw_gone)
+    new_1m = _replace_hours(vault, change, "1m", day_no, hour_set, partials)
     partials_1h = rollup.rollup_partials(
         new_1m.filter(pc.is_in(pc.divide(new_1m["ts"], HOUR_MS), value_set=hour_set)),
         width=HOUR_MS,
         origin=0,
     )
-    _replace_hours(vault, change, "1h", day_no, hour_set, partials_1h, merge=False)
+    _replace_hours(vault, change, "1h", day_no, hour_set, partials_1h)
     vault.catalog.commit(change)
 
 
@@ -153,17 +152,13 @@ def _replace_hours(
     day_no: int,
     hours: pa.Array,
     partials: pa.Table,
-    merge: bool,
 ) -> pa.Table:
     """Swap the rows of ``hours`` in the tier's day partition for ``partials``; returns the
-    partition's new rows. With ``merge`` (raw already expired there), combine instead."""
+    partition's new rows."""
     snap = vault.snapshot()
     old_files = [f for f in snap.tier_files(tier) if _day_no(f.day) == day_no]
     old = vault.reader.read(old_files, None, day_no * DAY_MS, (day_no + 1) * DAY_MS, tier)
     in_hours = pc.is_in(pc.divide(old["ts"], HOUR_MS), value_set=hours)
-    if merge:
-        as_partials = old.filter(in_hours).append_column("last_ts", old.filter(in_hours)["ts"])
-        partials = rollup.combine([as_partials.select(list(rollup.PARTIAL_COLUMNS)), partials])
     kept = old.filter(pc.invert(in_hours))
     rows = pa.concat_tables([kept.cast(rollup.ROLLUP_SCHEMA), rollup.to_rollup_rows(partials)])
     rows = rows.sort_by([("series_id", "ascending"), ("ts", "ascending")])
@@ -220,7 +215,10 @@ def _expire_day(
     if not files:
         return 0
     if tier == "raw":
-        pending = [h for h in snap.dirty_hours if h * HOUR_MS // DAY_MS == _day_no(day)]
+        # Rolling up a dirty hour reads one counter lookback before it: keep that raw too.
+        lookback = parse_duration_ms(vault.settings.counter_lookback)
+        start, end = _day_no(day) * DAY_MS, _day_end(day) + lookback
+        pending = [h for h in snap.dirty_hours if start <= h * HOUR_MS < end]
         if pending:
             log.warning(
                 "RETENTION BLOCKED: raw data of %s is past retention but %d hour(s) of it are "

@@ -27,6 +27,7 @@ from metricvault.model import (
     Series,
     kind_from_name,
 )
+from metricvault.store.series_index import SeriesIndex
 
 _SEP = "\x00\x1f"
 _NULL = "\x00\x1e"
@@ -104,7 +105,11 @@ def _first_occurrence(indices: np.ndarray, n: int) -> pa.Array:
 
 
 def _unique(series: list[tuple[int, str, str, str]]) -> list[tuple[int, str, str, str]]:
-    return list({s[0]: s for s in series}.values())
+    """One entry per series id; two label sets with one id are a collision, never merged."""
+    index = SeriesIndex()
+    for sid, metric, labels, kind in series:
+        index.add(sid, metric, labels, kind)
+    return [(i.series_id, i.metric, i.labels_json, i.kind) for i in index.all()]
 
 
 def _strings(col: pa.ChunkedArray, name: str, allow_null: bool = False) -> pa.ChunkedArray:

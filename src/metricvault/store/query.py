@@ -36,6 +36,10 @@ class Segment:
     start: int
     end: int
 
+    @property
+    def res(self) -> int:
+        return dict(ROLLUP_TIERS).get(self.tier, 0)
+
 
 def plan(start: int, end: int, width: int | None, watermark: int | None) -> list[Segment]:
     """Cover ``[start, end)`` with tier segments, coarsest first (``width`` None: any tier)."""
@@ -122,7 +126,7 @@ def aggregate(
             rows = ctx.reader.read(
                 ctx.snapshot.tier_files(seg.tier), series_ids, seg.start, seg.end
             )
-            parts.append(rollup.rollup_partials(rows, width=width, origin=origin))
+            parts.append(rollup.rollup_partials(rows, width=width, origin=origin, res=seg.res))
     return rollup.combine(parts), segments
 
 
@@ -137,25 +141,33 @@ def finish_aggregates(partials: pa.Table, aggs: Sequence[str]) -> dict[str, pa.A
 
 
 def shape(index: SeriesIndex, table: pa.Table, value_columns: dict[str, Any], output: str) -> Any:
-    """Long shape: timestamp (UTC), metric, one column per label name, then values."""
+    """Long shape: timestamp (UTC), metric, one column per label name, then values.
+
+    Rows are ordered by series (metric, then labels) and time.
+    """
     sid = table["series_id"].to_numpy() if table.num_rows else np.empty(0, np.int64)
     ts = table["ts"].to_numpy() if table.num_rows else np.empty(0, np.int64)
-    uniq = np.unique(sid)
+    uniq, pos = np.unique(sid, return_inverse=True)
     infos = [index.get(int(s)) for s in uniq]
     rank_of = np.argsort(np.argsort([i.metric + "\x00" + i.labels_json for i in infos]))
-    pos = np.searchsorted(uniq, sid)
     order = np.lexsort((ts, rank_of[pos])) if len(sid) else np.empty(0, np.int64)
-    take = pa.array(pos[order])
+    codes = pos[order]
     label_names = sorted({k for i in infos for k in i.labels})
     cols: dict[str, pa.Array] = {
         "timestamp": pa.array(ts[order], pa.timestamp("ms", tz="UTC")),
-        "metric": pa.array([i.metric for i in infos], pa.string()).take(take),
+        "metric": _per_row(codes, [i.metric for i in infos]),
     }
     for name in label_names:
-        cols[name] = pa.array([i.labels.get(name) for i in infos], pa.string()).take(take)
+        cols[name] = _per_row(codes, [i.labels.get(name) for i in infos])
+    take = pa.array(order)
     for name, values in value_columns.items():
-        cols[name] = _as_array(values).take(pa.array(order))
+        cols[name] = _as_array(values).take(take)
     return convert(pa.table(cols), output)
+
+
+def _per_row(series_pos: np.ndarray, per_series: list[str | None]) -> pa.Array:
+    """Each row's value from its series (absent label -> null)."""
+    return pa.array(per_series, pa.string()).take(pa.array(series_pos, pa.int64()))
 
 
 def convert(table: pa.Table, output: str) -> Any:

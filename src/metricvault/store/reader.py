@@ -12,6 +12,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -92,9 +93,11 @@ class Reader:
             if ids is not None:
                 filters.append(("series_id", "in", ids.to_pylist()))
             return self._load(f, cols, filters)
-        mask = pc.and_(pc.greater_equal(table["ts"], start), pc.less(table["ts"], end))
         if ids is not None:
-            mask = pc.and_(mask, pc.is_in(table["series_id"], value_set=ids))
+            table = _slice_series(table, ids.to_numpy())
+        if f.min_ts >= start and f.max_ts < end:
+            return table
+        mask = pc.and_(pc.greater_equal(table["ts"], start), pc.less(table["ts"], end))
         return table.filter(mask)
 
     def _load(self, f: DataFile, cols: tuple[str, ...], filters: object) -> pa.Table:
@@ -105,6 +108,21 @@ class Reader:
         except (OSError, pa.ArrowException) as exc:
             raise StorageError(f"cannot read data file {f.path}: {exc}") from exc
         return fmt.decode(table, cols)
+
+
+def _slice_series(table: pa.Table, ids: np.ndarray) -> pa.Table:
+    """Rows of the given series from a table sorted by series_id, by binary search."""
+    sid = (
+        table["series_id"].chunk(0).to_numpy()
+        if table["series_id"].num_chunks == 1
+        else (table["series_id"].to_numpy())
+    )
+    lo = np.searchsorted(sid, ids, "left")
+    hi = np.searchsorted(sid, ids, "right")
+    pieces = [table.slice(a, b - a) for a, b in zip(lo, hi, strict=True) if b > a]
+    if not pieces:
+        return table.slice(0, 0)
+    return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
 
 
 def _overlapping(files: Sequence[DataFile]) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -105,24 +106,16 @@ def raw_partials(
     return _concat(parts)
 
 
-def rollup_partials(rows: pa.Table, *, width: int, origin: int) -> pa.Table:
-    """Partials per (series, bucket) from stored rollup rows of a finer resolution."""
+def rollup_partials(rows: pa.Table, *, width: int, origin: int, res: int = 0) -> pa.Table:
+    """Partials per (series, bucket) from stored rollup rows of resolution ``res``."""
     if rows.num_rows == 0:
         return empty_partials()
-    con = connection()
-    con.register("r", rows)
-    out = fetch_arrow(
-        con,
-        (
-            f"""SELECT series_id, {_bucket_sql(origin, width)} AS ts, sum(count)::BIGINT AS count,
-            fsum(sum) AS sum, min(min) AS min, max(max) AS max, arg_max(last, ts) AS last,
-            max(ts)::BIGINT AS last_ts,
-            CASE WHEN count(increase) > 0 THEN fsum(increase) END AS increase
-        FROM r GROUP BY 1, 2"""
-        ),
-    )
-    con.unregister("r")
-    return out
+    partials = _concat([rows.append_column("last_ts", rows["ts"])])
+    if width == res and origin % res == 0:  # buckets are the stored rows themselves
+        return partials
+    ts = partials["ts"].to_numpy()
+    buckets = origin + (ts - origin) // width * width
+    return _merge(partials.set_column(1, "ts", pa.array(buckets, pa.int64())))
 
 
 def combine(partials: list[pa.Table]) -> pa.Table:
@@ -130,19 +123,43 @@ def combine(partials: list[pa.Table]) -> pa.Table:
     parts = [p for p in partials if p.num_rows]
     if len(parts) <= 1:
         return parts[0] if parts else empty_partials()
-    con = connection()
-    con.register("p", _concat(parts))
-    out = fetch_arrow(
-        con,
+    return _merge(_concat(parts))
+
+
+def _merge(partials: pa.Table) -> pa.Table:
+    """Group partials by (series_id, ts): add counts, sums and increases, take min/max, and the
+    ``last`` with the latest ``last_ts``. Small inputs make this query-time work, so it runs in
+    Arrow rather than paying DuckDB's fixed per-statement cost."""
+    order = np.lexsort(
         (
-            """SELECT series_id, ts, sum(count)::BIGINT AS count, fsum(sum) AS sum, min(min) AS min,
-            max(max) AS max, arg_max(last, last_ts) AS last, max(last_ts)::BIGINT AS last_ts,
-            CASE WHEN count(increase) > 0 THEN fsum(increase) END AS increase
-        FROM p GROUP BY 1, 2"""
-        ),
+            partials["last_ts"].to_numpy(),
+            partials["ts"].to_numpy(),
+            partials["series_id"].to_numpy(),
+        )
     )
-    con.unregister("p")
-    return out
+    table = partials.take(pa.array(order))
+    grouped = table.group_by(["series_id", "ts"], use_threads=False).aggregate(
+        [
+            ("count", "sum"),
+            ("sum", "sum"),
+            ("min", "min"),
+            ("max", "max"),
+            ("last", "last", pc.ScalarAggregateOptions(skip_nulls=False)),
+            ("last_ts", "max"),
+            ("increase", "sum"),
+        ]
+    )
+    names = {
+        "count_sum": "count",
+        "sum_sum": "sum",
+        "min_min": "min",
+        "max_max": "max",
+        "last_last": "last",
+        "last_ts_max": "last_ts",
+        "increase_sum": "increase",
+    }
+    grouped = grouped.rename_columns([names.get(c, c) for c in grouped.column_names])
+    return grouped.select(list(PARTIAL_COLUMNS)).cast(PARTIAL_SCHEMA)
 
 
 def to_rollup_rows(partials: pa.Table) -> pa.Table:

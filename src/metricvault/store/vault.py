@@ -19,11 +19,12 @@ from metricvault.durations import (
     HOUR_MS,
     TimeLike,
     day_of,
+    ms_to_datetime,
     now_ms,
     parse_duration_ms,
     parse_time_ms,
 )
-from metricvault.errors import BackpressureError, TimeRangeError
+from metricvault.errors import BackpressureError, TimeRangeError, ValueRangeError
 from metricvault.selector import parse_selector
 from metricvault.store import files as fmt
 from metricvault.store import query as q
@@ -111,6 +112,7 @@ class Vault:
         batch = normalize(data, kinds)
         if batch.samples.num_rows == 0:
             return 0
+        self._check_horizon(batch.samples)
         self._check_backpressure()
         new = [s for s in batch.series if s[0] not in self.index]
         for sid, metric, labels, _kind in batch.series:
@@ -124,6 +126,30 @@ class Vault:
         if self._pending_samples >= self.settings.flush_max_samples:
             self._wake_flusher()
         return int(batch.samples.num_rows)
+
+    def min_writable_ms(self) -> int:
+        """The oldest timestamp a write may carry.
+
+        Once retention has dropped raw data before ``raw_horizon``, a late sample there (or
+        within one counter lookback after it) could not be deduplicated or rolled up exactly,
+        so it is refused rather than folded into the rollups approximately.
+        """
+        horizon = self.catalog.current().raw_horizon_ms
+        if not horizon:
+            return 0
+        return -(-(horizon + self._lookback) // HOUR_MS) * HOUR_MS
+
+    def _check_horizon(self, samples: pa.Table) -> None:
+        bound = self.min_writable_ms()
+        if bound and int(pc.min(samples["ts"]).as_py()) < bound:
+            oldest = int(pc.min(samples["ts"]).as_py())
+            raise ValueRangeError(
+                f"sample at {ms_to_datetime(oldest):%Y-%m-%d %H:%M:%S} UTC is older than "
+                f"{ms_to_datetime(bound):%Y-%m-%d %H:%M:%S} UTC: raw data before that was dropped "
+                f"by retention (retention_raw={self.settings.retention_raw}), so it can no "
+                "longer be deduplicated or rolled up exactly. Nothing was written; drop samples "
+                "that old, or raise retention_raw before they expire"
+            )
 
     def _check_backpressure(self) -> None:
         if self._flush_error is not None:
