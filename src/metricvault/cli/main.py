@@ -22,7 +22,6 @@ from rich.table import Table
 
 from metricvault.config import Settings, describe
 from metricvault.durations import (
-    format_duration_ms,
     ms_to_datetime,
     parse_duration_ms,
     parse_time_ms,
@@ -90,7 +89,8 @@ def emit(frame: pd.DataFrame, fmt: str, output: Path | None, title: str = "") ->
 def _rich_table(frame: pd.DataFrame, title: str, limit: int = 200) -> Table:
     table = Table(title=title or None, show_lines=False)
     for col in frame.columns:
-        table.add_column(str(col), justify="right" if frame[col].dtype.kind in "fiu" else "left")
+        numeric = frame[col].dtype.kind in "fiu"
+        table.add_column(str(col), justify="right" if numeric else "left", no_wrap=not numeric)
     for row in frame.head(limit).itertuples(index=False):
         table.add_row(*(_cell(v) for v in row))
     if len(frame) > limit:
@@ -99,10 +99,12 @@ def _rich_table(frame: pd.DataFrame, title: str, limit: int = 200) -> Table:
 
 
 def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value) or value is pd.NaT:
+        return ""
     if isinstance(value, float):
         return f"{value:.6g}"
-    if value is None or (isinstance(value, float) and value != value):
-        return ""
+    if isinstance(value, pd.Timestamp):
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3].removesuffix(".000")
     return str(value)
 
 
@@ -333,6 +335,3 @@ def main() -> None:
     except MetricVaultError as exc:
         err.print(f"[bold red]error[/] ({type(exc).__name__}): {exc.message}")
         sys.exit(2)
-
-
-_ = format_duration_ms
