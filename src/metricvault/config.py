@@ -79,6 +79,11 @@ class Settings:
     compact_min_files: int = _setting(
         2, "Compact a day partition once it holds this many data files."
     )
+    compact_small_file_bytes: int = _setting(
+        64 * 1024**2,
+        "While a day is still receiving data, only files smaller than this are merged (so a "
+        "busy day is not rewritten whole every round); closed days are merged into one file.",
+    )
     keep_snapshots: int = _setting(
         10, "Catalog snapshots kept by maintain; older ones are expired (readers see new ones)."
     )
@@ -98,7 +103,13 @@ class Settings:
             _check(name, parse_retention_ms, getattr(self, name))
         for name in ("flush_interval", "counter_lookback", "orphan_grace", "maintain_interval"):
             _check(name, parse_duration_ms, getattr(self, name))
-        for name in ("flush_max_samples", "buffer_max_bytes", "compact_min_files", "cache_bytes"):
+        for name in (
+            "flush_max_samples",
+            "buffer_max_bytes",
+            "compact_min_files",
+            "compact_small_file_bytes",
+            "cache_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name} must be at least 1, got {getattr(self, name)}")
         for override in self.retention_overrides:

@@ -58,9 +58,10 @@ def load_settings(data: str | None, config: Path | None) -> Settings:
     return Settings.load(config_file=config, data=data)
 
 
-def open_vault(data: str | None, config: Path | None) -> Vault:
+def open_vault(data: str | None, config: Path | None, create: bool = False) -> Vault:
+    """Open the vault; commands that only read refuse to create an empty one by mistake."""
     settings = load_settings(data, config)
-    return Vault.open(settings.data, settings)
+    return Vault.open(settings.data, settings, create=create)
 
 
 def emit(frame: pd.DataFrame, fmt: str, output: Path | None, title: str = "") -> None:
@@ -239,7 +240,7 @@ def maintain(
     """
     settings = load_settings(data, config)
     interval = parse_duration_ms(settings.maintain_interval) / 1000
-    with Vault.open(settings.data, settings) as vault:
+    with Vault.open(settings.data, settings, create=False) as vault:
         while True:
             started = time.monotonic()
             report = vault.maintain(parse_time_ms(now) if now else None, progress=True)
@@ -278,7 +279,7 @@ def import_(
         table = pq.read_table(path)
     else:
         table = pacsv.read_csv(path, convert_options=_csv_types(path))
-    with open_vault(data, config) as vault:
+    with open_vault(data, config, create=True) as vault:
         count = vault.write(table)
     console.print(f"wrote {count:,} samples from {path}")
 
@@ -297,8 +298,16 @@ def _csv_types(path: Path) -> Any:
 def config(
     data: DataOpt = None,
     config_file: Annotated[Path | None, typer.Option("--config", "-c")] = None,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print the table for docs/configuration.md.")
+    ] = False,
 ) -> None:
     """Show every setting with its current value, default and meaning."""
+    if markdown:
+        print("| setting | default | meaning |\n|---|---|---|")
+        for name, default, help_text in describe():
+            print(f"| `{name}` | `{default}` | {help_text.replace('|', '/')} |")
+        return
     settings = load_settings(data, config_file)
     table = Table(title="settings (TOML key = METRICVAULT_<KEY> environment variable)")
     for col in ("setting", "value", "default", "meaning"):

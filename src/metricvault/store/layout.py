@@ -111,7 +111,10 @@ def open_location(uri: str, settings: Settings, create: bool = True) -> Location
         raise ConfigError(f"vault path {root} exists and is not a directory")
     if not root.exists():
         if not create:
-            raise NotFoundError(f"no vault at {root}: create one with 'metricvault demo' or write")
+            raise NotFoundError(
+                f"no vault at {root}: check --data / METRICVAULT_DATA, or create one by writing "
+                "to it (metricvault import, metricvault demo, Vault.open(path))"
+            )
         root.mkdir(parents=True)
     state = root / "state"
     state.mkdir(exist_ok=True)

@@ -69,22 +69,40 @@ def _track(bar: Progress | None, items: list[Any], label: str) -> Iterable[Any]:
 
 # ---------------------------------------------------------------- compaction
 def compact(vault: Vault, now: int, bar: Progress | None = None) -> int:
-    """Merge each (tier, day) partition with several files into one, dropping duplicates."""
+    """Merge the small files of each partition into one, dropping duplicate samples.
+
+    A closed day (past one counter lookback and an hour of slack) is merged whole; a day that
+    is still receiving data only has its small files merged, so its big file is not rewritten
+    every round.
+    """
     groups: dict[tuple[str, str], list[DataFile]] = defaultdict(list)
     for f in vault.snapshot().files:
         groups[(f.tier, f.day)].append(f)
-    todo = [k for k, v in groups.items() if len(v) >= vault.settings.compact_min_files]
+    todo = [k for k, v in groups.items() if len(_compactable(vault, v, k[1], now)) >= 2]
     done = 0
     for tier, day in _track(bar, sorted(todo), "compacting"):
         with vault.writer_lock():
-            current = [f for f in vault.snapshot().files if f.tier == tier and f.day == day]
-            if len(current) < vault.settings.compact_min_files:
+            files = [f for f in vault.snapshot().files if f.tier == tier and f.day == day]
+            chosen = _compactable(vault, files, day, now)
+            if len(chosen) < 2:
                 continue
-            merged = _read_all(vault, current)
-            new = vault.write_data_file(merged, tier, _day_no(day), max(f.file_id for f in current))
-            vault.catalog.commit(Change(add=[new], remove={f.path for f in current}))
+            merged = _read_all(vault, chosen)
+            new = vault.write_data_file(merged, tier, _day_no(day), max(f.file_id for f in chosen))
+            vault.catalog.commit(Change(add=[new], remove={f.path for f in chosen}))
             done += 1
     return done
+
+
+def _compactable(vault: Vault, files: list[DataFile], day: str, now: int) -> list[DataFile]:
+    lookback = parse_duration_ms(vault.settings.counter_lookback)
+    if _day_end(day) + lookback + HOUR_MS <= now:
+        return files
+    limit = vault.settings.compact_small_file_bytes
+    newest_big = max((f.file_id for f in files if f.bytes >= limit), default=-1)
+    # only small files newer than every big one: the merged file takes the highest input id,
+    # and must not jump ahead of a big file that holds newer writes of the same samples
+    small = [f for f in files if f.bytes < limit and f.file_id > newest_big]
+    return small if len(small) >= vault.settings.compact_min_files else []
 
 
 def _read_all(vault: Vault, files: list[DataFile]) -> pa.Table:

@@ -67,16 +67,22 @@ class Vault:
     # ------------------------------------------------------------------ opening
     @classmethod
     def open(
-        cls, uri: str | None = None, settings: Settings | None = None, **overrides: Any
+        cls,
+        uri: str | None = None,
+        settings: Settings | None = None,
+        *,
+        create: bool = True,
+        **overrides: Any,
     ) -> Vault:
-        """Open (creating if needed) the vault at a directory or ``s3://bucket/prefix``.
+        """Open the vault at a directory or ``s3://bucket/prefix`` (``create``: make a new
+        local vault if the directory does not exist; otherwise raise NotFoundError).
 
         Keyword overrides are settings (see ``metricvault config``), e.g.
         ``Vault.open("s3://b/p", s3_endpoint="http://127.0.0.1:9000")``.
         """
         settings = (settings or Settings.load()).with_overrides(**overrides)
         uri = uri or settings.data
-        return cls(open_location(uri, settings), settings)
+        return cls(open_location(uri, settings, create=create), settings)
 
     def _load_series(self) -> None:
         snap = self.catalog.current()
