@@ -117,12 +117,12 @@ def test_kill_9_loses_and_duplicates_nothing(tmp_path: Path) -> None:
         report = vault.maintain(now_ms=cw.MAINTAIN_NOW)
         assert report["rollup_pending_hours"] == 0
         assert vault.buffer.depth() == (0, 0)
-        keys, values, counts = _check_raw_matches_acknowledged(vault, last)
-        _check_rollup_counts(vault, keys, counts)
+        series, ts = _check_raw_matches_acknowledged(vault, last)
+        _check_rollup_counts(vault, series, ts)
     finally:
         vault.close()
     elapsed = time.monotonic() - started
-    print(f"{last + 1} batches, {len(keys)} samples acknowledged, {elapsed:.1f}s")
+    print(f"{last + 1} batches, {len(ts)} samples acknowledged, {elapsed:.1f}s")
 
 
 def _check_files_hold_each_key_once(vault: Vault, in_flight: set[int], last: int) -> None:
@@ -144,41 +144,55 @@ def _check_files_hold_each_key_once(vault: Vault, in_flight: set[int], last: int
     assert bad.size == 0, f"keys of batches {bad[:10]} are stored twice: a flush was repeated"
 
 
-def _check_raw_matches_acknowledged(
-    vault: Vault, last: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _check_raw_matches_acknowledged(vault: Vault, last: int) -> tuple[np.ndarray, np.ndarray]:
+    """The raw samples are exactly the acknowledged batches (plus, whole or not at all, the
+    batch in flight at the last kill), each (series, ts) once, values bit-exact."""
     end = cw.T0 + (last + 2) * cw.WINDOW_MS
     got = vault.query('{__name__=~"load|work_total"}', cw.T0, end, output="arrow")
     series = _series_index(got["metric"].to_pylist(), got["host"].to_pylist())
     ts = pc.cast(got["timestamp"], "int64").to_numpy()
     keys = _keys(series, ts)
     values = got["value"].to_numpy()
-    uniq, counts = np.unique(keys, return_counts=True)
+    _, counts = np.unique(keys, return_counts=True)
     assert (counts == 1).all(), f"{int((counts > 1).sum())} keys returned more than once"
-    batches = list(range(last + 1))
     extra = np.unique(_batch_of(ts[_batch_of(ts) > last]))
     assert set(extra.tolist()) <= {last + 1}, f"unacknowledged batches {extra} are stored"
-    if extra.size:  # the in-flight batch made it; it must be whole (one buffer transaction)
-        batches.append(last + 1)
+    batches = list(range(last + 1)) + ([last + 1] if extra.size else [])
     want_keys, want_values = _expected(batches)
-    order = np.argsort(keys, kind="stable")
     missing = np.setdiff1d(want_keys, keys)
     assert missing.size == 0, (
         f"{missing.size} acknowledged samples lost, e.g. in batches "
         f"{np.unique(_batch_of(missing // cw.N_SERIES))[:10]}"
     )
+    order = np.argsort(keys, kind="stable")
     assert np.array_equal(keys[order], want_keys), "stored keys differ from written keys"
     assert np.array_equal(values[order].view(np.int64), want_values.view(np.int64)), (
         "stored values differ from written values"
     )
-    per_bucket = np.unique(
-        np.stack([keys[order] % cw.N_SERIES, (keys[order] // cw.N_SERIES) // MINUTE], axis=1),
-        axis=0,
-        return_counts=True,
-    )
-    return want_keys, per_bucket[0], per_bucket[1]
+    return series, ts
 
 
-def _check_rollup_counts(vault: Vault, keys: np.ndarray, minute_counts: np.ndarray) -> None:
-    buckets, counts = minute_counts, np.asarray(keys)  # placeholder, replaced below
-    del buckets, counts
+def _check_rollup_counts(vault: Vault, series: np.ndarray, ts: np.ndarray) -> None:
+    """Per (series, minute) and (series, hour), rollup counts equal the raw sample counts."""
+    start, end = cw.T0, -(-(int(ts.max()) + 1) // HOUR) * HOUR
+    for step, width in (("1m", MINUTE), ("1h", HOUR)):
+        want_keys, want_counts = np.unique(
+            np.stack([series, ts // width * width], axis=1), axis=0, return_counts=True
+        )
+        got = vault.query(
+            '{__name__=~"load|work_total"}', start, end, step=step, aggs=("count",), output="arrow"
+        )
+        got_series = _series_index(got["metric"].to_pylist(), got["host"].to_pylist())
+        got_ts = pc.cast(got["timestamp"], "int64").to_numpy()
+        order = np.lexsort((got_ts, got_series))
+        got_keys = np.stack([got_series[order], got_ts[order]], axis=1)
+        assert np.array_equal(got_keys, want_keys), f"{step}: rollup buckets differ from raw"
+        got_counts = got["count"].to_numpy()[order]
+        assert np.array_equal(got_counts, want_counts), f"{step}: rollup counts differ from raw"
+    total = len(ts)
+    tiers = vault.sql(
+        "SELECT (SELECT count(*) FROM raw) AS raw, (SELECT sum(count) FROM rollup_1m) AS m, "
+        "(SELECT sum(count) FROM rollup_1h) AS h",
+        output="arrow",
+    ).to_pylist()[0]
+    assert tiers == {"raw": total, "m": total, "h": total}, f"stored rows per tier: {tiers}"

@@ -288,3 +288,25 @@ def test_late_samples_before_the_raw_horizon_are_refused_and_change_nothing(tmp_
         pd.testing.assert_frame_equal(
             after[after.timestamp < "2026-01-03"], before[before.timestamp < "2026-01-03"]
         )
+
+
+def test_open_days_merge_only_small_files_and_closed_days_merge_whole(tmp_path):
+    rng = np.random.default_rng(5)
+    with Vault.open(str(tmp_path / "v"), compact_small_file_bytes=8000) as v:
+        big = [
+            (m, labels, ts, round(rng.uniform(0, 100), 1))
+            for m, labels, ts, _ in gauge_rows(2880, 4)
+        ]
+        v.write(big)  # one big file
+        v.flush()
+        for k in range(3):  # three small files, newer writes of existing samples
+            v.write([("gpu_util", {"gpu": "0", "Hostname": "node01"}, T0 + k * 5000, 500.0 + k)])
+            v.flush()
+        maintenance.compact(v, now=T0 + H)  # the day is still open
+        sizes = sorted(f.bytes for f in v.snapshot().tier_files("raw"))
+        assert len(sizes) == 2 and sizes[-1] >= 8000  # big file untouched, small ones merged
+        maintenance.compact(v, now=T0 + 2 * D)  # the day is closed
+        assert len(v.snapshot().tier_files("raw")) == 1
+        got = v.query('gpu_util{gpu="0"}', T0, T0 + 15_000)["value"].tolist()
+        assert got == [500.0, 501.0, 502.0]
+        assert v.stats()["tiers"]["raw"]["rows"] == 720 * 4 * 4
