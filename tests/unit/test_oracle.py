@@ -1,4 +1,4 @@
-"""Property tests: the vault's answers equal a plain-pandas reference computed from what was written.
+"""Property tests: the vault answers as a plain-pandas reference computed from what was written.
 
 Workloads are random (hypothesis): gauges and counters (``*_total``), irregular timestamps over
 three days from 2026-01-01 with gaps around the counter lookback, out-of-order writes split over
@@ -17,6 +17,7 @@ implements the documented semantics independently of ``metricvault.store``:
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -27,7 +28,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from metricvault.store import maintenance
@@ -330,9 +331,15 @@ edges = st.integers(T0 - HOUR, T0 + SPAN + HOUR)
 ranges = st.tuples(edges, edges).filter(lambda r: r[0] != r[1]).map(sorted).map(tuple)
 minute_ranges = ranges.map(lambda r: (r[0] // MINUTE * MINUTE, -(-r[1] // MINUTE) * MINUTE))
 ALIGNED = (T0, T0 + 4 * DAY)
+# Shrinking re-runs whole vault workloads and can take many minutes, so it is off unless
+# ORACLE_SHRINK=1 (a failure then prints the unshrunk example; rerun with shrinking to minimise).
+PHASES = [Phase.explicit, Phase.reuse, Phase.generate]
+if os.environ.get("ORACLE_SHRINK"):
+    PHASES.append(Phase.shrink)
 HYPO = settings(
-    max_examples=15,
+    max_examples=int(os.environ.get("ORACLE_EXAMPLES", "15")),
     deadline=None,
+    phases=PHASES,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
@@ -406,7 +413,7 @@ def test_tiers_stitch_across_raw_horizon(
         check_all_steps(vault, ref, [whole, span], ROLLUP_STEPS)
 
 
-@settings(max_examples=15, deadline=None)
+@HYPO
 @given(
     vals=st.lists(
         st.floats(allow_nan=False, allow_infinity=False) | decimal_values, min_size=1, max_size=50

@@ -46,6 +46,14 @@ DataOpt = Annotated[
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", "-c", help="TOML settings file.", show_default=False)
 ]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        help="Override a setting for this run: NAME=VALUE (repeatable; see 'metricvault config').",
+        show_default=False,
+    ),
+]
 FormatOpt = Annotated[
     str, typer.Option("--format", "-f", help="Output: table, csv, json or parquet (needs -o).")
 ]
@@ -54,13 +62,25 @@ OutOpt = Annotated[
 ]
 
 
-def load_settings(data: str | None, config: Path | None) -> Settings:
-    return Settings.load(config_file=config, data=data)
+def load_settings(
+    data: str | None, config: Path | None, overrides: list[str] | None = None
+) -> Settings:
+    flags: dict[str, Any] = {}
+    for item in overrides or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(
+                f"--set {item!r}: write NAME=VALUE, e.g. --set retention_raw=90d"
+            )
+        flags[name.strip()] = value.strip()
+    return Settings.load(config_file=config, data=data, **flags)
 
 
-def open_vault(data: str | None, config: Path | None, create: bool = False) -> Vault:
+def open_vault(
+    data: str | None, config: Path | None, overrides: list[str] | None, create: bool = False
+) -> Vault:
     """Open the vault; commands that only read refuse to create an empty one by mistake."""
-    settings = load_settings(data, config)
+    settings = load_settings(data, config, overrides)
     return Vault.open(settings.data, settings, create=create)
 
 
@@ -129,6 +149,7 @@ def query(
     output: OutOpt = None,
     data: DataOpt = None,
     config: ConfigOpt = None,
+    set_: SetOpt = None,
 ) -> None:
     """Read samples or per-step aggregates of the series a selector matches.
 
@@ -138,7 +159,7 @@ def query(
     Example: `metricvault query 'DCGM_FI_DEV_GPU_UTIL{Hostname="node01"}' -s -7d --step 1h
     --agg mean,max`
     """
-    with open_vault(data, config) as vault:
+    with open_vault(data, config, set_) as vault:
         frame = vault.query(selector, start, end, step=step, aggs=agg.split(","))
     emit(frame, fmt, output, title=selector)
 
@@ -150,6 +171,7 @@ def sql(
     output: OutOpt = None,
     data: DataOpt = None,
     config: ConfigOpt = None,
+    set_: SetOpt = None,
 ) -> None:
     """Run DuckDB SQL over the views `raw`, `rollup_1m`, `rollup_1h` and `series`.
 
@@ -159,7 +181,7 @@ def sql(
     Example: `metricvault sql "SELECT s.metric, count(*) FROM raw JOIN series s USING
     (series_id) GROUP BY 1"`
     """
-    with open_vault(data, config) as vault:
+    with open_vault(data, config, set_) as vault:
         emit(vault.sql(statement), fmt, output)
 
 
@@ -170,9 +192,10 @@ def series(
     output: OutOpt = None,
     data: DataOpt = None,
     config: ConfigOpt = None,
+    set_: SetOpt = None,
 ) -> None:
     """List the series in the vault (id, metric, kind and labels)."""
-    with open_vault(data, config) as vault:
+    with open_vault(data, config, set_) as vault:
         emit(vault.series(selector), fmt, output, title="series")
 
 
@@ -181,9 +204,10 @@ def stats(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     data: DataOpt = None,
     config: ConfigOpt = None,
+    set_: SetOpt = None,
 ) -> None:
     """Series count, samples and bytes per tier, bytes/sample, time coverage, rollup lag."""
-    with open_vault(data, config) as vault:
+    with open_vault(data, config, set_) as vault:
         info = vault.stats()
     if as_json:
         print(json.dumps(info, indent=2))
@@ -232,13 +256,14 @@ def maintain(
     ] = None,
     data: DataOpt = None,
     config: ConfigOpt = None,
+    set_: SetOpt = None,
 ) -> None:
     """Flush the ingest buffer, compact, roll up (1m, 1h), apply retention, expire snapshots.
 
     Idempotent and safe to kill at any moment: every step commits atomically, and a killed run
     is finished by the next one.
     """
-    settings = load_settings(data, config)
+    settings = load_settings(data, config, set_)
     interval = parse_duration_ms(settings.maintain_interval) / 1000
     with Vault.open(settings.data, settings, create=False) as vault:
         while True:
@@ -265,6 +290,7 @@ def import_(
     path: Annotated[Path, typer.Argument(help="CSV or Parquet file in the long shape.")],
     data: DataOpt = None,
     config: ConfigOpt = None,
+    set_: SetOpt = None,
 ) -> None:
     """Write a CSV/Parquet file in the long shape (`metric`, `timestamp`, `value`, labels...).
 
@@ -279,7 +305,7 @@ def import_(
         table = pq.read_table(path)
     else:
         table = pacsv.read_csv(path, convert_options=_csv_types(path))
-    with open_vault(data, config, create=True) as vault:
+    with open_vault(data, config, set_, create=True) as vault:
         count = vault.write(table)
     console.print(f"wrote {count:,} samples from {path}")
 
@@ -301,6 +327,7 @@ def config(
     markdown: Annotated[
         bool, typer.Option("--markdown", help="Print the table for docs/configuration.md.")
     ] = False,
+    set_: SetOpt = None,
 ) -> None:
     """Show every setting with its current value, default and meaning."""
     if markdown:
@@ -308,7 +335,7 @@ def config(
         for name, default, help_text in describe():
             print(f"| `{name}` | `{default}` | {help_text.replace('|', '/')} |")
         return
-    settings = load_settings(data, config_file)
+    settings = load_settings(data, config_file, set_)
     table = Table(title="settings (TOML key = METRICVAULT_<KEY> environment variable)")
     for col in ("setting", "value", "default", "meaning"):
         table.add_column(col, overflow="fold")
