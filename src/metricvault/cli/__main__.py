@@ -1,0 +1,5 @@
+"""``python -m metricvault.cli``."""
+
+from metricvault.cli.main import main
+
+main()
