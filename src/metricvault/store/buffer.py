@@ -39,6 +39,9 @@ CREATE TABLE IF NOT EXISTS series (
 """
 
 
+_SHRINK_FREE_PAGES = 2048  # 8 MiB of 4 KiB pages
+
+
 @dataclass(frozen=True)
 class Pending:
     """What a flush takes out of the buffer: samples and new series up to ``max_seq``."""
@@ -136,6 +139,18 @@ class IngestBuffer:
             self._db.execute("DELETE FROM batches WHERE seq <= ?", (seq,))
             self._db.execute("DELETE FROM series WHERE seq <= ?", (seq,))
             self._db.execute("COMMIT")
+            self._shrink_if_empty()
+
+    def _shrink_if_empty(self) -> None:
+        """A SQLite file never shrinks by itself: after a big backfill has been flushed, give
+        the space back. VACUUM of an empty buffer is quick; with batches present it is skipped.
+        (``PRAGMA incremental_vacuum`` frees one page per step, and Python's sqlite3 steps once.)"""
+        if self._db.execute("SELECT count(*) FROM batches").fetchone()[0]:
+            return
+        free_pages = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+        if free_pages > _SHRINK_FREE_PAGES:
+            self._db.execute("VACUUM")
+        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     def depth(self) -> tuple[int, int]:
         """(samples, payload bytes) waiting to be flushed."""

@@ -54,6 +54,12 @@ def stats(vault: Vault, now: int | None = None) -> dict[str, Any]:
             "last": max((f.max_ts for f in files), default=None),
         }
     pending_samples, pending_bytes = vault.buffer.depth()
+    disk = sum(
+        i.size
+        for prefix in ("data", "series", "catalog")
+        for i in vault.location.list_files(prefix)
+    )
+    buffer_files = sum(p.stat().st_size for p in vault.location.state_dir.glob("buffer.sqlite*"))
     watermark = snap.rollup_watermark_ms()
     return {
         "uri": vault.location.uri,
@@ -65,7 +71,10 @@ def stats(vault: Vault, now: int | None = None) -> dict[str, Any]:
             "complete_until": watermark,
             "lag_ms": max(0, now - watermark) if watermark is not None else 0,
         },
-        "buffer": {"samples": pending_samples, "bytes": pending_bytes},
+        "buffer": {"samples": pending_samples, "bytes": pending_bytes, "file_bytes": buffer_files},
+        # everything under the vault, including files that old snapshots still reference
+        # (deleted by maintain once expired and older than orphan_grace)
+        "stored_bytes": disk,
         "raw_horizon": snap.raw_horizon_ms or None,
     }
 

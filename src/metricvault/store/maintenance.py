@@ -145,7 +145,9 @@ def _roll_up_day(vault: Vault, day_no: int, hours: list[int]) -> None:
     snap = vault.snapshot()
     lookback = parse_duration_ms(vault.settings.counter_lookback)
     since, until = hours[0] * HOUR_MS, (hours[-1] + 1) * HOUR_MS
-    samples = vault.reader.read(snap.tier_files("raw"), None, since - lookback, until)
+    samples = vault.reader.read(
+        snap.tier_files("raw"), None, since - lookback, until, use_cache=False
+    )
     counters = pa.array([i.series_id for i in vault.index.all() if i.kind == "counter"], pa.int64())
     partials = rollup.raw_partials(
         samples, counters, width=MINUTE_MS, origin=0, since=since, until=until, lookback=lookback
@@ -175,7 +177,9 @@ def _replace_hours(
     partition's new rows."""
     snap = vault.snapshot()
     old_files = [f for f in snap.tier_files(tier) if _day_no(f.day) == day_no]
-    old = vault.reader.read(old_files, None, day_no * DAY_MS, (day_no + 1) * DAY_MS, tier)
+    old = vault.reader.read(
+        old_files, None, day_no * DAY_MS, (day_no + 1) * DAY_MS, tier, use_cache=False
+    )
     in_hours = pc.is_in(pc.divide(old["ts"], HOUR_MS), value_set=hours)
     kept = old.filter(pc.invert(in_hours))
     rows = pa.concat_tables([kept.cast(rollup.ROLLUP_SCHEMA), rollup.to_rollup_rows(partials)])

@@ -99,7 +99,8 @@ def aggregate(
 ) -> tuple[pa.Table, list[Segment]]:
     """Partials per (series, bucket) for a step query, and the segments that served it."""
     if step == -1:
-        width, origin, lo, hi = end - start, start, start, end
+        lo, hi = _widen_to_empty_time(ctx.snapshot, start, end)
+        width, origin = hi - lo, lo
     else:
         width, origin = step, 0
         lo, hi = start // step * step, -(-end // step) * step
@@ -127,7 +128,23 @@ def aggregate(
                 ctx.snapshot.tier_files(seg.tier), series_ids, seg.start, seg.end
             )
             parts.append(rollup.rollup_partials(rows, width=width, origin=origin, res=seg.res))
-    return rollup.combine(parts), segments
+    partials = rollup.combine(parts)
+    if step == -1:  # the one bucket is labelled with the start the caller asked for
+        partials = partials.set_column(1, "ts", pa.array(np.full(partials.num_rows, start)))
+    return partials, segments
+
+
+def _widen_to_empty_time(snapshot: Snapshot, start: int, end: int) -> tuple[int, int]:
+    """Stretch ``[start, end)`` over time that holds no data at all, to whole hours, so a
+    "whole range" query starting at the first sample is answered from rollups, not raw."""
+    if not snapshot.files:
+        return start, end
+    coarsest = ROLLUP_TIERS[0][1]
+    first = min(f.min_ts for f in snapshot.files)
+    last = max(f.max_ts for f in snapshot.files)
+    lo = start // coarsest * coarsest if start <= first else start
+    hi = -(-end // coarsest) * coarsest if end > last else end
+    return lo, hi
 
 
 def finish_aggregates(partials: pa.Table, aggs: Sequence[str]) -> dict[str, pa.Array]:

@@ -1,8 +1,8 @@
 """Reading decoded rows from a snapshot's data files, with a byte-bounded cache.
 
-Data files never change once written, so a decoded file can be cached by path for as long as
-memory allows; the cache is what makes repeated dashboard queries over rollups take
-milliseconds. Rows from files whose time ranges overlap are deduplicated (later files win).
+Data files never change once written, so a decoded row group can be cached for as long as
+memory allows; the cache is what makes repeated dashboard queries take milliseconds. Rows from
+files whose time ranges overlap are deduplicated (later files win).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -29,28 +30,39 @@ def float_columns(tier: str) -> tuple[str, ...]:
     return fmt.RAW_FLOATS if tier == "raw" else fmt.ROLLUP_FLOATS
 
 
+@dataclass(frozen=True, slots=True)
+class RowGroup:
+    index: int
+    min_sid: int
+    max_sid: int
+    min_ts: int
+    max_ts: int
+
+
 class FileCache:
+    """Decoded row groups by (path, index), least recently used out first, bounded in bytes."""
+
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._items: OrderedDict[str, pa.Table] = OrderedDict()
+        self._items: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, path: str) -> pa.Table | None:
+    def get(self, key: tuple[str, int]) -> pa.Table | None:
         with self._lock:
-            table = self._items.get(path)
+            table = self._items.get(key)
             if table is not None:
-                self._items.move_to_end(path)
+                self._items.move_to_end(key)
             return table
 
-    def put(self, path: str, table: pa.Table) -> None:
+    def put(self, key: tuple[str, int], table: pa.Table) -> None:
         size = table.nbytes
-        if size > self.max_bytes // 8:
+        if size > self.max_bytes // 4:
             return
         with self._lock:
-            if path in self._items:
+            if key in self._items:
                 return
-            self._items[path] = table
+            self._items[key] = table
             self._bytes += size
             while self._bytes > self.max_bytes and self._items:
                 _, old = self._items.popitem(last=False)
@@ -58,9 +70,14 @@ class FileCache:
 
 
 class Reader:
+    """Reads only the row groups a query needs (by series_id and ts statistics, which are exact
+    because files are sorted by series), decodes them once, and keeps them in the cache."""
+
     def __init__(self, location: Location, cache: FileCache) -> None:
         self.loc = location
         self.cache = cache
+        self._footers: dict[str, tuple[pq.FileMetaData, list[RowGroup]]] = {}
+        self._footer_lock = threading.Lock()
 
     def read(
         self,
@@ -69,12 +86,20 @@ class Reader:
         start: int,
         end: int,
         tier: str = "raw",
+        use_cache: bool = True,
     ) -> pa.Table:
-        """Decoded rows with ``start <= ts < end`` for the given series (None: all)."""
+        """Decoded rows with ``start <= ts < end`` for the given series (None: all).
+
+        ``use_cache=False`` is for maintenance scans, which would only evict what queries need.
+        """
         chosen = [f for f in files if f.max_ts >= start and f.min_ts < end]
-        ids = None if series_ids is None else pa.array(sorted(series_ids), pa.int64())
+        ids = None if series_ids is None else np.unique(np.asarray(series_ids, np.int64))
         chosen.sort(key=lambda f: f.file_id)  # later files win on duplicate samples
-        pairs = [(f, t) for f in chosen if (t := self._read_one(f, ids, start, end)).num_rows]
+        pairs = []
+        for f in chosen:
+            table = self._read_one(f, ids, start, end, use_cache)
+            if table.num_rows:
+                pairs.append((f, table))
         if not pairs:
             return _empty(tier)
         tables = [t for _, t in pairs]
@@ -82,32 +107,73 @@ class Reader:
             return pa.concat_tables(tables)
         return fmt.sort_dedup(pa.concat_tables(tables))
 
-    def _read_one(self, f: DataFile, ids: pa.Array | None, start: int, end: int) -> pa.Table:
-        cols = float_columns(f.tier)
-        table = self.cache.get(f.path)
-        if table is None and f.bytes <= self.cache.max_bytes // 32:
-            table = self._load(f, cols, None)
-            self.cache.put(f.path, table)
-        if table is None:
-            filters = [("ts", ">=", start), ("ts", "<", end)]
-            if ids is not None:
-                filters.append(("series_id", "in", ids.to_pylist()))
-            return self._load(f, cols, filters)
+    def _read_one(
+        self, f: DataFile, ids: np.ndarray | None, start: int, end: int, use_cache: bool
+    ) -> pa.Table:
+        metadata, groups = self._footer(f)
+        wanted = [
+            g
+            for g in groups
+            if g.max_ts >= start and g.min_ts < end and (ids is None or _hits(ids, g))
+        ]
+        tables = [self._group(f, metadata, g.index, use_cache) for g in wanted]
+        if not tables:
+            return _empty(f.tier)
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
         if ids is not None:
-            table = _slice_series(table, ids.to_numpy())
+            table = _slice_series(table, ids)
         if f.min_ts >= start and f.max_ts < end:
             return table
         mask = pc.and_(pc.greater_equal(table["ts"], start), pc.less(table["ts"], end))
         return table.filter(mask)
 
-    def _load(self, f: DataFile, cols: tuple[str, ...], filters: object) -> pa.Table:
-        try:
-            table = pq.read_table(
-                f.path, filesystem=self.loc.fs, filters=filters, partitioning=None
-            )
-        except (OSError, pa.ArrowException) as exc:
-            raise StorageError(f"cannot read data file {f.path}: {exc}") from exc
-        return fmt.decode(table, cols)
+    def _footer(self, f: DataFile) -> tuple[pq.FileMetaData, list[RowGroup]]:
+        with self._footer_lock:
+            found = self._footers.get(f.path)
+        if found is None:
+            try:
+                metadata = pq.read_metadata(f.path, filesystem=self.loc.fs)
+            except (OSError, pa.ArrowException) as exc:
+                raise StorageError(f"cannot read data file {f.path}: {exc}") from exc
+            found = (metadata, _row_groups(metadata, f))
+            with self._footer_lock:
+                self._footers[f.path] = found
+        return found
+
+    def _group(
+        self, f: DataFile, metadata: pq.FileMetaData, index: int, use_cache: bool
+    ) -> pa.Table:
+        key = (f.path, index)
+        table = self.cache.get(key) if use_cache else None
+        if table is None:
+            try:
+                with self.loc.fs.open_input_file(f.path) as handle:
+                    raw = pq.ParquetFile(handle, metadata=metadata).read_row_group(index)
+            except (OSError, pa.ArrowException) as exc:
+                raise StorageError(f"cannot read data file {f.path}: {exc}") from exc
+            table = fmt.decode(raw, float_columns(f.tier))
+            if use_cache:
+                self.cache.put(key, table)
+        return table
+
+
+def _row_groups(metadata: pq.FileMetaData, f: DataFile) -> list[RowGroup]:
+    names = [metadata.schema.column(i).name for i in range(metadata.num_columns)]
+    sid_col, ts_col = names.index("series_id"), names.index("ts")
+    groups = []
+    for i in range(metadata.num_row_groups):
+        rg = metadata.row_group(i)
+        sid, ts = rg.column(sid_col).statistics, rg.column(ts_col).statistics
+        if sid is None or ts is None or not (sid.has_min_max and ts.has_min_max):
+            groups.append(RowGroup(i, -(2**63), 2**63 - 1, f.min_ts, f.max_ts))
+        else:
+            groups.append(RowGroup(i, sid.min, sid.max, ts.min, ts.max))
+    return groups
+
+
+def _hits(ids: np.ndarray, group: RowGroup) -> bool:
+    at = int(np.searchsorted(ids, group.min_sid))
+    return at < len(ids) and int(ids[at]) <= group.max_sid
 
 
 def _slice_series(table: pa.Table, ids: np.ndarray) -> pa.Table:
