@@ -155,6 +155,7 @@ def environment(args: argparse.Namespace) -> str:
         f"- command: `{command}`\n"
         f"- run at {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()}: "
         f"{os.cpu_count()} CPUs, {memory:.0f} GiB RAM, Python {platform.python_version()}\n"
+        f"- load average at start {os.getloadavg()[0]:.1f} (other work here skews timings)\n"
         f"- {versions}; VictoriaMetrics {vm}\n"
         f"- query latency: one first run, then the median of {args.runs} runs\n"
     )

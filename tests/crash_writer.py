@@ -8,7 +8,7 @@ been in flight when it was killed). After each ``vault.write`` returns, the batc
 appended to the log and fsynced: a line there means "the store acknowledged this batch".
 Every ``RESEND_EVERY``-th batch also re-sends batch ``b - RESEND_LAG`` (a duplicate delivery)
 before it is acknowledged, and every ``MAINTAIN_EVERY`` batches the writer runs ``maintain``
-(compaction and rollups) itself. Prints ``ready`` once the vault is open.
+(compaction and rollups) itself, alternating its ``now``. Prints ``ready`` once the vault is open.
 
 Batch ``b`` holds 100..1000 samples with distinct ``(series, ts)`` keys, in random order, all
 inside its own 5-minute window ``[T0 + b * WINDOW_MS, T0 + (b + 1) * WINDOW_MS)``; the same
@@ -31,7 +31,9 @@ N_SERIES = 8  # series s: metric "load" (gauge) for even s, "work_total" (counte
 RESEND_EVERY = 7
 RESEND_LAG = 3
 MAINTAIN_EVERY = 40
-MAINTAIN_NOW = T0  # raw retention (30 d) keeps everything at this "now"
+# maintain's "now": alternately T0 (every day still open: compaction merges small files only)
+# and T0 + 10 d (days closed: merged whole); raw retention (30 d) keeps everything either way
+MAINTAIN_NOWS = (T0, T0 + 10 * 86_400_000)
 FLUSH_MAX_SAMPLES = 5_000
 
 
@@ -92,7 +94,7 @@ def main(vault_dir: str, seed: int, n: int) -> None:
         os.write(fd, f"{b}\n".encode())
         os.fsync(fd)
         if b % MAINTAIN_EVERY == MAINTAIN_EVERY - 1:
-            vault.maintain(now_ms=MAINTAIN_NOW)
+            vault.maintain(now_ms=MAINTAIN_NOWS[b // MAINTAIN_EVERY % 2])
     os.close(fd)
     vault.close()
     print("finished", flush=True)

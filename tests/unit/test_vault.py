@@ -310,3 +310,26 @@ def test_open_days_merge_only_small_files_and_closed_days_merge_whole(tmp_path):
         got = v.query('gpu_util{gpu="0"}', T0, T0 + 15_000)["value"].tolist()
         assert got == [500.0, 501.0, 502.0]
         assert v.stats()["tiers"]["raw"]["rows"] == 720 * 4 * 4
+
+
+def test_sql_rollup_views_restore_elided_values(vault):
+    rows = [("idle", {}, T0 + i * 5000, 0.0) for i in range(24)]  # constant buckets
+    rows += [("sparse", {}, T0 + i * 60_000, float(i) / 4) for i in range(5)]  # one per bucket
+    rows += gauge_rows(24, 1)
+    vault.write(rows)
+    vault.maintain(now_ms=T0 + 2 * D)
+    api = vault.query(
+        '{__name__=~"idle|sparse|gpu_util"}',
+        T0,
+        T0 + H,
+        step="1m",
+        aggs=("min", "max", "last", "sum", "count"),
+    )
+    sql = vault.sql(
+        "SELECT s.metric, r.timestamp, r.min, r.max, r.last, r.sum, r.count "
+        "FROM rollup_1m r JOIN series s USING (series_id) ORDER BY 1, 2"
+    )
+    assert sql[["min", "max", "last", "sum"]].to_numpy().tolist() == (
+        api.sort_values(["metric", "timestamp"])[["min", "max", "last", "sum"]].to_numpy().tolist()
+    )
+    assert sql[sql.metric == "sparse"]["max"].tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]

@@ -57,10 +57,13 @@ def encode(table: pa.Table, float_columns: Sequence[str]) -> pa.Table:
     """Logical table (float64 columns) -> physical table (scaled ints + float fallbacks)."""
     sid = table.column("series_id").to_numpy()
     arrays = {c: table.column(c).to_numpy(zero_copy_only=False) for c in float_columns}
+    rollup = "count" in table.column_names
+    if rollup:
+        arrays = _elide_derivable(arrays, table.column("count").to_numpy())
     row_scale = np.zeros(len(sid), dtype=np.int8)
     for c in float_columns:
         vals = arrays[c]
-        present = ~np.isnan(vals) if c == "increase" else np.ones(len(vals), bool)
+        present = ~np.isnan(vals) if rollup else np.ones(len(vals), bool)
         rs = _row_scales(vals)
         row_scale = np.maximum(row_scale, np.where(present & (rs <= MAX_SCALE), rs, 0))
     scale = _series_scales(sid, row_scale) if len(sid) else row_scale
@@ -70,8 +73,27 @@ def encode(table: pa.Table, float_columns: Sequence[str]) -> pa.Table:
             cols[name] = table.column(name).combine_chunks()
     cols["scale"] = pa.array(scale, pa.int8())
     for c in float_columns:
-        cols[f"{c}_i"], cols[f"{c}_f"] = _split(arrays[c], scale, optional=c == "increase")
+        cols[f"{c}_i"], cols[f"{c}_f"] = _split(arrays[c], scale, optional=rollup)
     return pa.table(cols)
+
+
+def _elide_derivable(arrays: dict[str, np.ndarray], count: np.ndarray) -> dict[str, np.ndarray]:
+    """Null out rollup values that follow from others (restored by :func:`_restore_derivable`):
+    a one-sample bucket's min, max and last equal its sum; a constant bucket's max and last
+    equal its min. Sparse or idle series then cost little more in rollups than in raw."""
+    out = {c: v.copy() for c, v in arrays.items()}
+    single = count == 1
+    constant = ~single & (arrays["min"] == arrays["max"])
+    out["min"][single] = np.nan
+    out["max"][single | constant] = np.nan
+    out["last"][single | constant] = np.nan
+    return out
+
+
+def _restore_derivable(columns: dict[str, pa.Array]) -> None:
+    columns["min"] = pc.coalesce(columns["min"], columns["sum"])
+    columns["max"] = pc.coalesce(columns["max"], columns["min"])
+    columns["last"] = pc.coalesce(columns["last"], columns["min"])
 
 
 def _split(vals: np.ndarray, scale: np.ndarray, optional: bool) -> tuple[pa.Array, pa.Array]:
@@ -100,6 +122,8 @@ def decode(table: pa.Table, float_columns: Sequence[str]) -> pa.Table:
     }
     for c in float_columns:
         out[c] = decode_column(table, c)
+    if "count" in out:
+        _restore_derivable(out)
     return pa.table(out).combine_chunks()
 
 

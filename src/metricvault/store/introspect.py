@@ -79,15 +79,18 @@ def stats(vault: Vault, now: int | None = None) -> dict[str, Any]:
     }
 
 
+_ROLLUP_VALUE = "coalesce({c}_f, {c}_i / pow(10, scale))"
+_ROLLUP_MIN = f"coalesce({_ROLLUP_VALUE.format(c='min')}, {_ROLLUP_VALUE.format(c='sum')})"
 _VIEW_SQL = {
     "raw": "SELECT series_id, ts, make_timestamp(ts * 1000) AS timestamp, "
     "coalesce(value_f, value_i / pow(10, scale)) AS value FROM {src}",
+    # min/max/last are left null in storage where they follow from sum or min (storage-format.md)
     "rollup": "SELECT series_id, ts, make_timestamp(ts * 1000) AS timestamp, count, "
-    + ", ".join(
-        f"coalesce({c}_f, {c}_i / pow(10, scale)) AS {c}"
-        for c in ("sum", "min", "max", "last", "increase")
-    )
-    + ", coalesce(sum_f, sum_i / pow(10, scale)) / count AS mean FROM {src}",
+    f"{_ROLLUP_VALUE.format(c='sum')} AS sum, {_ROLLUP_MIN} AS min, "
+    f"coalesce({_ROLLUP_VALUE.format(c='max')}, {_ROLLUP_MIN}) AS max, "
+    f"coalesce({_ROLLUP_VALUE.format(c='last')}, {_ROLLUP_MIN}) AS last, "
+    f"{_ROLLUP_VALUE.format(c='increase')} AS increase, "
+    f"{_ROLLUP_VALUE.format(c='sum')} / count AS mean FROM {{src}}",
 }
 
 

@@ -134,7 +134,12 @@ def roll_up(vault: Vault, bar: Progress | None = None) -> int:
     total = 0
     for day_no in _track(bar, sorted(by_day), "rolling up"):
         with vault.writer_lock():
-            hours = [h for h in vault.snapshot().dirty_hours if h * HOUR_MS // DAY_MS == day_no]
+            snap = vault.snapshot()
+            hours = [h for h in snap.dirty_hours if h * HOUR_MS // DAY_MS == day_no]
+            final = [h for h in hours if h * HOUR_MS < vault.min_writable_ms()]
+            if final:  # rollups there are final: their raw data is gone (see vault.py)
+                vault.catalog.commit(Change(dirty_remove=set(final)))
+                hours = sorted(set(hours) - set(final))
             if hours:
                 _roll_up_day(vault, day_no, sorted(hours))
                 total += len(hours)

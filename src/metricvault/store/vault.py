@@ -54,7 +54,8 @@ class Vault:
         self.buffer = IngestBuffer(location.state_dir / "buffer.sqlite")
         self.index = SeriesIndex()
         self.reader = Reader(location, FileCache(settings.cache_bytes))
-        self._lock = threading.RLock()
+        self._commit_lock = threading.RLock()  # catalog commits (flush, maintenance)
+        self._write_lock = threading.Lock()  # buffer appends and the series index
         self._lock_file = open(location.state_dir / "vault.lock", "a+")  # noqa: SIM115
         self._lookback = parse_duration_ms(settings.counter_lookback)
         self._flusher: threading.Thread | None = None
@@ -124,12 +125,13 @@ class Vault:
         for sid, metric, labels, _kind in batch.series:
             if sid in self.index:
                 self.index.add(sid, metric, labels, self.index.get(sid).kind)
-        with self._lock:
+        with self._write_lock:
             self.buffer.append(batch.samples, new)
             for sid, metric, labels, kind in new:
                 self.index.add(sid, metric, labels, kind)
-        self._pending_samples += batch.samples.num_rows
-        if self._pending_samples >= self.settings.flush_max_samples:
+            self._pending_samples += batch.samples.num_rows
+            wake = self._pending_samples >= self.settings.flush_max_samples
+        if wake:
             self._wake_flusher()
         return int(batch.samples.num_rows)
 
@@ -140,10 +142,12 @@ class Vault:
         within one counter lookback after it) could not be deduplicated or rolled up exactly,
         so it is refused rather than folded into the rollups approximately.
         """
-        horizon = self.catalog.current().raw_horizon_ms
-        if not horizon:
+        return self._min_writable(self.catalog.current())
+
+    def _min_writable(self, snap: Snapshot) -> int:
+        if not snap.raw_horizon_ms:
             return 0
-        return -(-(horizon + self._lookback) // HOUR_MS) * HOUR_MS
+        return -(-(snap.raw_horizon_ms + self._lookback) // HOUR_MS) * HOUR_MS
 
     def _check_horizon(self, samples: pa.Table) -> None:
         bound = self.min_writable_ms()
@@ -193,7 +197,7 @@ class Vault:
     @contextmanager
     def writer_lock(self) -> Iterator[None]:
         """Serialise catalog commits with other threads and processes using this vault."""
-        with self._lock:
+        with self._commit_lock:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX)
             try:
                 yield
@@ -214,7 +218,9 @@ class Vault:
                 self._commit_flush(snap, pending)
                 self.buffer.discard_through(pending.max_seq)
                 total += pending.samples.num_rows
-        self._pending_samples = 0
+            depth = self.buffer.depth()[0]  # writes may have arrived meanwhile
+        with self._write_lock:
+            self._pending_samples = depth
         return total
 
     def _commit_flush(self, snap: Snapshot, pending: Any) -> None:
@@ -235,8 +241,25 @@ class Vault:
             change.add_series.append(SeriesFile(path, pending.series.num_rows, len(data)))
             file_id += 1
         change.file_ids_used = file_id - snap.next_file_id
-        change.dirty_add = dirty_hours(samples["ts"].to_numpy(), self._lookback)
+        change.dirty_add = self._dirty_hours_to_roll_up(samples["ts"].to_numpy(), snap)
         self.catalog.commit(change)
+
+    def _dirty_hours_to_roll_up(self, ts: np.ndarray, snap: Snapshot) -> set[int]:
+        """Hours to re-roll for these samples, except those whose raw data (or counter
+        lookback) retention already dropped: re-rolling them would overwrite complete rollups
+        with partial ones. Such samples can only reach a flush when another writer accepted
+        them before retention ran; they are kept in raw, and said so loudly."""
+        hours = dirty_hours(ts, self._lookback)
+        bound = self._min_writable(snap)
+        late = int((ts < bound).sum()) if bound else 0
+        if late:
+            log.warning(
+                "%d sample(s) older than %s arrived after retention dropped raw data there; "
+                "they are stored in raw but not rolled up (rollups there are final)",
+                late,
+                ms_to_datetime(bound),
+            )
+        return {h for h in hours if h * HOUR_MS >= bound}
 
     def write_data_file(self, table: pa.Table, tier: str, day_no: int, file_id: int) -> DataFile:
         """Encode ``table`` (sorted by series_id, ts) as one Parquet file of ``tier``/day."""
