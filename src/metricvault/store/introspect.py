@@ -83,7 +83,7 @@ _ROLLUP_VALUE = "coalesce({c}_f, {c}_i / pow(10, scale))"
 _ROLLUP_MIN = f"coalesce({_ROLLUP_VALUE.format(c='min')}, {_ROLLUP_VALUE.format(c='sum')})"
 _VIEW_SQL = {
     "raw": "SELECT series_id, ts, make_timestamp(ts * 1000) AS timestamp, "
-    "coalesce(value_f, value_i / pow(10, scale)) AS value FROM {src}",
+    "coalesce(value_f, coalesce(value_i, value_j) / pow(10, scale)) AS value FROM {src}",
     # min/max/last are left null in storage where they follow from sum or min (storage-format.md)
     "rollup": "SELECT series_id, ts, make_timestamp(ts * 1000) AS timestamp, count, "
     f"{_ROLLUP_VALUE.format(c='sum')} AS sum, {_ROLLUP_MIN} AS min, "
