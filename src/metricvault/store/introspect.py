@@ -8,7 +8,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from metricvault.durations import HOUR_MS, now_ms
+from metricvault.durations import now_ms
 from metricvault.errors import InputError
 from metricvault.selector import parse_selector
 from metricvault.store import query as q
@@ -71,7 +71,12 @@ def stats(vault: Vault, now: int | None = None) -> dict[str, Any]:
             "complete_until": watermark,
             "lag_ms": max(0, now - watermark) if watermark is not None else 0,
         },
-        "buffer": {"samples": pending_samples, "bytes": pending_bytes, "file_bytes": buffer_files},
+        "buffer": {
+            "samples": pending_samples,
+            "bytes": pending_bytes,
+            "file_bytes": buffer_files,
+            "last_flush_error": vault.last_flush_error,
+        },
         # everything under the vault, including files that old snapshots still reference
         # (deleted by maintain once expired and older than orphan_grace)
         "stored_bytes": disk,
@@ -141,6 +146,3 @@ def _empty(tier: str) -> pa.Table:
             ]
         )
     return schema.empty_table()
-
-
-_ = HOUR_MS

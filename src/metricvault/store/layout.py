@@ -71,6 +71,13 @@ class Location:
             out.write(data)
         return True
 
+    def write_file(self, path: str, data: bytes) -> None:
+        """Write a new immutable file (it becomes visible only once a catalog commit names it,
+        so a crash mid-write leaves an orphan that expiry deletes, never a half-read file)."""
+        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with self.fs.open_output_stream(path) as out:
+            out.write(data)
+
     def exists(self, path: str) -> bool:
         return bool(self.fs.get_file_info(path).type != pafs.FileType.NotFound)
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from metricvault.config import Settings
 from metricvault.durations import (
@@ -25,6 +26,7 @@ from metricvault.durations import (
     parse_time_ms,
 )
 from metricvault.errors import BackpressureError, TimeRangeError, ValueRangeError
+from metricvault.model import SAMPLE_SCHEMA
 from metricvault.selector import parse_selector
 from metricvault.store import files as fmt
 from metricvault.store import query as q
@@ -33,6 +35,7 @@ from metricvault.store.catalog import Catalog, Change, DataFile, SeriesFile, Sna
 from metricvault.store.layout import Location, open_location
 from metricvault.store.normalize import normalize
 from metricvault.store.reader import FileCache, Reader
+from metricvault.store.rollup import empty_partials
 from metricvault.store.series_index import SeriesIndex
 
 log = logging.getLogger("metricvault")
@@ -61,7 +64,7 @@ class Vault:
         self._flusher: threading.Thread | None = None
         self._flush_wanted = threading.Event()
         self._closed = threading.Event()
-        self._flush_error: BaseException | None = None
+        self.last_flush_error: str | None = None  # shown by stats()
         self._load_series()
         self._pending_samples = self.buffer.depth()[0]
 
@@ -123,7 +126,7 @@ class Vault:
         self._check_backpressure()
         new = [s for s in batch.series if s[0] not in self.index]
         for sid, metric, labels, _kind in batch.series:
-            if sid in self.index:
+            if sid in self.index:  # raises SeriesCollisionError if the id means another series
                 self.index.add(sid, metric, labels, self.index.get(sid).kind)
         with self._write_lock:
             self.buffer.append(batch.samples, new)
@@ -162,9 +165,6 @@ class Vault:
             )
 
     def _check_backpressure(self) -> None:
-        if self._flush_error is not None:
-            err, self._flush_error = self._flush_error, None
-            raise err
         _, size = self.buffer.depth() if self._pending_samples else (0, 0)
         if size > self.settings.buffer_max_bytes:
             raise BackpressureError(
@@ -190,9 +190,10 @@ class Vault:
                 return
             try:
                 self.flush()
-            except BaseException as exc:  # surfaced to the next write()
-                log.exception("background flush failed")
-                self._flush_error = exc
+                self.last_flush_error = None
+            except Exception as exc:  # writes stay durable in the buffer; retried next time
+                log.exception("background flush failed; buffered samples are kept")
+                self.last_flush_error = f"{type(exc).__name__}: {exc}"
 
     @contextmanager
     def writer_lock(self) -> Iterator[None]:
@@ -235,9 +236,7 @@ class Vault:
         if pending.series.num_rows:
             path = self.location.new_series_path(file_id)
             data = fmt.write_plain_parquet(pending.series)
-            self.location.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-            with self.location.fs.open_output_stream(path) as out:
-                out.write(data)
+            self.location.write_file(path, data)
             change.add_series.append(SeriesFile(path, pending.series.num_rows, len(data)))
             file_id += 1
         change.file_ids_used = file_id - snap.next_file_id
@@ -267,9 +266,7 @@ class Vault:
         path = self.location.new_data_path(tier, day, file_id)
         cols = fmt.RAW_FLOATS if tier == "raw" else fmt.ROLLUP_FLOATS
         data = fmt.write_parquet(table, cols)
-        self.location.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        with self.location.fs.open_output_stream(path) as out:
-            out.write(data)
+        self.location.write_file(path, data)
         ts = table["ts"]
         return DataFile(
             path=path,
@@ -322,15 +319,14 @@ class Vault:
         ctx = self._context()
         series_ids = self.index.match(sel)
         if step_ms is None:
-            samples = q.raw_samples(ctx, series_ids, t0, t1) if series_ids else _empty_raw()
-            return q.shape(self.index, samples, {"value": samples["value"]}, output)
-        partials, _ = (
-            q.aggregate(ctx, series_ids, t0, t1, step_ms)
-            if series_ids
-            else (
-                _empty_partials(),
-                [],
+            samples = (
+                q.raw_samples(ctx, series_ids, t0, t1)
+                if series_ids
+                else SAMPLE_SCHEMA.empty_table()
             )
+            return q.shape(self.index, samples, {"value": samples["value"]}, output)
+        partials = (
+            q.aggregate(ctx, series_ids, t0, t1, step_ms)[0] if series_ids else empty_partials()
         )
         return q.shape(self.index, partials, q.finish_aggregates(partials, agg_names), output)
 
@@ -373,18 +369,4 @@ def dirty_hours(ts: np.ndarray, lookback_ms: int) -> set[int]:
 
 
 def _read_series(location: Location, path: str) -> pa.Table:
-    import pyarrow.parquet as pq
-
     return pq.read_table(path, filesystem=location.fs, partitioning=None)
-
-
-def _empty_raw() -> pa.Table:
-    from metricvault.model import SAMPLE_SCHEMA
-
-    return SAMPLE_SCHEMA.empty_table()
-
-
-def _empty_partials() -> pa.Table:
-    from metricvault.store.rollup import empty_partials
-
-    return empty_partials()
