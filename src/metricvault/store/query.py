@@ -137,14 +137,26 @@ def aggregate(
 def _widen_to_empty_time(snapshot: Snapshot, start: int, end: int) -> tuple[int, int]:
     """Stretch ``[start, end)`` over time that holds no data at all, to whole hours, so a
     "whole range" query starting at the first sample is answered from rollups, not raw."""
-    if not snapshot.files:
+    first, last = _sample_bounds(snapshot)
+    if first is None or last is None:
         return start, end
     coarsest = ROLLUP_TIERS[0][1]
-    first = min(f.min_ts for f in snapshot.files)
-    last = max(f.max_ts for f in snapshot.files)
     lo = start // coarsest * coarsest if start <= first else start
     hi = -(-end // coarsest) * coarsest if end > last else end
     return lo, hi
+
+
+def _sample_bounds(snapshot: Snapshot) -> tuple[int | None, int | None]:
+    """Earliest and latest sample time. Raw files know them exactly; rollup rows only know
+    their bucket, so they count (conservatively) only where retention dropped raw data."""
+    raw = snapshot.tier_files("raw")
+    firsts = [f.min_ts for f in raw]
+    lasts = [f.max_ts for f in raw]
+    for f in snapshot.files:
+        if f.tier != "raw" and (not raw or f.min_ts < snapshot.raw_horizon_ms):
+            firsts.append(f.min_ts)
+            lasts.append(f.max_ts + dict(ROLLUP_TIERS)[f.tier] - 1)
+    return min(firsts, default=None), max(lasts, default=None)
 
 
 def finish_aggregates(partials: pa.Table, aggs: Sequence[str]) -> dict[str, pa.Array]:
