@@ -24,7 +24,7 @@ LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 MAX_LABEL_VALUE_BYTES = 4096
 MAX_LABELS = 64
 # Columns of the long shape that are not labels; a label may not take one of these names.
-RESERVED_COLUMNS = frozenset({"metric", "timestamp", "value", "series_id", "ts", "kind"})
+RESERVED_COLUMNS = frozenset({"metric", "timestamp", "value", "ts"})
 
 Kind = Literal["gauge", "counter"]
 KINDS: tuple[Kind, ...] = ("gauge", "counter")
