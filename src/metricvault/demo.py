@@ -61,7 +61,8 @@ def run_demo(
     console.print(_storage_table(stats, written))
     console.print(_jobs_table(jobs))
     console.print(
-        f"done in {time.monotonic() - began:.0f}s. Report: [bold]{report}[/]. Try:\n"
+        f"done in {time.monotonic() - began:.0f}s. Report: [bold]{report}[/]. "
+        "Try (after `source .venv/bin/activate`):\n"
         f"  metricvault stats -d {path}\n"
         f"  metricvault query 'mfu' -d {path} --start=-{days:g}d --step 1d --agg mean,max\n"
         f'  metricvault sql "SELECT count(*) FROM raw" -d {path}'
