@@ -34,6 +34,23 @@ class RetentionOverride:
 
 
 @dataclass(frozen=True)
+class BearerToken:
+    """A gateway credential: the SHA-256 (hex) of the token, never the token itself."""
+
+    sha256: str
+    tenant: str = ""
+
+
+@dataclass(frozen=True)
+class BasicUser:
+    """HTTP basic auth user: name and the SHA-256 (hex) of the password."""
+
+    user: str
+    sha256: str
+    tenant: str = ""
+
+
+@dataclass(frozen=True)
 class Settings:
     data: str = _setting(
         "./metricvault-data",
@@ -97,6 +114,37 @@ class Settings:
     cache_bytes: int = _setting(
         512 * 1024**2, "Memory for decoded data files kept by a Vault for repeated queries."
     )
+    listen: str = _setting("127.0.0.1:9201", "Gateway address, HOST:PORT (metricvault serve).")
+    max_body_bytes: int = _setting(
+        32 * 1024**2,
+        "Largest request body the gateway accepts, compressed and decompressed (HTTP 413 above).",
+    )
+    max_series_per_request: int = _setting(
+        200_000, "Most series one write request may carry (HTTP 413 above)."
+    )
+    max_new_series_per_minute: int = _setting(
+        100_000,
+        "Most series a tenant may create per minute (cardinality bombs get HTTP 429).",
+    )
+    auth_bearer_tokens: tuple[BearerToken, ...] = _setting(
+        (),
+        "Accepted bearer tokens as [[auth_bearer_tokens]] sha256='<hex of token>' tenant='x'. "
+        "Empty (and no basic users): no authentication.",
+    )
+    auth_basic_users: tuple[BasicUser, ...] = _setting(
+        (),
+        "Accepted basic-auth users as [[auth_basic_users]] user='u' sha256='<hex of password>' "
+        "tenant='x'.",
+    )
+    tenant_label: str = _setting(
+        "tenant",
+        "Label a credential's tenant is written to on every series (payloads cannot override it).",
+    )
+    tls_cert: str = _setting("", "PEM certificate file: serve HTTPS (with tls_key).")
+    tls_key: str = _setting("", "PEM private key file for tls_cert.")
+    gateway_maintain: bool = _setting(
+        True, "Run maintenance (compaction, rollups, retention) inside metricvault serve."
+    )
 
     def __post_init__(self) -> None:
         for name in ("retention_raw", "retention_1m", "retention_1h"):
@@ -104,6 +152,9 @@ class Settings:
         for name in ("flush_interval", "counter_lookback", "orphan_grace", "maintain_interval"):
             _check(name, parse_duration_ms, getattr(self, name))
         for name in (
+            "max_body_bytes",
+            "max_series_per_request",
+            "max_new_series_per_minute",
             "flush_max_samples",
             "buffer_max_bytes",
             "compact_min_files",
@@ -119,6 +170,21 @@ class Settings:
                     "tiers are raw, 1m, 1h"
                 )
             _check("retention_overrides.retention", parse_retention_ms, override.retention)
+        host, _, port = self.listen.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(
+                f"setting listen={self.listen!r} must be HOST:PORT, e.g. 127.0.0.1:9201"
+            )
+        creds: list[BearerToken | BasicUser] = [*self.auth_bearer_tokens, *self.auth_basic_users]
+        for cred in creds:
+            if len(cred.sha256) != 64 or any(c not in "0123456789abcdef" for c in cred.sha256):
+                raise ConfigError(
+                    "auth credentials are stored as the SHA-256 hex digest of the secret "
+                    "(64 lower-case hex characters); compute it with "
+                    "'metricvault hash-secret' and never put the secret itself in the file"
+                )
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("set both tls_cert and tls_key to serve HTTPS, or neither")
 
     def retention_ms(self, tier: str) -> int | None:
         return parse_retention_ms(getattr(self, f"retention_{tier}"))
@@ -168,16 +234,27 @@ def _check(name: str, parse: Any, value: Any) -> None:
         raise ConfigError(f"setting {name}={value!r} is invalid: {exc}") from exc
 
 
+_TABLES = {
+    "retention_overrides": RetentionOverride,
+    "auth_bearer_tokens": BearerToken,
+    "auth_basic_users": BasicUser,
+}
+
+
 def _coerce(name: str, value: Any) -> Any:
-    if name == "retention_overrides":
+    if name in _TABLES:
         if isinstance(value, str):
-            raise ConfigError(
-                "retention_overrides is set in the TOML file as [[retention_overrides]] tables"
-            )
-        return tuple(
-            v if isinstance(v, RetentionOverride) else RetentionOverride(**v) for v in value
-        )
+            raise ConfigError(f"{name} is set in the TOML file as [[{name}]] tables")
+        kind = _TABLES[name]
+        try:
+            return tuple(v if isinstance(v, kind) else kind(**v) for v in value)
+        except TypeError as exc:
+            raise ConfigError(f"{name}: {exc}") from exc
     kind = type(getattr(Settings(), name)) if name in setting_names() else str
+    if kind is bool and isinstance(value, str):
+        if value.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+            raise ConfigError(f"setting {name} must be true or false, got {value!r}")
+        return value.lower() in ("1", "true", "yes", "on")
     if kind is int and isinstance(value, str):
         try:
             return int(value.replace("_", ""))
@@ -201,7 +278,7 @@ def _read_env(env: Any) -> dict[str, Any]:
     found = {}
     for name in setting_names():
         key = ENV_PREFIX + name.upper()
-        if key in env and name != "retention_overrides":
+        if key in env and name not in _TABLES:
             found[name] = env[key]
     return found
 
@@ -210,4 +287,12 @@ def tier_resolution_ms(tier: str) -> int:
     return 0 if tier == "raw" else parse_duration_ms(tier)
 
 
-__all__ = ["RetentionOverride", "Settings", "describe", "format_duration_ms", "setting_names"]
+__all__ = [
+    "BasicUser",
+    "BearerToken",
+    "RetentionOverride",
+    "Settings",
+    "describe",
+    "format_duration_ms",
+    "setting_names",
+]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -113,11 +113,19 @@ class Vault:
         self._lock_file.close()
 
     # ------------------------------------------------------------------ writing
-    def write(self, data: Any, kinds: Mapping[str, str] | None = None) -> int:
+    def write(
+        self,
+        data: Any,
+        kinds: Mapping[str, str] | None = None,
+        *,
+        admit_new_series: Callable[[int], None] | None = None,
+    ) -> int:
         """Store samples durably; returns how many. See :mod:`metricvault.store.normalize`.
 
         ``kinds`` maps metric names to ``"gauge"``/``"counter"`` where names do not tell.
-        Nothing is written if any sample is invalid.
+        ``admit_new_series(n)`` is called with the number of series this write would create
+        and may raise to refuse it (the gateway's cardinality limit). Nothing is written if any
+        sample is invalid or the write is refused.
         """
         batch = normalize(data, kinds)
         if batch.samples.num_rows == 0:
@@ -125,6 +133,8 @@ class Vault:
         self._check_horizon(batch.samples)
         self._check_backpressure()
         new = [s for s in batch.series if s[0] not in self.index]
+        if new and admit_new_series is not None:
+            admit_new_series(len(new))
         for sid, metric, labels, _kind in batch.series:
             if sid in self.index:  # raises SeriesCollisionError if the id means another series
                 self.index.add(sid, metric, labels, self.index.get(sid).kind)
