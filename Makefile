@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-APT_TEST_PACKAGES ?= git
+APT_TEST_PACKAGES ?= git prometheus influxdb-client
 
 .PHONY: demo test lint unit e2e bench clean system-deps
 

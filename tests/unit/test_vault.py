@@ -333,3 +333,16 @@ def test_sql_rollup_views_restore_elided_values(vault):
         api.sort_values(["metric", "timestamp"])[["min", "max", "last", "sum"]].to_numpy().tolist()
     )
     assert sql[sql.metric == "sparse"]["max"].tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+def test_metadata_kinds_apply_to_series_written_before_it(tmp_path):
+    path = str(tmp_path / "v")
+    with Vault.open(path) as v:
+        v.write([("requests", {}, T0 + i * 5000, float(i % 100)) for i in range(720)])
+        assert v.series()["kind"].tolist() == ["gauge"]
+        v.set_metric_kinds({"requests": "counter"})
+        v.maintain(now_ms=T0 + 2 * D)
+        got = v.query("requests", T0, T0 + H, step="1h", aggs=("increase",))
+        assert got["increase"].tolist() == [99.0 * 7 + 19 + 7 * 0]  # 7 resets to 0, rise 0..99
+    with Vault.open(path) as again:  # committed with the flush
+        assert again.series()["kind"].tolist() == ["counter"]

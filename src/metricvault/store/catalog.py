@@ -54,6 +54,7 @@ class Snapshot:
     buffers: dict[str, int] = field(default_factory=dict)
     dirty_hours: tuple[int, ...] = ()  # epoch hour numbers whose rollups are stale
     raw_horizon_ms: int = 0  # retention has dropped raw data before this time
+    metric_kinds: dict[str, str] = field(default_factory=dict)  # from exposition metadata
 
     def tier_files(self, tier: str) -> list[DataFile]:
         return [f for f in self.files if f.tier == tier]
@@ -81,6 +82,7 @@ class Snapshot:
             buffers=dict(body["buffers"]),
             dirty_hours=tuple(body["dirty_hours"]),
             raw_horizon_ms=body.get("raw_horizon_ms", 0),
+            metric_kinds=dict(body.get("metric_kinds", {})),
         )
 
 
@@ -97,6 +99,7 @@ class Change:
     dirty_remove: set[int] = field(default_factory=set)
     file_ids_used: int = 0
     raw_horizon_ms: int = 0
+    metric_kinds: dict[str, str] = field(default_factory=dict)
 
     def apply(self, base: Snapshot) -> Snapshot:
         files = [f for f in base.files if f.path not in self.remove] + self.add
@@ -112,6 +115,7 @@ class Change:
             buffers={**base.buffers, **self.buffers},
             dirty_hours=tuple(sorted(dirty)),
             raw_horizon_ms=max(base.raw_horizon_ms, self.raw_horizon_ms),
+            metric_kinds={**base.metric_kinds, **self.metric_kinds},
         )
 
 

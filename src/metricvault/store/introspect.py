@@ -30,7 +30,7 @@ def series_frame(vault: Vault, selector: str | None, output: str) -> Any:
     cols: dict[str, pa.Array] = {
         "series_id": pa.array([i.series_id for i in infos], pa.int64()),
         "metric": pa.array([i.metric for i in infos], pa.string()),
-        "kind": pa.array([i.kind for i in infos], pa.string()),
+        "kind": pa.array([vault.index.kind(i.series_id) for i in infos], pa.string()),
     }
     for name in names:
         cols[name] = pa.array([i.labels.get(name) for i in infos], pa.string())

@@ -153,7 +153,7 @@ def _roll_up_day(vault: Vault, day_no: int, hours: list[int]) -> None:
     samples = vault.reader.read(
         snap.tier_files("raw"), None, since - lookback, until, use_cache=False
     )
-    counters = pa.array([i.series_id for i in vault.index.all() if i.kind == "counter"], pa.int64())
+    counters = pa.array(vault.index.counters(), pa.int64())
     partials = rollup.raw_partials(
         samples, counters, width=MINUTE_MS, origin=0, since=since, until=until, lookback=lookback
     )

@@ -27,6 +27,7 @@ class SeriesIndex:
     def __init__(self) -> None:
         self._by_id: dict[int, SeriesInfo] = {}
         self._by_metric: dict[str, list[int]] = {}
+        self._metric_kinds: dict[str, str] = {}  # from exposition metadata; wins over names
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -73,8 +74,23 @@ class SeriesIndex:
             if selector.matches(self._by_id[sid].metric, self._by_id[sid].labels)
         ]
 
+    def set_metric_kinds(self, kinds: dict[str, str]) -> None:
+        self._metric_kinds.update(kinds)
+
+    def kind_of_metric(self, metric: str) -> str | None:
+        return self._metric_kinds.get(metric)
+
+    def kind(self, series_id: int) -> str:
+        """The series' kind: its metric's metadata type if known, else the kind it got when it
+        was first written (from ``write(kinds=...)`` or its name)."""
+        info = self._by_id[series_id]
+        return self._metric_kinds.get(info.metric, info.kind)
+
     def is_counter(self, series_id: int) -> bool:
-        return self._by_id[series_id].kind == "counter"
+        return self.kind(series_id) == "counter"
+
+    def counters(self) -> list[int]:
+        return [sid for sid in self._by_id if self.is_counter(sid)]
 
     def metrics(self) -> list[str]:
         return sorted(self._by_metric)
@@ -89,7 +105,7 @@ class SeriesIndex:
                 "series_id": pa.array([i.series_id for i in infos], pa.int64()),
                 "metric": pa.array([i.metric for i in infos], pa.string()),
                 "labels": pa.array([i.labels_json for i in infos], pa.string()),
-                "kind": pa.array([i.kind for i in infos], pa.string()),
+                "kind": pa.array([self.kind(i.series_id) for i in infos], pa.string()),
             },
             schema=SERIES_SCHEMA,
         )

@@ -65,6 +65,7 @@ class Vault:
         self._flush_wanted = threading.Event()
         self._closed = threading.Event()
         self.last_flush_error: str | None = None  # shown by stats()
+        self._pending_kinds: dict[str, str] = {}  # metadata to commit with the next flush
         self._load_series()
         self._pending_samples = self.buffer.depth()[0]
 
@@ -90,6 +91,7 @@ class Vault:
 
     def _load_series(self) -> None:
         snap = self.catalog.current()
+        self.index.set_metric_kinds(snap.metric_kinds)
         for sf in snap.series_files:
             self.index.load_table(_read_series(self.location, sf.path))
         self.index.load(self.buffer.all_series())
@@ -147,6 +149,17 @@ class Vault:
         if wake:
             self._wake_flusher()
         return int(batch.samples.num_rows)
+
+    def set_metric_kinds(self, kinds: Mapping[str, str]) -> None:
+        """Record metric types from exposition metadata (e.g. remote_write metadata): they
+        decide how every series of the metric rolls up, including series written earlier.
+        Committed with the next flush; Prometheus re-sends metadata every minute anyway."""
+        changed = {m: k for m, k in kinds.items() if self.index.kind_of_metric(m) != k}
+        if not changed:
+            return
+        with self._write_lock:
+            self._pending_kinds.update(changed)
+            self.index.set_metric_kinds(changed)
 
     def min_writable_ms(self) -> int:
         """The oldest timestamp a write may carry.
@@ -225,6 +238,7 @@ class Vault:
                 self.buffer.discard_through(done)
                 pending = self.buffer.pending(done, self.settings.flush_max_samples)
                 if pending is None:
+                    self._commit_kinds()
                     break
                 self._commit_flush(snap, pending)
                 self.buffer.discard_through(pending.max_seq)
@@ -233,6 +247,12 @@ class Vault:
         with self._write_lock:
             self._pending_samples = depth
         return total
+
+    def _commit_kinds(self) -> None:
+        with self._write_lock:
+            kinds, self._pending_kinds = self._pending_kinds, {}
+        if kinds:
+            self.catalog.commit(Change(metric_kinds=kinds))
 
     def _commit_flush(self, snap: Snapshot, pending: Any) -> None:
         samples = fmt.sort_dedup(pending.samples)  # batches come in sequence order

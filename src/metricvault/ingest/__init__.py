@@ -1,0 +1,1 @@
+"""Ingest: wire-protocol decoders (pure ``bytes -> Arrow``) and the gateway that feeds the store."""

@@ -1,0 +1,282 @@
+"""The ingest gateway (``metricvault serve``): an ASGI app over a :class:`Vault`.
+
+Every write request is atomic: it is decoded completely (decoders are pure functions in
+``protocols/``), validated, and then written to the durable ingest buffer in one transaction;
+the 2xx is sent only after that. Any problem refuses the whole request and stores nothing.
+Status codes follow the remote_write spec: 204 stored; 400 never retry; 401 credentials; 413
+too large; 415 wrong encoding/content type; 429/503 with Retry-After: retry later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+import pyarrow as pa
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from metricvault.config import Settings
+from metricvault.durations import parse_duration_ms
+from metricvault.errors import BackpressureError, MetricVaultError, TooLargeError
+from metricvault.ingest.auth import Principal, authenticate
+from metricvault.ingest.limits import CardinalityError, NewSeriesLimiter
+from metricvault.ingest.metrics import GatewayMetrics
+from metricvault.ingest.protocols.influx_line import decode_line_protocol
+from metricvault.ingest.protocols.remote_write import decode_remote_write
+from metricvault.store.vault import Vault
+
+log = logging.getLogger("metricvault.gateway")
+PRECISIONS = {"ns", "n", "us", "u", "ms", "s", "m", "h"}
+
+
+class Gateway:
+    def __init__(self, vault: Vault, settings: Settings) -> None:
+        self.vault = vault
+        self.settings = settings
+        self.metrics = GatewayMetrics()
+        self.limiter = NewSeriesLimiter(settings.max_new_series_per_minute)
+        self.ready = False
+
+    # ------------------------------------------------------------------ plumbing
+    async def body(self, request: Request) -> bytes:
+        """The request body, refused with 413 as soon as it passes max_body_bytes."""
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise TooLargeError(_too_large(int(declared), limit))
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise TooLargeError(_too_large(size, limit))
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def store(self, table: pa.Table, kinds: dict[str, str], who: Principal, protocol: str) -> int:
+        """Write one decoded request (blocking; run in a worker thread)."""
+        if who.tenant:
+            table = _with_tenant(table, self.settings.tenant_label, who.tenant)
+        stored = self.vault.write(
+            table, kinds, admit_new_series=lambda n: self.limiter.admit(who.tenant, n)
+        )
+        self.metrics.stored.labels(protocol).inc(stored)
+        return stored
+
+    async def handle(
+        self, request: Request, endpoint: str, work: Callable[[Request, Principal], Any]
+    ) -> Response:
+        started = time.perf_counter()
+        try:
+            who = authenticate(self.settings, request.headers.get("authorization"))
+            return await work(request, who)  # type: ignore[no-any-return]
+        except MetricVaultError as exc:
+            return self.refuse(exc)
+        except Exception:  # a bug must not take the gateway down or look like a client error
+            log.exception("internal error on %s", endpoint)
+            self.metrics.rejected.labels("internal").inc()
+            return PlainTextResponse("internal error; the request was not stored\n", 500)
+        finally:
+            self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+
+    def refuse(self, exc: MetricVaultError) -> Response:
+        self.metrics.rejected.labels(type(exc).__name__).inc()
+        headers = {}
+        if isinstance(exc, BackpressureError | CardinalityError):
+            headers["Retry-After"] = str(exc.retry_after_s)
+        if exc.status == 401:
+            headers["WWW-Authenticate"] = 'Bearer realm="metricvault", Basic realm="metricvault"'
+        return PlainTextResponse(exc.message + "\n", exc.status, headers=headers)
+
+    # ------------------------------------------------------------------ endpoints
+    async def remote_write(self, request: Request) -> Response:
+        async def work(req: Request, who: Principal) -> Response:
+            body = await self.body(req)
+            decoded = await run_in_threadpool(
+                decode_remote_write,
+                body,
+                content_type=req.headers.get("content-type"),
+                content_encoding=req.headers.get("content-encoding"),
+                version_header=req.headers.get("x-prometheus-remote-write-version"),
+                max_decoded_bytes=self.settings.max_body_bytes,
+                max_series=self.settings.max_series_per_request,
+            )
+            self.metrics.received.labels("remote_write").inc(decoded.samples)
+            if decoded.kinds:  # metadata usually arrives in requests of its own
+                self.vault.set_metric_kinds(decoded.kinds)
+            for reason, n in (
+                ("stale_marker", decoded.stale_markers),
+                ("non_finite", decoded.non_finite),
+                ("histogram", decoded.histograms),
+            ):
+                if n:
+                    self.metrics.dropped.labels(reason).inc(n)
+            stored = 0
+            if decoded.table.num_rows:
+                stored = await run_in_threadpool(
+                    self.store, decoded.table, decoded.kinds, who, "remote_write"
+                )
+            headers = {}
+            if decoded.version == "2.0":
+                headers = {
+                    "X-Prometheus-Remote-Write-Samples-Written": str(stored),
+                    "X-Prometheus-Remote-Write-Histograms-Written": "0",
+                    "X-Prometheus-Remote-Write-Exemplars-Written": "0",
+                }
+            return Response(status_code=204, headers=headers)
+
+        return await self.handle(request, "/api/v1/write", work)
+
+    async def influx_write(self, request: Request) -> Response:
+        async def work(req: Request, who: Principal) -> Response:
+            precision = req.query_params.get("precision", "ns")
+            if precision not in PRECISIONS:
+                return PlainTextResponse(
+                    f"precision={precision!r} is not one of {', '.join(sorted(PRECISIONS))}\n", 400
+                )
+            body = await self.body(req)
+            decoded = await run_in_threadpool(
+                decode_line_protocol,
+                body,
+                precision=precision,
+                content_encoding=req.headers.get("content-encoding"),
+                max_decoded_bytes=self.settings.max_body_bytes,
+            )
+            self.metrics.received.labels("influx").inc(decoded.samples)
+            if decoded.table.num_rows:
+                await run_in_threadpool(self.store, decoded.table, {}, who, "influx")
+            if decoded.rejected:
+                self.metrics.rejected.labels("string_field_line").inc(len(decoded.rejected))
+                first = decoded.rejected[0]
+                message = (
+                    f"partial write: {len(decoded.rejected)} line(s) not stored, e.g. line "
+                    f"{first.line}: {first.reason}; all other lines were stored\n"
+                )
+                return PlainTextResponse(message, 400)
+            return Response(status_code=204)
+
+        return await self.handle(request, request.url.path, work)
+
+    async def influx_ping(self, request: Request) -> Response:
+        """InfluxDB clients (the `influx` CLI, Telegraf) ping before writing."""
+        return Response(status_code=204, headers={"X-Influxdb-Version": INFLUX_VERSION})
+
+    async def influx_query(self, request: Request) -> Response:
+        """Accept the DDL InfluxDB clients send before writing (CREATE DATABASE / RETENTION
+        POLICY) as no-ops; metricvault has no databases. Anything else is refused clearly."""
+        form = parse_qs((await request.body()).decode(errors="replace"))
+        text = (request.query_params.get("q") or (form.get("q") or [""])[0]).strip()
+        statements = [part.strip() for part in text.split(";") if part.strip()]
+        if statements and all(_is_ddl(stmt) for stmt in statements):
+            results = [{"statement_id": i} for i in range(len(statements))]
+            return JSONResponse(
+                {"results": results}, headers={"X-Influxdb-Version": INFLUX_VERSION}
+            )
+        return JSONResponse(
+            {
+                "error": "the metricvault gateway only accepts writes (and CREATE DATABASE/"
+                "RETENTION POLICY as no-ops); read data with 'metricvault query' or Vault.query"
+            },
+            status_code=400,
+        )
+
+    async def healthy(self, request: Request) -> Response:
+        return PlainTextResponse("metricvault gateway is healthy\n")
+
+    async def ready_check(self, request: Request) -> Response:
+        if not self.ready:
+            return PlainTextResponse("starting\n", 503)
+        return PlainTextResponse("metricvault gateway is ready\n")
+
+    async def metrics_page(self, request: Request) -> Response:
+        samples, size = await run_in_threadpool(self.vault.buffer.depth)
+        self.metrics.buffer_samples.set(samples)
+        self.metrics.buffer_bytes.set(size)
+        self.metrics.series.set(len(self.vault.index))
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # ------------------------------------------------------------------ background
+    async def flusher(self) -> None:
+        """Flush every flush_interval (the vault also flushes early on big buffers)."""
+        interval = parse_duration_ms(self.settings.flush_interval) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            started = time.perf_counter()
+            try:
+                await run_in_threadpool(self.vault.flush)
+                self.metrics.flush.observe(time.perf_counter() - started)
+            except Exception:  # samples stay in the durable buffer; try again next round
+                log.exception("flush failed; buffered samples are kept and retried")
+
+    async def maintainer(self) -> None:
+        interval = parse_duration_ms(self.settings.maintain_interval) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await run_in_threadpool(self.vault.maintain)
+            except Exception:
+                log.exception("maintenance failed; it is retried next round")
+
+
+INFLUX_VERSION = "1.8-metricvault"
+
+
+def _is_ddl(statement: str) -> bool:
+    words = statement.upper().split()
+    return words[:2] in (["CREATE", "DATABASE"], ["CREATE", "RETENTION"])
+
+
+def _too_large(size: int, limit: int) -> str:
+    return (
+        f"request body is {size} bytes, over the limit of {limit} bytes (max_body_bytes): "
+        "send smaller batches (Prometheus: queue_config.max_samples_per_send) or raise the limit"
+    )
+
+
+def _with_tenant(table: pa.Table, label: str, tenant: str) -> pa.Table:
+    """Set the tenant label on every row; a payload's own value for it is overwritten."""
+    column = pa.array([tenant] * table.num_rows, pa.string())
+    if label in table.column_names:
+        return table.set_column(table.column_names.index(label), label, column)
+    return table.append_column(label, column)
+
+
+def create_app(vault: Vault, settings: Settings) -> Starlette:
+    gateway = Gateway(vault, settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        tasks = [asyncio.create_task(gateway.flusher())]
+        if settings.gateway_maintain:
+            tasks.append(asyncio.create_task(gateway.maintainer()))
+        gateway.ready = True
+        try:
+            yield
+        finally:
+            gateway.ready = False
+            for task in tasks:
+                task.cancel()
+            await run_in_threadpool(vault.flush)  # graceful shutdown: nothing left behind
+
+    routes = [
+        Route("/api/v1/write", gateway.remote_write, methods=["POST"]),
+        Route("/write", gateway.influx_write, methods=["POST"]),
+        Route("/api/v2/write", gateway.influx_write, methods=["POST"]),
+        Route("/ping", gateway.influx_ping, methods=["GET", "HEAD"]),
+        Route("/query", gateway.influx_query, methods=["GET", "POST"]),
+        Route("/-/healthy", gateway.healthy, methods=["GET", "HEAD"]),
+        Route("/-/ready", gateway.ready_check, methods=["GET", "HEAD"]),
+        Route("/metrics", gateway.metrics_page, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.gateway = gateway
+    return app

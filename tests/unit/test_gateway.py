@@ -1,0 +1,208 @@
+"""The gateway's HTTP layer: status codes, atomic requests, auth, tenants, limits, self-metrics.
+
+Uses Starlette's in-process test client over a real vault; the real-server tests with
+Prometheus, the influx CLI and kill -9 live in tests/e2e/.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import cramjam
+import pytest
+from starlette.testclient import TestClient
+
+from metricvault import Vault
+from metricvault.config import BasicUser, BearerToken, Settings
+from metricvault.ingest.app import create_app
+from metricvault.ingest.auth import hash_secret
+from metricvault.ingest.protocols.remote_write import decode_remote_write
+
+GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "data" / "prometheus_remote_write"
+RW1 = {
+    "Content-Type": "application/x-protobuf",
+    "Content-Encoding": "snappy",
+    "X-Prometheus-Remote-Write-Version": "0.1.0",
+}
+T0 = 1_767_225_600_000
+
+
+def golden(name: str) -> bytes:
+    if not GOLDEN.exists():
+        pytest.skip(f"golden remote_write bodies not found at {GOLDEN}")
+    return (GOLDEN / name).read_bytes()
+
+
+def manifest() -> dict:
+    return json.loads(golden("manifest.json"))
+
+
+@pytest.fixture
+def make_client(tmp_path):
+    clients = []
+
+    def make(**overrides):
+        settings = Settings.load(env={}, gateway_maintain=False, **overrides)
+        vault = Vault.open(str(tmp_path / f"v{len(clients)}"), settings)
+        client = TestClient(create_app(vault, settings))
+        client.__enter__()
+        clients.append((client, vault))
+        return client, vault
+
+    yield make
+    for client, vault in clients:
+        client.__exit__(None, None, None)
+        vault.close()
+
+
+def _expected(name: str) -> dict:
+    files = manifest()["files"]
+    return files[name] if isinstance(files, dict) else next(f for f in files if f["file"] == name)
+
+
+def test_golden_prometheus_requests_are_stored_exactly(make_client):
+    client, vault = make_client()
+    total = 0
+    for name in ("write-01.bin", "write-02.bin", "write-05.bin", "stale-01.bin"):
+        r = client.post("/api/v1/write", content=golden(name), headers=RW1)
+        assert r.status_code == 204, r.text
+    for name in ("write-01.bin", "write-02.bin", "stale-01.bin"):
+        # the store keeps finite values: staleness markers and NaN samples (e.g. summary
+        # quantiles without observations) are counted and dropped
+        decoded = decode_remote_write(
+            golden(name),
+            content_type="application/x-protobuf",
+            content_encoding="snappy",
+            version_header="0.1.0",
+        )
+        assert decoded.samples + decoded.non_finite + decoded.stale_markers == 500
+        total += decoded.table.num_rows
+    vault.flush()
+    assert vault.stats()["tiers"]["raw"]["rows"] == total
+    page = client.get("/metrics").text
+    assert "metricvault_samples_stored_total" in page
+    assert 'metricvault_samples_dropped_total{reason="stale_marker"}' in page
+
+
+def test_resending_a_request_stores_nothing_twice(make_client):
+    client, vault = make_client()
+    body = golden("write-01.bin")
+    for _ in range(3):
+        assert client.post("/api/v1/write", content=body, headers=RW1).status_code == 204
+    vault.maintain(now_ms=None)
+    assert vault.stats()["tiers"]["raw"]["rows"] == _expected("write-01.bin")["samples"]
+
+
+def test_metadata_decides_counter_kind(make_client):
+    client, vault = make_client()
+    client.post("/api/v1/write", content=golden("write-01.bin"), headers=RW1)
+    client.post("/api/v1/write", content=golden("write-05.bin"), headers=RW1)
+    kinds = dict(zip(vault.series()["metric"], vault.series()["kind"], strict=False))
+    counters = [m for m, k in kinds.items() if k == "counter"]
+    assert counters, "metadata marked no series as counter"
+    assert kinds.get("go_goroutines", "gauge") == "gauge"
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "message"),
+    [
+        (b"\x00garbage", RW1, 400, ""),
+        (bytes(cramjam.snappy.compress(b"framed")), RW1, 400, ""),
+        (b"x", {**RW1, "Content-Encoding": "gzip"}, 415, ""),
+        (b"x", {**RW1, "Content-Type": "application/json"}, 415, ""),
+        (bytes(cramjam.snappy.compress_raw(b"\x0a\x02\x0a\x00")), RW1, 400, ""),
+    ],
+)
+def test_bad_remote_write_requests_are_refused_and_store_nothing(
+    make_client, body, headers, status, message
+):
+    client, vault = make_client()
+    r = client.post("/api/v1/write", content=body, headers=headers)
+    assert r.status_code == status, r.text
+    assert message in r.text and r.text.strip()
+    assert vault.buffer.depth() == (0, 0)
+    assert client.get("/-/healthy").status_code == 200
+
+
+def test_body_over_the_limit_is_413(make_client):
+    client, vault = make_client(max_body_bytes=1000)
+    r = client.post("/api/v1/write", content=golden("write-01.bin"), headers=RW1)
+    assert r.status_code == 413 and "max_body_bytes" in r.text
+    assert vault.buffer.depth() == (0, 0)
+
+
+def test_line_protocol_v1_v2_gzip_and_partial_writes(make_client):
+    client, vault = make_client()
+    lines = (
+        f"gpu,Hostname=n1,gpu=0 util=97,temp=61i {T0 // 1000}\n"
+        f"gpu,Hostname=n1,gpu=1 util=12 {T0 // 1000}\n"
+    )
+    r = client.post("/write?db=x&precision=s", content=lines)
+    assert r.status_code == 204, r.text
+    r = client.post(
+        "/api/v2/write?org=o&bucket=b&precision=ms",
+        content=gzip.compress(f"power,Hostname=n1 watts=612.5 {T0}\n".encode()),
+        headers={"Content-Encoding": "gzip"},
+    )
+    assert r.status_code == 204, r.text
+    r = client.post(
+        "/write?precision=s", content=f'log msg="oops" {T0 // 1000}\nm v=1 {T0 // 1000}\n'
+    )
+    assert r.status_code == 400 and "string field" in r.text
+    got = vault.query('{__name__=~"gpu_.*|power_watts|m_v"}', T0, T0 + 1000)
+    assert sorted(got["metric"]) == ["gpu_temp", "gpu_util", "gpu_util", "m_v", "power_watts"]
+    bad = client.post("/write?precision=s", content="gpu,host=a util=oops\n")
+    assert bad.status_code == 400 and "line 1" in bad.text
+    assert client.post("/write?precision=fortnight", content="m v=1").status_code == 400
+
+
+def test_influx_clients_can_ping_and_create_databases(make_client):
+    client, _ = make_client()
+    assert client.get("/ping").status_code == 204
+    r = client.post("/query", data={"q": "CREATE DATABASE metrics"})
+    assert r.status_code == 200 and r.json() == {"results": [{"statement_id": 0}]}
+    assert client.get("/query", params={"q": "SELECT * FROM x"}).status_code == 400
+
+
+def test_bearer_and_basic_auth_with_tenants(make_client):
+    client, vault = make_client(
+        auth_bearer_tokens=(BearerToken(hash_secret("s3cret"), "team-a"),),
+        auth_basic_users=(BasicUser("bob", hash_secret("pw"), "team-b"),),
+    )
+    line = f"m,tenant=forged v=1 {T0}"
+    assert client.post("/write?precision=ms", content=line).status_code == 401
+    wrong = client.post("/write?precision=ms", content=line, headers={"Authorization": "Bearer x"})
+    assert wrong.status_code == 401 and "s3cret" not in wrong.text
+    ok = client.post(
+        "/write?precision=ms", content=line, headers={"Authorization": "Bearer s3cret"}
+    )
+    assert ok.status_code == 204
+    ok = client.post("/write?precision=ms", content=f"m v=2 {T0 + 1}", auth=("bob", "pw"))
+    assert ok.status_code == 204
+    got = vault.query("m_v", T0, T0 + 10)
+    assert got["tenant"].tolist() == ["team-a", "team-b"]  # the payload cannot choose its tenant
+
+
+def test_new_series_limit_answers_429_with_retry_after(make_client):
+    client, vault = make_client(max_new_series_per_minute=3)
+    body = "\n".join(f"m,i={i} v=1 {T0}" for i in range(5))
+    r = client.post("/write?precision=ms", content=body)
+    assert r.status_code == 429 and r.headers["Retry-After"] == "60"
+    assert "max_new_series_per_minute" in r.text
+    assert vault.buffer.depth() == (0, 0)
+    assert client.post("/write?precision=ms", content=f"m,i=0 v=1 {T0}").status_code == 204
+
+
+def test_backpressure_is_503_with_retry_after(make_client):
+    client, _ = make_client(buffer_max_bytes=1, flush_interval="1h")
+    assert client.post("/write?precision=ms", content=f"m v=1 {T0}").status_code == 204
+    r = client.post("/write?precision=ms", content=f"m v=2 {T0 + 1}")
+    assert r.status_code == 503 and "Retry-After" in r.headers
+
+
+def test_health_ready_and_remote_write_2_headers(make_client):
+    client, _ = make_client()
+    assert client.get("/-/healthy").status_code == 200
+    assert client.get("/-/ready").status_code == 200
