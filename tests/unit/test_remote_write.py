@@ -7,7 +7,7 @@ import math
 import re
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,7 @@ class V2Builder:
     def series(
         self,
         labels: dict[str, str],
-        samples: list[tuple[float, int]] = (),  # type: ignore[assignment]
+        samples: Sequence[tuple[float, int]] = (),
         *,
         kind: int = 0,
         help_text: str = "",

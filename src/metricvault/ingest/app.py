@@ -110,7 +110,8 @@ class Gateway:
                 max_decoded_bytes=self.settings.max_body_bytes,
                 max_series=self.settings.max_series_per_request,
             )
-            self.metrics.received.labels("remote_write").inc(decoded.samples)
+            received = decoded.samples + decoded.stale_markers + decoded.non_finite
+            self.metrics.received.labels("remote_write").inc(received)
             if decoded.kinds:  # metadata usually arrives in requests of its own
                 self.vault.set_metric_kinds(decoded.kinds)
             for reason, n in (
