@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -393,6 +394,9 @@ def serve(
         f"metricvault gateway on {'https' if settings.tls_cert else 'http'}://{host}:{port}"
         f" storing into {vault.location.uri}"
     )
+    # uvicorn re-raises SIGTERM after its graceful shutdown (drain, then the app's lifespan
+    # flush); exit through the finally below instead of dying with status 143
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         uvicorn.run(
             create_app(vault, settings),
