@@ -92,6 +92,11 @@ def validate_labels(labels: Mapping[str, str], metric: str = "") -> dict[str, st
                 f"label {name!r} on metric {metric!r} has a {type(value).__name__} value "
                 f"{value!r}; label values must be strings"
             )
+        if "\x00" in value:
+            raise LabelError(
+                f"label {name!r} on metric {metric!r} contains a NUL character; label values "
+                "are text: remove it"
+            )
         if len(value.encode("utf-8", "surrogatepass")) > MAX_LABEL_VALUE_BYTES:
             raise LabelError(
                 f"label {name!r} on metric {metric!r} is {len(value.encode())} bytes long; the "

@@ -51,6 +51,7 @@ def test_canonical_string_is_prometheus_like_and_escaped():
         ("m", {"__name__": "x"}, "invalid label name"),
         ("m", {"timestamp": "x"}, "reserved"),
         ("m", {"a": 5}, "must be strings"),
+        ("m", {"a": "x\x00y"}, "NUL character"),
         ("m", {"a": "x" * 5000}, "limit is 4096 bytes"),
         ("m", {f"l{i}": "v" for i in range(70)}, "the limit is 64"),
     ],

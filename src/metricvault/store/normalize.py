@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from metricvault.errors import InputError, LabelError, ValueRangeError
+from metricvault.errors import InputError, LabelError, SeriesCollisionError, ValueRangeError
 from metricvault.model import (
     KINDS,
     MAX_TS_MS,
@@ -27,7 +27,6 @@ from metricvault.model import (
     Series,
     kind_from_name,
 )
-from metricvault.store.series_index import SeriesIndex
 
 _SEP = "\x00\x1f"
 _NULL = "\x00\x1e"
@@ -83,19 +82,52 @@ def _from_table(table: pa.Table, kinds: Mapping[str, str]) -> Batch:
         metric, *labels.values(), _SEP, null_handling="replace", null_replacement=_NULL
     )
     encoded = pc.dictionary_encode(key).combine_chunks()
-    first_rows = _first_occurrence(encoded.indices.to_numpy(), len(encoded.dictionary))
-    metric_first = metric.take(first_rows).to_pylist()
-    label_first = {c: col.take(first_rows).to_pylist() for c, col in labels.items()}
-    series, ids = [], np.empty(len(first_rows), dtype=np.int64)
-    for i, name in enumerate(metric_first):
-        row_labels = {c: v[i] for c, v in label_first.items() if v[i]}
-        s = Series.make(name, row_labels)
-        ids[i] = s.series_id
-        series.append((s.series_id, s.metric, s.labels_json, _kind(s.metric, kinds)))
+    keys = encoded.dictionary.to_pylist()
+    columns = tuple(labels)
+    found = [_SERIES_CACHE.get((columns, k)) for k in keys]
+    unseen = [i for i, hit in enumerate(found) if hit is None]
+    if unseen:
+        _resolve(unseen, found, keys, columns, encoded, metric, labels)
+    series, ids = [], np.empty(len(keys), dtype=np.int64)
+    for i, entry in enumerate(found):
+        assert entry is not None  # _resolve filled every gap
+        series_id, name, labels_json = entry
+        ids[i] = series_id
+        series.append((series_id, name, labels_json, _kind(name, kinds)))
     sid = ids[encoded.indices.to_numpy()]
     _check(sid, ts, values, series, ids)
     samples = pa.table([pa.array(sid), pa.array(ts), pa.array(values)], schema=SAMPLE_SCHEMA)
     return Batch(samples, _unique(series))
+
+
+# (label columns, joined key) -> (series_id, metric, labels_json): a gateway sees the same
+# series in every scrape, and validating + hashing them again dominated ingest time.
+_SERIES_CACHE: dict[tuple[tuple[str, ...], str], tuple[int, str, str]] = {}
+_SERIES_CACHE_MAX = 1_000_000
+
+
+def _resolve(
+    missing: list[int],
+    found: list[tuple[int, str, str] | None],
+    keys: list[str],
+    columns: tuple[str, ...],
+    encoded: pa.DictionaryArray,
+    metric: pa.ChunkedArray,
+    labels: dict[str, pa.ChunkedArray],
+) -> None:
+    """Validate and hash the series not seen before (all of them, or none, are cached)."""
+    first_rows = _first_occurrence(encoded.indices.to_numpy(), len(keys)).take(pa.array(missing))
+    names = metric.take(first_rows).to_pylist()
+    values = {c: col.take(first_rows).to_pylist() for c, col in labels.items()}
+    resolved = []
+    for j, name in enumerate(names):
+        s = Series.make(name, {c: v[j] for c, v in values.items() if v[j]})
+        resolved.append((s.series_id, s.metric, s.labels_json))
+    if len(_SERIES_CACHE) + len(resolved) > _SERIES_CACHE_MAX:
+        _SERIES_CACHE.clear()
+    for i, entry in zip(missing, resolved, strict=True):
+        found[i] = entry
+        _SERIES_CACHE[(columns, keys[i])] = entry
 
 
 def _first_occurrence(indices: np.ndarray, n: int) -> pa.Array:
@@ -106,10 +138,15 @@ def _first_occurrence(indices: np.ndarray, n: int) -> pa.Array:
 
 def _unique(series: list[tuple[int, str, str, str]]) -> list[tuple[int, str, str, str]]:
     """One entry per series id; two label sets with one id are a collision, never merged."""
-    index = SeriesIndex()
-    for sid, metric, labels, kind in series:
-        index.add(sid, metric, labels, kind)
-    return [(i.series_id, i.metric, i.labels_json, i.kind) for i in index.all()]
+    seen: dict[int, tuple[int, str, str, str]] = {}
+    for entry in series:
+        known = seen.setdefault(entry[0], entry)
+        if known[1:3] != entry[1:3]:
+            raise SeriesCollisionError(
+                f"{known[1]}{known[2]} and {entry[1]}{entry[2]} hash to the same 64-bit series "
+                "id; nothing was written. Add a distinguishing label to one and report this"
+            )
+    return list(seen.values())
 
 
 def _strings(col: pa.ChunkedArray, name: str, allow_null: bool = False) -> pa.ChunkedArray:
