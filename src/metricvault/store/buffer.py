@@ -95,12 +95,17 @@ class IngestBuffer:
                 raise StorageError(f"cannot append to ingest buffer {self.path}: {exc}") from exc
         return seq
 
-    def pending(self, after_seq: int, max_samples: int) -> Pending | None:
-        """Batches with seq > ``after_seq`` (at least one, then up to ``max_samples``)."""
+    def last_seq(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT coalesce(max(seq), 0) FROM batches").fetchone()
+        return int(row[0])
+
+    def pending(self, after_seq: int, max_samples: int, up_to: int | None = None) -> Pending | None:
+        """Batches with ``after_seq < seq <= up_to`` (at least one, then up to ``max_samples``)."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT seq, samples, payload FROM batches WHERE seq > ? ORDER BY seq",
-                (after_seq,),
+                "SELECT seq, samples, payload FROM batches WHERE seq > ? AND seq <= ? ORDER BY seq",
+                (after_seq, up_to if up_to is not None else 2**62),
             )
             tables: list[pa.Table] = []
             total, max_seq = 0, after_seq

@@ -88,12 +88,10 @@ def _from_table(table: pa.Table, kinds: Mapping[str, str]) -> Batch:
     unseen = [i for i, hit in enumerate(found) if hit is None]
     if unseen:
         _resolve(unseen, found, keys, columns, encoded, metric, labels)
-    series, ids = [], np.empty(len(keys), dtype=np.int64)
-    for i, entry in enumerate(found):
-        assert entry is not None  # _resolve filled every gap
-        series_id, name, labels_json = entry
-        ids[i] = series_id
-        series.append((series_id, name, labels_json, _kind(name, kinds)))
+    entries = [e for e in found if e is not None]  # _resolve filled every gap
+    kind_of = {name: _kind(name, kinds) for name in {e[1] for e in entries}}
+    series = [(e[0], e[1], e[2], kind_of[e[1]]) for e in entries]
+    ids = np.fromiter((e[0] for e in entries), np.int64, len(entries))
     sid = ids[encoded.indices.to_numpy()]
     _check(sid, ts, values, series, ids)
     samples = pa.table([pa.array(sid), pa.array(ts), pa.array(values)], schema=SAMPLE_SCHEMA)
@@ -138,6 +136,8 @@ def _first_occurrence(indices: np.ndarray, n: int) -> pa.Array:
 
 def _unique(series: list[tuple[int, str, str, str]]) -> list[tuple[int, str, str, str]]:
     """One entry per series id; two label sets with one id are a collision, never merged."""
+    if len({entry[0] for entry in series}) == len(series):
+        return series
     seen: dict[int, tuple[int, str, str, str]] = {}
     for entry in series:
         known = seen.setdefault(entry[0], entry)

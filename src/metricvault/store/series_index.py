@@ -57,6 +57,18 @@ class SeriesIndex:
             self._by_metric.setdefault(metric, []).append(series_id)
         return True
 
+    def unknown(self, series: list[tuple[int, str, str, str]]) -> list[tuple[int, str, str, str]]:
+        by_id = self._by_id
+        return [s for s in series if s[0] not in by_id]
+
+    def check_known(self, series: list[tuple[int, str, str, str]]) -> None:
+        """Raise SeriesCollisionError if a known id arrives with another metric or labels."""
+        by_id = self._by_id
+        for sid, metric, labels_json, _ in series:
+            known = by_id.get(sid)
+            if known is not None and (known.labels_json != labels_json or known.metric != metric):
+                self.add(sid, metric, labels_json, known.kind)  # raises with the full message
+
     def load(self, rows: Iterable[tuple[int, str, str, str]]) -> None:
         for sid, metric, labels, kind in rows:
             self.add(sid, metric, labels, kind)

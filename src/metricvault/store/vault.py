@@ -134,12 +134,10 @@ class Vault:
             return 0
         self._check_horizon(batch.samples)
         self._check_backpressure()
-        new = [s for s in batch.series if s[0] not in self.index]
+        new = self.index.unknown(batch.series)
         if new and admit_new_series is not None:
             admit_new_series(len(new))
-        for sid, metric, labels, _kind in batch.series:
-            if sid in self.index:  # raises SeriesCollisionError if the id means another series
-                self.index.add(sid, metric, labels, self.index.get(sid).kind)
+        self.index.check_known(batch.series)  # SeriesCollisionError if an id means another series
         with self._write_lock:
             self.buffer.append(batch.samples, new)
             for sid, metric, labels, kind in new:
@@ -229,14 +227,17 @@ class Vault:
                 fcntl.flock(self._lock_file, fcntl.LOCK_UN)
 
     def flush(self) -> int:
-        """Turn buffered samples into Parquet files, exactly once; returns samples flushed."""
+        """Turn buffered samples into Parquet files, exactly once; returns samples flushed.
+
+        Flushes what was buffered when it started, so it ends even under steady ingest."""
         total = 0
         with self.writer_lock():
+            up_to = self.buffer.last_seq()
             while True:
                 snap = self.catalog.current()
                 done = snap.buffers.get(self.buffer.buffer_id, 0)
                 self.buffer.discard_through(done)
-                pending = self.buffer.pending(done, self.settings.flush_max_samples)
+                pending = self.buffer.pending(done, self.settings.flush_max_samples, up_to)
                 if pending is None:
                     self._commit_kinds()
                     break
