@@ -142,6 +142,11 @@ class Settings:
     )
     tls_cert: str = _setting("", "PEM certificate file: serve HTTPS (with tls_key).")
     tls_key: str = _setting("", "PEM private key file for tls_cert.")
+    gateway_workers: int = _setting(
+        1,
+        "Gateway worker processes. More than 1 uses more cores (Python runs one core per "
+        "process); the workers share the vault's ingest buffer and catalog lock.",
+    )
     gateway_maintain: bool = _setting(
         True, "Run maintenance (compaction, rollups, retention) inside metricvault serve."
     )
@@ -153,6 +158,7 @@ class Settings:
             _check(name, parse_duration_ms, getattr(self, name))
         for name in (
             "max_body_bytes",
+            "gateway_workers",
             "max_series_per_request",
             "max_new_series_per_minute",
             "flush_max_samples",

@@ -8,8 +8,10 @@ config`` lists them all.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -383,30 +385,42 @@ def serve(
     """
     import uvicorn
 
-    from metricvault.ingest.app import create_app
+    from metricvault.ingest.app import SETTINGS_ENV, create_app
 
     settings = load_settings(data, config, set_)
     if listen:
         settings = settings.with_overrides(listen=listen)
     host, _, port = settings.listen.rpartition(":")
+    options: dict[str, Any] = {
+        "host": host.strip("[]"),
+        "port": int(port),
+        "log_level": "warning",
+        "timeout_graceful_shutdown": 30,
+        "ssl_certfile": settings.tls_cert or None,
+        "ssl_keyfile": settings.tls_key or None,
+    }
+    scheme = "https" if settings.tls_cert else "http"
+    if settings.gateway_workers > 1:
+        Vault.open(settings.data, settings).close()  # fail fast on a bad vault
+        os.environ[SETTINGS_ENV] = json.dumps(dataclasses.asdict(settings))
+        err.print(
+            f"metricvault gateway on {scheme}://{host}:{port}, "
+            f"{settings.gateway_workers} workers, storing into {settings.data}"
+        )
+        uvicorn.run(
+            "metricvault.ingest.app:app_from_environment",
+            factory=True,
+            workers=settings.gateway_workers,
+            **options,
+        )
+        return
     vault = Vault.open(settings.data, settings)
-    err.print(
-        f"metricvault gateway on {'https' if settings.tls_cert else 'http'}://{host}:{port}"
-        f" storing into {vault.location.uri}"
-    )
+    err.print(f"metricvault gateway on {scheme}://{host}:{port} storing into {vault.location.uri}")
     # uvicorn re-raises SIGTERM after its graceful shutdown (drain, then the app's lifespan
     # flush); exit through the finally below instead of dying with status 143
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        uvicorn.run(
-            create_app(vault, settings),
-            host=host.strip("[]"),
-            port=int(port),
-            log_level="warning",
-            timeout_graceful_shutdown=30,
-            ssl_certfile=settings.tls_cert or None,
-            ssl_keyfile=settings.tls_key or None,
-        )
+        uvicorn.run(create_app(vault, settings), **options)
     finally:
         vault.close()
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -219,13 +222,22 @@ class Gateway:
                 log.exception("flush failed; buffered samples are kept and retried")
 
     async def maintainer(self) -> None:
+        """Maintenance in one worker at a time (the first to take ``maintain.lock``)."""
         interval = parse_duration_ms(self.settings.maintain_interval) / 1000
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await run_in_threadpool(self.vault.maintain)
-            except Exception:
-                log.exception("maintenance failed; it is retried next round")
+        path = self.vault.location.state_dir / "maintain.lock"
+        with open(path, "a+") as lock_file:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # another worker maintains this round
+                try:
+                    await run_in_threadpool(self.vault.maintain)
+                except Exception:
+                    log.exception("maintenance failed; it is retried next round")
+                finally:
+                    fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
 INFLUX_VERSION = "1.8-metricvault"
@@ -251,7 +263,17 @@ def _with_tenant(table: pa.Table, label: str, tenant: str) -> pa.Table:
     return table.append_column(label, column)
 
 
-def create_app(vault: Vault, settings: Settings) -> Starlette:
+SETTINGS_ENV = "METRICVAULT_GATEWAY_SETTINGS_JSON"
+
+
+def app_from_environment() -> Starlette:
+    """Factory for gateway worker processes (``gateway_workers > 1``): each opens the vault
+    itself from the settings the parent serialised, and closes it when it stops."""
+    settings = Settings.load(env={}, **json.loads(os.environ[SETTINGS_ENV]))
+    return create_app(Vault.open(settings.data, settings), settings, close_vault=True)
+
+
+def create_app(vault: Vault, settings: Settings, close_vault: bool = False) -> Starlette:
     gateway = Gateway(vault, settings)
 
     @contextlib.asynccontextmanager
@@ -266,7 +288,7 @@ def create_app(vault: Vault, settings: Settings) -> Starlette:
             gateway.ready = False
             for task in tasks:
                 task.cancel()
-            await run_in_threadpool(vault.flush)  # graceful shutdown: nothing left behind
+            await run_in_threadpool(vault.close if close_vault else vault.flush)  # drain all
 
     routes = [
         Route("/api/v1/write", gateway.remote_write, methods=["POST"]),
