@@ -527,12 +527,15 @@ def test_write_before_raw_horizon_is_refused_or_exact(resend: bool) -> None:
 
 
 def _second_gateway(vault_dir: str) -> Vault:
-    """Another gateway on the same vault with its own ingest buffer — what several gateways
-    on object storage are (each has its own ``state_dir``). Locally both would share
-    ``state/buffer.sqlite``, so the second buffer is swapped in by hand."""
+    """Another gateway on the same vault with its own ingest buffer on another machine — what
+    several gateways on object storage are (each has its own ``state_dir``), so the first
+    gateway cannot see (and flush) it. Locally the buffer is swapped in by hand, outside
+    ``state/`` (buffers there are flushed by every maintain)."""
     other = Vault.open(vault_dir)
     other.buffer.close()
-    other.buffer = IngestBuffer(Path(vault_dir) / "state" / "buffer-gateway-b.sqlite")
+    elsewhere = Path(vault_dir).parent / (Path(vault_dir).name + "-machine-b")
+    elsewhere.mkdir()
+    other.buffer = IngestBuffer(elsewhere / "buffer.sqlite")
     return other
 
 

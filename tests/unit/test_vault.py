@@ -346,3 +346,17 @@ def test_metadata_kinds_apply_to_series_written_before_it(tmp_path):
         assert got["increase"].tolist() == [99.0 * 7 + 19 + 7 * 0]  # 7 resets to 0, rise 0..99
     with Vault.open(path) as again:  # committed with the flush
         assert again.series()["kind"].tolist() == ["counter"]
+
+
+def test_maintain_flushes_the_buffers_of_other_writers(tmp_path):
+    path = str(tmp_path / "v")
+    worker = Vault.open(path, buffer_name="buffer-worker-999999999")  # a pid that cannot exist
+    worker.write(gauge_rows(100, 1))
+    worker.buffer.close()  # the worker died: its samples are only in its own buffer file
+    worker._lock_file.close()
+    with Vault.open(path) as v:
+        report = v.maintain(now_ms=T0 + 2 * D)
+        assert report["flushed_samples"] == 100
+        assert len(v.query("gpu_util", T0, T0 + D)) == 100
+    state = tmp_path / "v" / "state"
+    assert not list(state.glob("buffer-worker-*"))  # flushed and its owner gone: removed

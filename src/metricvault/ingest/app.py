@@ -270,7 +270,11 @@ def app_from_environment() -> Starlette:
     """Factory for gateway worker processes (``gateway_workers > 1``): each opens the vault
     itself from the settings the parent serialised, and closes it when it stops."""
     settings = Settings.load(env={}, **json.loads(os.environ[SETTINGS_ENV]))
-    return create_app(Vault.open(settings.data, settings), settings, close_vault=True)
+    # each worker appends to its own buffer file, so workers never wait on each other's
+    # SQLite write lock; maintenance (and every worker's start) flushes all of them
+    vault = Vault.open(settings.data, settings, buffer_name=f"buffer-worker-{os.getpid()}")
+    vault.flush_other_buffers()
+    return create_app(vault, settings, close_vault=True)
 
 
 def create_app(vault: Vault, settings: Settings, close_vault: bool = False) -> Starlette:

@@ -59,7 +59,7 @@ def stats(vault: Vault, now: int | None = None) -> dict[str, Any]:
         for prefix in ("data", "series", "catalog")
         for i in vault.location.list_files(prefix)
     )
-    buffer_files = sum(p.stat().st_size for p in vault.location.state_dir.glob("buffer.sqlite*"))
+    buffer_files = sum(p.stat().st_size for p in vault.location.state_dir.glob("*.sqlite*"))
     watermark = snap.rollup_watermark_ms()
     return {
         "uri": vault.location.uri,

@@ -36,7 +36,7 @@ MINUTE_MS = 60_000
 
 def maintain(vault: Vault, now: int | None, progress: bool) -> dict[str, Any]:
     now = now_ms() if now is None else now
-    report: dict[str, Any] = {"flushed_samples": vault.flush()}
+    report: dict[str, Any] = {"flushed_samples": vault.flush() + vault.flush_other_buffers()}
     with _progress(progress) as bar:
         report["compacted_partitions"] = compact(vault, now, bar)
         report["rolled_up_hours"] = roll_up(vault, bar)

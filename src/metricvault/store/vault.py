@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -50,11 +51,11 @@ class Vault:
     ...             aggs=("mean", "max"))
     """
 
-    def __init__(self, location: Location, settings: Settings) -> None:
+    def __init__(self, location: Location, settings: Settings, buffer_name: str = "buffer") -> None:
         self.settings = settings
         self.location = location
         self.catalog = Catalog(location)
-        self.buffer = IngestBuffer(location.state_dir / "buffer.sqlite")
+        self.buffer = IngestBuffer(location.state_dir / f"{buffer_name}.sqlite")
         self.index = SeriesIndex()
         self.reader = Reader(location, FileCache(settings.cache_bytes))
         self._commit_lock = threading.RLock()  # catalog commits (flush, maintenance)
@@ -77,24 +78,33 @@ class Vault:
         settings: Settings | None = None,
         *,
         create: bool = True,
+        buffer_name: str = "buffer",
         **overrides: Any,
     ) -> Vault:
         """Open the vault at a directory or ``s3://bucket/prefix`` (``create``: make a new
         local vault if the directory does not exist; otherwise raise NotFoundError).
+        ``buffer_name`` gives a writer process its own ingest buffer file (gateway workers);
+        maintenance flushes every buffer file it finds, so none is ever left behind.
 
         Keyword overrides are settings (see ``metricvault config``), e.g.
         ``Vault.open("s3://b/p", s3_endpoint="http://127.0.0.1:9000")``.
         """
         settings = (settings or Settings.load()).with_overrides(**overrides)
         uri = uri or settings.data
-        return cls(open_location(uri, settings, create=create), settings)
+        return cls(open_location(uri, settings, create=create), settings, buffer_name)
 
     def _load_series(self) -> None:
-        snap = self.catalog.current()
+        self._series_files: set[str] = set()
+        self._load_new_series_files(self.catalog.current())
+        self.index.load(self.buffer.all_series())
+
+    def _load_new_series_files(self, snap: Snapshot) -> None:
+        """Series that other writers (processes, buffers) registered and flushed."""
         self.index.set_metric_kinds(snap.metric_kinds)
         for sf in snap.series_files:
-            self.index.load_table(_read_series(self.location, sf.path))
-        self.index.load(self.buffer.all_series())
+            if sf.path not in self._series_files:
+                self.index.load_table(_read_series(self.location, sf.path))
+                self._series_files.add(sf.path)
 
     def __enter__(self) -> Vault:
         return self
@@ -249,6 +259,26 @@ class Vault:
             self._pending_samples = depth
         return total
 
+    def flush_other_buffers(self) -> int:
+        """Flush the buffer files of other writers (e.g. gateway workers that have stopped).
+        Safe while they run: flushes of one buffer are serialised by the writer lock and
+        exactly-once by its watermark, whichever process does them."""
+        total = 0
+        for path in sorted(self.location.state_dir.glob("*.sqlite")):
+            if path == self.buffer.path:
+                continue
+            other = Vault(self.location, self.settings, path.stem)
+            try:
+                total += other.flush()
+                empty = other.buffer.depth()[0] == 0
+            finally:
+                other.buffer.close()
+                other._lock_file.close()
+            if empty and _owner_gone(path.stem):
+                for leftover in path.parent.glob(path.name + "*"):
+                    leftover.unlink(missing_ok=True)
+        return total
+
     def _commit_kinds(self) -> None:
         with self._write_lock:
             kinds, self._pending_kinds = self._pending_kinds, {}
@@ -315,10 +345,8 @@ class Vault:
         return self.catalog.current()
 
     def refresh(self) -> None:
-        """Pick up series that other processes registered (queries see new files anyway)."""
-        snap = self.catalog.current()
-        for sf in snap.series_files:
-            self.index.load_table(_read_series(self.location, sf.path))
+        """Pick up series that other processes registered (queries do this by themselves)."""
+        self._load_new_series_files(self.catalog.current())
 
     def query(
         self,
@@ -362,18 +390,23 @@ class Vault:
         return q.shape(self.index, partials, q.finish_aggregates(partials, agg_names), output)
 
     def _context(self) -> q.QueryContext:
-        return q.QueryContext(self.catalog.current(), self.reader, self.index, self._lookback)
+        snap = self.catalog.current()
+        if len(snap.series_files) != len(self._series_files):
+            self._load_new_series_files(snap)
+        return q.QueryContext(snap, self.reader, self.index, self._lookback)
 
     def series(self, selector: str | None = None, output: str = "pandas") -> Any:
         """The series table (id, metric, labels as columns, kind), optionally filtered."""
         from metricvault.store.introspect import series_frame
 
+        self._context()  # picks up series other writers registered
         return series_frame(self, selector, output)
 
     def sql(self, statement: str, output: str = "pandas") -> Any:
         """Run DuckDB SQL over views ``raw``, ``rollup_1m``, ``rollup_1h`` and ``series``."""
         from metricvault.store.introspect import run_sql
 
+        self._context()
         return run_sql(self, statement, output)
 
     def stats(self, now: int | None = None) -> dict[str, Any]:
@@ -388,6 +421,20 @@ class Vault:
         from metricvault.store.maintenance import maintain
 
         return maintain(self, now_ms, progress)
+
+
+def _owner_gone(buffer_name: str) -> bool:
+    """A worker buffer ``buffer-worker-<pid>`` whose process no longer exists."""
+    prefix = "buffer-worker-"
+    if not buffer_name.startswith(prefix) or not buffer_name[len(prefix) :].isdigit():
+        return False
+    try:
+        os.kill(int(buffer_name[len(prefix) :]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def dirty_hours(ts: np.ndarray, lookback_ms: int) -> set[int]:
