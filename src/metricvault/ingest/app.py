@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import fcntl
 import json
 import logging
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -269,12 +271,24 @@ SETTINGS_ENV = "METRICVAULT_GATEWAY_SETTINGS_JSON"
 def app_from_environment() -> Starlette:
     """Factory for gateway worker processes (``gateway_workers > 1``): each opens the vault
     itself from the settings the parent serialised, and closes it when it stops."""
+    _die_with_parent()
     settings = Settings.load(env={}, **json.loads(os.environ[SETTINGS_ENV]))
     # each worker appends to its own buffer file, so workers never wait on each other's
     # SQLite write lock; maintenance (and every worker's start) flushes all of them
     vault = Vault.open(settings.data, settings, buffer_name=f"buffer-worker-{os.getpid()}")
     vault.flush_other_buffers()
     return create_app(vault, settings, close_vault=True)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this worker when its parent dies (even by SIGKILL), so a killed
+    gateway never leaves workers holding the port; their buffers are flushed on restart."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+PR_SET_PDEATHSIG = 1
 
 
 def create_app(vault: Vault, settings: Settings, close_vault: bool = False) -> Starlette:
