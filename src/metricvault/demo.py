@@ -50,6 +50,8 @@ def run_demo(
     )
     began = time.monotonic()
     with Vault.open(str(path)) as vault:
+        if fresh:
+            (path / DEMO_MARKER).write_text("made by 'metricvault demo'; it may replace it\n")
         written = _backfill(vault, spec, console)
         console.print("maintaining: flush, compact, roll up to 1m and 1h, retention ...")
         vault.maintain(progress=True)
@@ -69,9 +71,16 @@ def run_demo(
     )
 
 
+DEMO_MARKER = "demo-vault.txt"
+
+
 def _remove_vault(path: Path) -> None:
-    if not (path / "catalog").exists() and not (path / "state").exists():
-        raise SystemExit(f"{path} exists but is not a metricvault vault; refusing to delete it")
+    """Delete a vault only if an earlier demo made it: never a user's real data."""
+    if not (path / DEMO_MARKER).exists():
+        raise SystemExit(
+            f"{path} exists and was not made by 'metricvault demo'; refusing to replace it. "
+            "Pass another --data directory, or --no-fresh to add the demo data to it"
+        )
     shutil.rmtree(path)
 
 

@@ -119,3 +119,13 @@ def test_set_overrides_settings(vault_dir):
     assert "90d" in result.output
     bad = runner.invoke(app, ["stats", "-d", vault_dir, "--set", "no_such=1"])
     assert bad.exit_code != 0
+
+
+def test_demo_never_replaces_a_vault_it_did_not_make(vault_dir, tmp_path):
+    result = runner.invoke(
+        app, ["demo", "-d", vault_dir, "--days", "0.01", "--report", str(tmp_path / "r.html")]
+    )
+    assert result.exit_code != 0
+    assert "was not made by 'metricvault demo'" in str(result.exception) + result.output
+    with Vault.open(vault_dir) as v:
+        assert v.stats()["tiers"]["raw"]["rows"] == 2880  # untouched
