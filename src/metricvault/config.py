@@ -14,7 +14,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from metricvault.durations import format_duration_ms, parse_duration_ms, parse_retention_ms
+from metricvault.durations import parse_duration_ms, parse_retention_ms
 from metricvault.errors import ConfigError
 
 ENV_PREFIX = "METRICVAULT_"
@@ -289,16 +289,11 @@ def _read_env(env: Any) -> dict[str, Any]:
     return found
 
 
-def tier_resolution_ms(tier: str) -> int:
-    return 0 if tier == "raw" else parse_duration_ms(tier)
-
-
 __all__ = [
     "BasicUser",
     "BearerToken",
     "RetentionOverride",
     "Settings",
     "describe",
-    "format_duration_ms",
     "setting_names",
 ]

@@ -165,4 +165,5 @@ SERIES_SCHEMA = pa.schema(
     ]
 )
 
+TIERS = ("raw", "1m", "1h")  # finest first; rollup tiers are named by their resolution
 AGGREGATES = ("mean", "min", "max", "count", "sum", "last", "increase")

@@ -23,7 +23,7 @@ MAX_SCALE = 9
 _EXACT_LIMIT = 2.0**53
 ROLLUP_FLOATS = ("sum", "min", "max", "last", "increase")
 RAW_FLOATS = ("value",)
-ZSTD_LEVEL = 15  # 1.7 % smaller raw files than level 9 for 1.7x the (small) CPU time
+ZSTD_LEVEL = 15  # a little smaller than 9 at small CPU cost: bench/encoding.py
 # Raw files: 256 Ki rows per row group; rollup rows are wider and read a few series at a time.
 ROW_GROUP_ROWS = {False: 256 * 1024, True: 64 * 1024}
 
@@ -84,7 +84,7 @@ def _split_by_shape(sid: np.ndarray, ints: pa.Array) -> tuple[pa.Array, pa.Array
 
     Smooth series and counters have small deltas (``value_i``, DELTA_BINARY_PACKED); noisy
     series around a level are smaller as plain bytes split by significance (``value_j``,
-    BYTE_STREAM_SPLIT). Measured on the demo workload: 3.5 % smaller than deltas for all."""
+    BYTE_STREAM_SPLIT). Measured by bench/encoding.py; see docs/decisions/0002."""
     values = ints.to_numpy(zero_copy_only=False)
     valid = ~np.isnan(values) if ints.null_count else np.ones(len(values), bool)
     whole = np.where(valid, values, 0).astype(np.int64)
@@ -169,7 +169,7 @@ def decode(table: pa.Table, float_columns: Sequence[str]) -> pa.Table:
 def _column_encodings(physical: pa.Schema, rollup: bool) -> dict[str, str]:
     """Raw values change little from sample to sample, so their deltas are small; a rollup's
     min/max/sum/last jump more between minutes, and byte-stream-split then zstd stores them
-    ~13 % smaller than deltas (measured on the demo workload; docs/decisions/0002)."""
+    smaller than deltas (bench/encoding.py; docs/decisions/0002)."""
     enc = {}
     for f in physical:
         if f.name == "ts" or (f.name.endswith("_i") and not rollup):

@@ -10,14 +10,13 @@ import pyarrow.dataset as ds
 
 from metricvault.durations import now_ms
 from metricvault.errors import InputError
+from metricvault.model import TIERS
 from metricvault.selector import parse_selector
 from metricvault.store import query as q
 from metricvault.store.rollup import ROLLUP_SCHEMA, fetch_arrow
 
 if TYPE_CHECKING:
     from metricvault.store.vault import Vault
-
-TIERS = ("raw", "1m", "1h")
 
 
 def series_frame(vault: Vault, selector: str | None, output: str) -> Any:

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from rich.progress import Progress
 
 from metricvault.durations import DAY_MS, HOUR_MS, now_ms, parse_duration_ms
+from metricvault.model import TIERS
 from metricvault.selector import parse_selector
 from metricvault.store import files as fmt
 from metricvault.store import rollup
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from metricvault.store.vault import Vault
 
 log = logging.getLogger("metricvault")
-TIERS = ("raw", "1m", "1h")
 MINUTE_MS = 60_000
 
 

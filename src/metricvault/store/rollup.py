@@ -182,19 +182,9 @@ ROLLUP_SCHEMA = pa.schema(
         ("increase", pa.float64()),
     ]
 )
-PARTIAL_SCHEMA = pa.schema(
-    [
-        ("series_id", pa.int64()),
-        ("ts", pa.int64()),
-        ("count", pa.int64()),
-        ("sum", pa.float64()),
-        ("min", pa.float64()),
-        ("max", pa.float64()),
-        ("last", pa.float64()),
-        ("last_ts", pa.int64()),
-        ("increase", pa.float64()),
-    ]
-)
+# a partial is a rollup row plus the time of its ``last`` value, to merge segments by it
+PARTIAL_SCHEMA = ROLLUP_SCHEMA.insert(7, pa.field("last_ts", pa.int64()))
+assert tuple(PARTIAL_SCHEMA.names) == PARTIAL_COLUMNS
 
 
 def empty_partials() -> pa.Table:

@@ -104,9 +104,6 @@ class SeriesIndex:
     def counters(self) -> list[int]:
         return [sid for sid in self._by_id if self.is_counter(sid)]
 
-    def metrics(self) -> list[str]:
-        return sorted(self._by_metric)
-
     def all(self) -> list[SeriesInfo]:
         return list(self._by_id.values())
 

@@ -1,0 +1,94 @@
+"""Which Parquet encodings store metric columns smallest (docs/decisions/0002).
+
+Backfills a fresh vault with one simulated day (2 nodes x 8 GPUs at 5 s), maintains it, then
+re-encodes the integer columns of its raw and 1m files under each candidate encoding and zstd
+level, and prints bytes per row. Run from the repository root:
+
+    .venv/bin/python bench/encoding.py [--nodes 2] [--days 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from metricvault import Vault
+from metricvault.sim import ClusterSpec, generate
+
+ENCODINGS = ("DELTA_BINARY_PACKED", "PLAIN", "BYTE_STREAM_SPLIT")
+
+
+def column_bytes(array: pa.Array, encoding: str, level: int = 15) -> int:
+    sink = io.BytesIO()
+    pq.write_table(
+        pa.table({"x": array}),
+        sink,
+        compression="zstd",
+        compression_level=level,
+        use_dictionary=False,
+        column_encoding={"x": encoding},
+        write_statistics=False,
+    )
+    return len(sink.getvalue())
+
+
+def largest_file(vault: Vault, tier: str) -> pa.Table:
+    path = max(vault.snapshot().tier_files(tier), key=lambda f: f.rows).path
+    return pq.read_table(path, partitioning=None)
+
+
+def rollup_table(table: pa.Table) -> None:
+    print("\n1m rollup file: bytes per row of each integer column by encoding (zstd 15)")
+    print("| column | " + " | ".join(ENCODINGS) + " |\n|---|" + "---|" * len(ENCODINGS))
+    for name in [c for c in table.column_names if c.endswith("_i")]:
+        sizes = [column_bytes(table[name], e) / table.num_rows for e in ENCODINGS]
+        print(f"| {name} | " + " | ".join(f"{s:.3f}" for s in sizes) + " |")
+
+
+def raw_table(table: pa.Table) -> None:
+    """The raw value's integer part: all deltas, all byte planes, the stored per-series split."""
+    ints = pc.coalesce(table["value_i"], table["value_j"])
+    n = table.num_rows
+    split = (
+        column_bytes(table["value_i"], "DELTA_BINARY_PACKED")
+        + column_bytes(table["value_j"], "BYTE_STREAM_SPLIT")
+    ) / n
+    print("\nraw file: bytes per sample of the scaled-integer values (zstd 15)")
+    print("| layout | bytes/sample |\n|---|---|")
+    print(f"| all DELTA_BINARY_PACKED | {column_bytes(ints, 'DELTA_BINARY_PACKED') / n:.3f} |")
+    print(f"| all BYTE_STREAM_SPLIT | {column_bytes(ints, 'BYTE_STREAM_SPLIT') / n:.3f} |")
+    print(f"| per-series choice, as stored (value_i + value_j) | {split:.3f} |")
+    print("\nraw file: bytes per sample of value_i (deltas) by zstd level")
+    print("| level | bytes/sample |\n|---|---|")
+    for level in (9, 12, 15, 19):
+        size = column_bytes(table["value_i"], "DELTA_BINARY_PACKED", level) / n
+        print(f"| {level} | {size:.3f} |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--days", type=float, default=1.0)
+    args = parser.parse_args()
+    spec = ClusterSpec(nodes=args.nodes, days=args.days)
+    with tempfile.TemporaryDirectory() as tmp, Vault.open(tmp) as vault:
+        for chunk in generate(spec):
+            vault.write(chunk)
+        vault.maintain(now_ms=spec.start_ms + int(args.days * 86_400_000) + 3_600_000)
+        print(f"simulated {args.nodes} nodes x 8 GPUs x {args.days:g} d (seed 0)")
+        raw_table(largest_file(vault, "raw"))
+        rollup_table(largest_file(vault, "1m"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
