@@ -13,6 +13,8 @@ translated at the boundary (``raise X(...) from exc``).
     ├── TooLargeError (413)          a body or batch over a configured limit
     ├── UnsupportedError (415)       an encoding or content type we do not speak
     ├── NotFoundError (404)          a vault, experiment or snapshot that does not exist
+    ├── ConflictError (409)          an experiment id or archive tag that exists with other content
+    ├── ArchiveError (409)           git/DVC refused or is not set up (not a repo, no remote, dirty)
     ├── ConfigError (400)            a settings file or override that is invalid
     ├── SeriesCollisionError (500)   two label sets hashed to one series id (never silently merged)
     ├── BackpressureError (503)      buffer over its limit; retry after ``retry_after_s``
@@ -62,6 +64,14 @@ class UnsupportedError(MetricVaultError):
 
 class NotFoundError(MetricVaultError):
     status = 404
+
+
+class ConflictError(MetricVaultError):
+    status = 409
+
+
+class ArchiveError(MetricVaultError):
+    status = 409
 
 
 class ConfigError(MetricVaultError):

@@ -2,6 +2,8 @@
 
 Semantics follow Prometheus: regular expressions are fully anchored, and a matcher against the
 empty string also matches series that lack the label (``team=""`` selects unlabelled series).
+Several selectors joined by PromQL's ``or`` select the union of their series
+(``{job="llama-70b-r3"} or DCGM_FI_DEV_GPU_UTIL{Hostname=~"node0[12]"}``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ _METRIC_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _MATCHER_RE = re.compile(
     r"""\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')\s*"""
 )
+_OR_RE = re.compile(r"\s+or\s+")
 OPS = ("=", "!=", "=~", "!~")
 
 
@@ -69,6 +72,47 @@ class Selector:
 
     def __str__(self) -> str:
         return "{" + ", ".join(str(m) for m in self.matchers) + "}"
+
+
+@dataclass(frozen=True)
+class SelectorUnion:
+    """Selectors joined by ``or``: a series belongs if any of them matches it."""
+
+    parts: tuple[Selector, ...]
+
+    def matches(self, metric: str, labels: Mapping[str, str]) -> bool:
+        return any(p.matches(metric, labels) for p in self.parts)
+
+    def __str__(self) -> str:
+        return " or ".join(str(p) for p in self.parts)
+
+
+def parse_selectors(text: str) -> SelectorUnion:
+    """Parse one selector or several joined by `` or `` (outside quotes and braces)."""
+    return SelectorUnion(tuple(parse_selector(part) for part in split_or(text)))
+
+
+def split_or(text: str) -> list[str]:
+    parts: list[str] = []
+    depth, quote, start, i = 0, "", 0, 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "{}":
+            depth += 1 if ch == "{" else -1
+        elif depth == 0 and ch.isspace() and (gap := _OR_RE.match(text, i)):
+            parts.append(text[start:i])
+            i = start = gap.end()
+            continue
+        i += 1
+    parts.append(text[start:])
+    return parts
 
 
 def parse_selector(text: str) -> Selector:

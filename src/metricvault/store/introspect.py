@@ -8,10 +8,11 @@ import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from metricvault.archive.experiments import experiments_table
 from metricvault.durations import now_ms
 from metricvault.errors import InputError
 from metricvault.model import TIERS
-from metricvault.selector import parse_selector
+from metricvault.selector import parse_selectors
 from metricvault.store import query as q
 from metricvault.store.rollup import ROLLUP_SCHEMA, fetch_arrow
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 def series_frame(vault: Vault, selector: str | None, output: str) -> Any:
     infos = vault.index.all()
     if selector:
-        sel = parse_selector(selector)
+        sel = parse_selectors(selector)
         infos = [i for i in infos if sel.matches(i.metric, i.labels)]
     infos.sort(key=lambda i: (i.metric, i.labels_json))
     names = sorted({k for i in infos for k in i.labels})
@@ -105,6 +106,7 @@ def run_sql(vault: Vault, statement: str, output: str) -> Any:
     con = duckdb.connect()
     con.register("series_src", vault.index.to_table())
     con.execute("CREATE VIEW series AS SELECT * FROM series_src")
+    con.register("experiments", experiments_table(vault.experiments.list()))
     for tier in TIERS:
         view = "raw" if tier == "raw" else f"rollup_{tier}"
         files = [f.path for f in snap.tier_files(tier)]

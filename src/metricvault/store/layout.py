@@ -3,6 +3,7 @@
     <root>/catalog/v000000000042.json          catalog snapshots (the highest version is current)
     <root>/series/part-<id>.parquet            the series table (id -> metric, labels, kind)
     <root>/data/<tier>/day=YYYY-MM-DD/part-<id>-<uuid>.parquet
+    <root>/experiments/<id>.json               the experiment registry (one file each)
     <state>/buffer.sqlite                      the durable ingest buffer (always local disk)
     <state>/vault.lock                         serialises catalog commits between processes
 
@@ -51,12 +52,7 @@ class Location:
     def write_bytes_exclusive(self, path: str, data: bytes) -> bool:
         """Create ``path`` with ``data`` unless it exists; False when someone else won."""
         if not self.remote:
-            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-            Path(tmp).parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
+            tmp = _durable_tmp(path, data)
             try:
                 os.link(tmp, path)
             except FileExistsError:
@@ -78,6 +74,14 @@ class Location:
         with self.fs.open_output_stream(path) as out:
             out.write(data)
 
+    def replace_file(self, path: str, data: bytes) -> None:
+        """Write or overwrite a small file atomically (readers see the old or the new bytes)."""
+        if self.remote:  # an S3 PUT replaces the object atomically
+            self.write_file(path, data)
+            return
+        os.replace(_durable_tmp(path, data), path)
+        _fsync_dir(Path(path).parent)
+
     def exists(self, path: str) -> bool:
         return bool(self.fs.get_file_info(path).type != pafs.FileType.NotFound)
 
@@ -95,6 +99,17 @@ class Location:
 
     def new_series_path(self, file_id: int) -> str:
         return self.path("series", f"part-{file_id:010d}-{uuid.uuid4().hex[:12]}.parquet")
+
+
+def _durable_tmp(path: str, data: bytes) -> str:
+    """Write ``data`` to a fsynced temporary file beside ``path``; return its name."""
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    Path(tmp).parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return tmp
 
 
 def _fsync_dir(path: Path) -> None:

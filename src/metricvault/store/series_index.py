@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from metricvault.errors import SeriesCollisionError
 from metricvault.model import SERIES_SCHEMA
-from metricvault.selector import Selector
+from metricvault.selector import Selector, SelectorUnion
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +77,10 @@ class SeriesIndex:
         cols = [table.column(n).to_pylist() for n in SERIES_SCHEMA.names]
         self.load(zip(*cols, strict=True))
 
-    def match(self, selector: Selector) -> list[int]:
+    def match(self, selector: Selector | SelectorUnion) -> list[int]:
+        if isinstance(selector, SelectorUnion):
+            found = [sid for part in selector.parts for sid in self.match(part)]
+            return list(dict.fromkeys(found))
         metric = selector.metric
         candidates = self._by_metric.get(metric, []) if metric else list(self._by_id)
         return [

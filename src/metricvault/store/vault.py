@@ -8,7 +8,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +28,7 @@ from metricvault.durations import (
 )
 from metricvault.errors import BackpressureError, TimeRangeError, ValueRangeError
 from metricvault.model import SAMPLE_SCHEMA
-from metricvault.selector import parse_selector
+from metricvault.selector import parse_selectors
 from metricvault.store import files as fmt
 from metricvault.store import query as q
 from metricvault.store.buffer import IngestBuffer
@@ -38,6 +38,9 @@ from metricvault.store.normalize import normalize
 from metricvault.store.reader import FileCache, Reader
 from metricvault.store.rollup import empty_partials
 from metricvault.store.series_index import SeriesIndex
+
+if TYPE_CHECKING:
+    from metricvault.archive.experiments import Experiments
 
 log = logging.getLogger("metricvault")
 
@@ -86,11 +89,18 @@ class Vault:
         ``buffer_name`` gives a writer process its own ingest buffer file (gateway workers);
         maintenance flushes every buffer file it finds, so none is ever left behind.
 
+        A path ending in ``.parquet`` opens an experiment snapshot (``metricvault archive
+        export``) read-only, with the same ``query``, ``series``, ``sql`` and ``stats``.
+
         Keyword overrides are settings (see ``metricvault config``), e.g.
         ``Vault.open("s3://b/p", s3_endpoint="http://127.0.0.1:9000")``.
         """
         settings = (settings or Settings.load()).with_overrides(**overrides)
         uri = uri or settings.data
+        if uri.endswith(".parquet"):  # a frozen experiment snapshot: same query API, read-only
+            from metricvault.archive.opened import SnapshotVault
+
+            return cast(Vault, SnapshotVault(uri, settings))
         return cls(open_location(uri, settings, create=create), settings, buffer_name)
 
     def _load_series(self) -> None:
@@ -341,6 +351,13 @@ class Vault:
         )
 
     # ------------------------------------------------------------------ reading
+    @property
+    def experiments(self) -> Experiments:
+        """The experiment registry: ``vault.experiments.create("r3", '{job="r3"}')``."""
+        from metricvault.archive.experiments import Experiments
+
+        return Experiments(self.location)
+
     def snapshot(self) -> Snapshot:
         return self.catalog.current()
 
@@ -366,7 +383,7 @@ class Vault:
         ``"all"`` for one bucket over the whole range. ``start``/``end`` take datetimes, ISO
         strings, epoch ms, ``"now"`` and relative forms like ``"-30d"``.
         """
-        sel = parse_selector(selector)
+        sel = parse_selectors(selector)
         now = now_ms()
         t0, t1 = parse_time_ms(start, now=now), parse_time_ms(end, now=now)
         if t1 <= t0:
@@ -403,7 +420,8 @@ class Vault:
         return series_frame(self, selector, output)
 
     def sql(self, statement: str, output: str = "pandas") -> Any:
-        """Run DuckDB SQL over views ``raw``, ``rollup_1m``, ``rollup_1h`` and ``series``."""
+        """Run DuckDB SQL over views ``raw``, ``rollup_1m``, ``rollup_1h``, ``series`` and
+        ``experiments``."""
         from metricvault.store.introspect import run_sql
 
         self._context()

@@ -1,0 +1,1 @@
+"""Experiments and their frozen metric snapshots (Parquet, DVC, git tags)."""

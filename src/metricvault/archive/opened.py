@@ -1,0 +1,222 @@
+"""A snapshot file opened with the vault's query API: ``Vault.open("r3.parquet").query(...)``.
+
+Reads only the row groups that hold the selected series (the snapshot's metadata maps each
+series to its row range) and answers with the same aggregation code and output shape as the
+vault, so a figure made from the vault can be remade from the snapshot years later.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from metricvault.archive.experiments import Experiment, experiments_table
+from metricvault.archive.snapshot import (
+    ROLLUP_COLUMNS,
+    TIER_MS,
+    SnapshotInfo,
+    read_info,
+    read_metadata,
+)
+from metricvault.config import Settings
+from metricvault.durations import TimeLike, now_ms, parse_duration_ms, parse_time_ms
+from metricvault.errors import InputError, MetricVaultError, TimeRangeError
+from metricvault.model import SAMPLE_SCHEMA
+from metricvault.selector import parse_selectors
+from metricvault.store import query as q
+from metricvault.store import rollup
+from metricvault.store.series_index import SeriesIndex
+
+
+class ReadOnlyError(MetricVaultError):
+    status = 405
+
+
+class SnapshotVault:
+    """Read-only, query-compatible view of one snapshot file."""
+
+    def __init__(self, path: str | Path, settings: Settings | None = None) -> None:
+        self.path = Path(path)
+        meta = read_metadata(self.path)
+        self.info: SnapshotInfo = read_info(self.path, meta)
+        self.tier = self.info.tier
+        self.index = SeriesIndex()
+        self._rows: dict[int, tuple[int, int]] = {}
+        for sid, metric, labels, kind, first, n in json.loads(meta["series"]):
+            self.index.add(sid, metric, labels, kind)
+            self._rows[sid] = (first, n)
+        self._group_rows = int(meta["row_group_rows"])
+        self._file = pq.ParquetFile(self.path)
+        settings = settings or Settings.load()
+        self._lookback = parse_duration_ms(settings.counter_lookback)
+
+    @property
+    def experiment(self) -> Experiment:
+        return self.info.experiment
+
+    def __enter__(self) -> SnapshotVault:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._file.close()
+
+    # ------------------------------------------------------------------ queries
+    def query(
+        self,
+        selector: str,
+        start: TimeLike | None = None,
+        end: TimeLike | None = None,
+        step: str | int | None = None,
+        aggs: Sequence[str] = ("mean",),
+        output: str = "pandas",
+    ) -> Any:
+        """As :meth:`Vault.query`; ``start``/``end`` default to the snapshot's whole range."""
+        t0, t1 = self._window(start, end)
+        step_ms = q.parse_step(step)
+        ids = self.index.match(parse_selectors(selector))
+        if step_ms is None:
+            if self.tier != "raw":
+                raise InputError(
+                    f"{self.path.name} holds {self.tier} rollups, not raw samples: pass a step "
+                    f"that is a multiple of {self.tier} (or step='all')"
+                )
+            samples = self._read(ids, t0, t1)
+            return q.shape(self.index, samples, {"value": samples["value"]}, output)
+        agg_names = q.check_aggs(aggs)
+        partials = self._aggregate(ids, t0, t1, step_ms)
+        return q.shape(self.index, partials, q.finish_aggregates(partials, agg_names), output)
+
+    def _window(self, start: TimeLike | None, end: TimeLike | None) -> tuple[int, int]:
+        now = now_ms()
+        last = self.info.last_ms if self.info.last_ms is not None else self.info.start_ms
+        t0 = self.info.start_ms if start is None else parse_time_ms(start, now=now)
+        default_end = max(self.info.end_ms or 0, last + 1)
+        t1 = default_end if end is None else parse_time_ms(end, now=now)
+        if t1 <= t0:
+            raise TimeRangeError(f"start {start!r} is not before end {end!r}")
+        return t0, t1
+
+    def _aggregate(self, ids: list[int], t0: int, t1: int, step: int) -> pa.Table:
+        res = TIER_MS.get(self.tier, 0)
+        if step == -1:
+            lo, hi = (t0 // res * res, -(-t1 // res) * res) if res else (t0, t1)
+            width, origin = hi - lo, lo
+        else:
+            if res and step % res:
+                raise InputError(
+                    f"{self.path.name} holds {self.tier} rollups: the step must be a multiple "
+                    f"of {self.tier}, got {step} ms"
+                )
+            width, origin = step, 0
+            lo, hi = t0 // step * step, -(-t1 // step) * step
+        if not ids:
+            return rollup.empty_partials()
+        if res:
+            rows = self._read(ids, lo, hi)
+            partials = rollup.rollup_partials(rows, width=width, origin=origin, res=res)
+        else:
+            samples = self._read(ids, lo - self._lookback, hi)
+            counters = pa.array([s for s in ids if self.index.is_counter(s)], pa.int64())
+            partials = rollup.raw_partials(
+                samples,
+                counters,
+                width=width,
+                origin=origin,
+                since=lo,
+                until=hi,
+                lookback=self._lookback,
+            )
+        if step == -1:
+            partials = partials.set_column(1, "ts", pa.array(np.full(partials.num_rows, t0)))
+        return partials
+
+    def _read(self, ids: list[int], t0: int, t1: int) -> pa.Table:
+        """Rows of these series with ``t0 <= ts < t1``, as the store's raw/rollup tables."""
+        value_cols = ["value"] if self.tier == "raw" else list(ROLLUP_COLUMNS)
+        groups = sorted({g for s in ids for g in self._groups_of(s)})
+        columns = ["series_id", "timestamp", *value_cols]
+        if groups:
+            table = self._file.read_row_groups(groups, columns=columns)
+        else:
+            table = pa.table({c: [] for c in columns})
+        table = table.rename_columns(["series_id", "ts", *value_cols])
+        if table.num_rows == 0:
+            return _empty(self.tier)
+        ts = table["ts"].cast(pa.int64())
+        table = table.set_column(1, "ts", ts)
+        mask = pc.and_(
+            pc.is_in(table["series_id"], value_set=pa.array(ids, pa.int64())),
+            pc.and_(pc.greater_equal(ts, t0), pc.less(ts, t1)),
+        )
+        return table.filter(mask)
+
+    def _groups_of(self, series_id: int) -> range:
+        first, n = self._rows[series_id]
+        return range(first // self._group_rows, (first + n - 1) // self._group_rows + 1)
+
+    # ------------------------------------------------------------------ introspection
+    def series(self, selector: str | None = None, output: str = "pandas") -> Any:
+        """The snapshot's series (id, metric, labels, kind), optionally filtered."""
+        ids = self.index.match(parse_selectors(selector)) if selector else None
+        return q.convert(self.index.to_table(ids), output)
+
+    def sql(self, statement: str, output: str = "pandas") -> Any:
+        """DuckDB SQL over views ``snapshot`` (the file as written), ``series`` and
+        ``experiments`` (one row: this snapshot's experiment)."""
+        con = duckdb.connect()
+        con.execute(f"CREATE VIEW snapshot AS SELECT * FROM read_parquet('{_sql_path(self.path)}')")
+        con.register("series", self.index.to_table())
+        con.register("experiments", experiments_table([self.experiment]))
+        try:
+            return q.convert(rollup.fetch_arrow(con, statement), output)
+        except duckdb.Error as exc:
+            raise InputError(f"SQL failed on snapshot {self.path.name}: {exc}") from exc
+        finally:
+            con.close()
+
+    def stats(self, now: int | None = None) -> dict[str, Any]:
+        i = self.info
+        return {
+            "snapshot": str(i.path),
+            "experiment": i.experiment.id,
+            "git_sha": i.experiment.git_sha,
+            "tier": i.tier,
+            "series": i.series,
+            "rows": i.rows,
+            "bytes": i.bytes,
+            "bytes_per_row": i.bytes / i.rows if i.rows else None,
+            "first_ms": i.first_ms,
+            "last_ms": i.last_ms,
+            "content_hash": i.content_hash,
+        }
+
+    # ------------------------------------------------------------------ not for snapshots
+    def write(self, *args: Any, **kwargs: Any) -> int:
+        raise ReadOnlyError(
+            f"{self.path} is a frozen experiment snapshot and cannot be written to: write into "
+            "a vault directory instead"
+        )
+
+    def maintain(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise ReadOnlyError(f"{self.path} is a frozen snapshot: there is nothing to maintain")
+
+
+def _empty(tier: str) -> pa.Table:
+    if tier == "raw":
+        return SAMPLE_SCHEMA.empty_table()
+    return rollup.empty_partials().drop_columns(["last_ts"])
+
+
+def _sql_path(path: Path) -> str:
+    return str(path.resolve()).replace("'", "''")

@@ -1,0 +1,429 @@
+"""Experiment snapshots: one deterministic Parquet file per experiment.
+
+The file is the long shape with the experiment on every row::
+
+    experiment_id, git_sha, series_id, metric, labels (canonical JSON), timestamp,
+    value                                       (tier raw)
+    count, sum, min, max, last, increase        (tiers 1m / 1h; increase is null for gauges)
+
+Rows are sorted by (metric, labels, timestamp), written in row groups of exactly
+``ROW_GROUP_ROWS`` rows with fixed writer settings and no wall-clock anywhere, so the same data
+gives byte-identical files (DVC then stores it once). File-level key-value metadata carries the
+schema version, the experiment record, the tier, the time range, the row count, the metricvault
+version, the per-series row ranges (which let readers fetch one series without a scan), and a
+content hash of the rows that :func:`content_hash` recomputes from the file alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from metricvault.archive.experiments import Experiment
+from metricvault.durations import ms_to_datetime
+from metricvault.errors import InputError, NotFoundError, TimeRangeError
+from metricvault.model import TIERS
+from metricvault.store import query as q
+from metricvault.store.series_index import SeriesInfo
+from metricvault.store.vault import Vault
+
+SCHEMA_VERSION = 1
+ROW_GROUP_ROWS = 131_072
+TARGET_CHUNK_ROWS = 2_000_000  # rows fetched from the vault at a time (bounds memory)
+TIER_MS = {"1m": 60_000, "1h": 3_600_000}
+META_PREFIX = "metricvault."
+ROLLUP_COLUMNS = ("count", "sum", "min", "max", "last", "increase")
+_KEY_COLUMNS = [
+    pa.field("experiment_id", pa.string(), nullable=False),
+    pa.field("git_sha", pa.string(), nullable=False),
+    pa.field("series_id", pa.int64(), nullable=False),
+    pa.field("metric", pa.string(), nullable=False),
+    pa.field("labels", pa.string(), nullable=False),
+    pa.field("timestamp", pa.timestamp("ms", tz="UTC"), nullable=False),
+]
+RAW_SCHEMA = pa.schema([*_KEY_COLUMNS, pa.field("value", pa.float64(), nullable=False)])
+ROLLUP_SCHEMA = pa.schema(
+    [
+        *_KEY_COLUMNS,
+        pa.field("count", pa.int64(), nullable=False),
+        pa.field("sum", pa.float64(), nullable=False),
+        pa.field("min", pa.float64(), nullable=False),
+        pa.field("max", pa.float64(), nullable=False),
+        pa.field("last", pa.float64(), nullable=False),
+        pa.field("increase", pa.float64()),
+    ]
+)
+_DICTIONARY = ["experiment_id", "git_sha", "series_id", "metric", "labels"]
+_ENCODING = {
+    "timestamp": "DELTA_BINARY_PACKED",
+    "count": "DELTA_BINARY_PACKED",
+    **{c: "BYTE_STREAM_SPLIT" for c in ("value", "sum", "min", "max", "last", "increase")},
+}
+
+
+def schema_for(tier: str) -> pa.Schema:
+    return RAW_SCHEMA if tier == "raw" else ROLLUP_SCHEMA
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """What an export wrote (also what :func:`read_info` reads back from a file)."""
+
+    path: Path
+    experiment: Experiment
+    tier: str
+    rows: int
+    series: int
+    bytes: int
+    content_hash: str
+    start_ms: int
+    end_ms: int | None
+    first_ms: int | None
+    last_ms: int | None
+    metrics: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------- export
+def export_snapshot(
+    vault: Vault,
+    experiment_id: str,
+    out: str | Path = "artifacts/metrics",
+    *,
+    tier: str = "raw",
+    metrics: Sequence[str] = (),
+    progress: Callable[[int, int], None] | None = None,
+) -> SnapshotInfo:
+    """Write ``<out>/<experiment_id>.parquet`` (``out`` may also name the ``.parquet`` file).
+
+    ``metrics`` limits the export to these metric names; ``progress(series_done, series_total)``
+    is called as the export advances. The file appears atomically when complete.
+    """
+    exp = vault.experiments.get(experiment_id)
+    if tier not in TIERS:
+        raise InputError(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}")
+    start, end = exp.window()
+    ctx = vault._context()
+    _check_raw_kept(ctx.snapshot.raw_horizon_ms, tier, exp, start)
+    infos = _experiment_series(vault, exp, metrics)
+    path = snapshot_path(out, exp.id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        sink = _SnapshotWriter(tmp, exp, tier)
+        for done, table in _chunks(ctx, infos, exp, tier, start, end):
+            sink.add(table)
+            if progress:
+                progress(done, len(infos))
+        if sink.rows + sink.pending_rows == 0:
+            raise NotFoundError(
+                f"experiment {exp.id!r} has no {tier} data between {ms_to_datetime(start)} and "
+                f"{ms_to_datetime(end)}: nothing to export. Check its start/end "
+                f"(`metricvault experiment show {exp.id}`) and `metricvault stats`"
+            )
+        sink.close(infos, tuple(metrics))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return read_info(path)
+
+
+def snapshot_path(out: str | Path, experiment_id: str) -> Path:
+    out = Path(out)
+    return out if out.suffix == ".parquet" else out / f"{experiment_id}.parquet"
+
+
+def _check_raw_kept(horizon: int, tier: str, exp: Experiment, start: int) -> None:
+    if tier == "raw" and horizon and start < horizon:
+        raise TimeRangeError(
+            f"experiment {exp.id!r} starts at {ms_to_datetime(start):%Y-%m-%d %H:%M} but "
+            f"retention dropped raw samples before {ms_to_datetime(horizon):%Y-%m-%d %H:%M}: "
+            "export a rollup tier instead (--tier 1m or --tier 1h)"
+        )
+
+
+def _experiment_series(vault: Vault, exp: Experiment, metrics: Sequence[str]) -> list[SeriesInfo]:
+    """The experiment's series, in the snapshot's order (metric, then labels)."""
+    from metricvault.selector import parse_selectors
+
+    ids = vault.index.match(parse_selectors(exp.selector))
+    infos = [vault.index.get(s) for s in ids]
+    if metrics:
+        unknown = sorted(set(metrics) - {i.metric for i in infos})
+        if unknown:
+            raise NotFoundError(
+                f"experiment {exp.id!r} has no series of metric(s) {', '.join(unknown)} "
+                f"(its selector is {exp.selector}); check the names with "
+                "`metricvault series`"
+            )
+        infos = [i for i in infos if i.metric in set(metrics)]
+    return sorted(infos, key=lambda i: (i.metric, i.labels_json))
+
+
+def _chunks(
+    ctx: q.QueryContext,
+    infos: list[SeriesInfo],
+    exp: Experiment,
+    tier: str,
+    start: int,
+    end: int,
+) -> Iterator[tuple[int, pa.Table]]:
+    """Rows of a few series at a time, sized from the rows per series seen so far."""
+    done, size, per_series = 0, 8, 0.0
+    if not infos:
+        raise NotFoundError(
+            f"experiment {exp.id!r} matches no series (selector {exp.selector}): nothing to "
+            "export. Check the selector with `metricvault series '<selector>'`"
+        )
+    while done < len(infos):
+        batch = infos[done : done + size]
+        rows = _fetch(ctx, [i.series_id for i in batch], tier, start, end)
+        done += len(batch)
+        per_series = max(per_series, rows.num_rows / len(batch))
+        size = max(1, min(4096, int(TARGET_CHUNK_ROWS / max(per_series, 1.0))))
+        yield done, _long_rows(rows, batch, exp, tier)
+
+
+def _fetch(ctx: q.QueryContext, ids: list[int], tier: str, start: int, end: int) -> pa.Table:
+    if tier == "raw":
+        return q.raw_samples(ctx, ids, start, end)
+    partials, _ = q.aggregate(ctx, ids, start, end, TIER_MS[tier])
+    return partials
+
+
+def _long_rows(rows: pa.Table, batch: list[SeriesInfo], exp: Experiment, tier: str) -> pa.Table:
+    """Sort a chunk into snapshot order and add the key columns."""
+    schema = schema_for(tier)
+    if rows.num_rows == 0:
+        return schema.empty_table()
+    batch_ids = np.array([i.series_id for i in batch], np.int64)
+    by_id = np.argsort(batch_ids)
+    sid = rows["series_id"].to_numpy()
+    ts = rows["ts"].to_numpy()
+    pos = by_id[np.searchsorted(batch_ids[by_id], sid)]  # each row's rank in the batch
+    order = np.lexsort((ts, pos))
+    pos = pos[order]
+    take = pa.array(order)
+    per_series = {
+        "metric": [i.metric for i in batch],
+        "labels": [i.labels_json for i in batch],
+    }
+    cols: dict[str, Any] = {
+        "experiment_id": pa.array(np.full(len(order), exp.id, dtype=object), pa.string()),
+        "git_sha": pa.array(np.full(len(order), exp.git_sha, dtype=object), pa.string()),
+        "series_id": pa.array(sid[order], pa.int64()),
+        "metric": pa.array(per_series["metric"], pa.string()).take(pa.array(pos)),
+        "labels": pa.array(per_series["labels"], pa.string()).take(pa.array(pos)),
+        "timestamp": pa.array(ts[order], pa.timestamp("ms", tz="UTC")),
+    }
+    value_columns = ("value",) if tier == "raw" else ROLLUP_COLUMNS
+    for name in value_columns:
+        cols[name] = rows[name].take(take)
+    return pa.table(cols, schema=schema)
+
+
+class _SnapshotWriter:
+    """Writes fixed-size row groups, hashes them, and remembers each series' row range."""
+
+    def __init__(self, path: Path, exp: Experiment, tier: str) -> None:
+        self.exp, self.tier = exp, tier
+        self.schema = schema_for(tier)
+        self.writer = pq.ParquetWriter(
+            path,
+            self.schema,
+            compression="zstd",
+            compression_level=9,
+            use_dictionary=_DICTIONARY,
+            column_encoding={k: v for k, v in _ENCODING.items() if k in self.schema.names},
+            write_statistics=True,
+            data_page_version="2.0",
+            sorting_columns=[
+                pq.SortingColumn(self.schema.get_field_index(c))
+                for c in ("metric", "labels", "timestamp")
+            ],
+        )
+        self.pending: list[pa.Table] = []
+        self.pending_rows = 0
+        self.rows = 0
+        self.hash = RowHasher()
+        self.series_rows: dict[int, int] = {}
+        self.first: int | None = None
+        self.last: int | None = None
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        self._track(table)
+        self.pending.append(table)
+        self.pending_rows += table.num_rows
+        while self.pending_rows >= ROW_GROUP_ROWS:
+            self._emit(ROW_GROUP_ROWS)
+
+    def _track(self, table: pa.Table) -> None:
+        ids, counts = np.unique(table["series_id"].to_numpy(), return_counts=True)
+        for sid, n in zip(ids.tolist(), counts.tolist(), strict=True):
+            self.series_rows[sid] = self.series_rows.get(sid, 0) + n
+        ts = table["timestamp"].cast(pa.int64()).to_numpy()
+        lo, hi = int(ts.min()), int(ts.max())
+        self.first = lo if self.first is None else min(self.first, lo)
+        self.last = hi if self.last is None else max(self.last, hi)
+
+    def _emit(self, rows: int) -> None:
+        table = pa.concat_tables(self.pending).combine_chunks()
+        group, rest = table.slice(0, rows), table.slice(rows)
+        self.writer.write_table(group, row_group_size=ROW_GROUP_ROWS)
+        self.hash.update(group)
+        self.rows += group.num_rows
+        self.pending = [rest] if rest.num_rows else []
+        self.pending_rows = rest.num_rows
+
+    def close(self, infos: list[SeriesInfo], metrics: tuple[str, ...]) -> dict[str, str]:
+        if self.pending_rows:
+            self._emit(self.pending_rows)
+        meta = self._metadata(infos, metrics)
+        self.writer.add_key_value_metadata(meta)
+        self.writer.close()
+        return meta
+
+    def _metadata(self, infos: list[SeriesInfo], metrics: tuple[str, ...]) -> dict[str, str]:
+        from metricvault import __version__
+
+        series, first_row = [], 0
+        for info in infos:
+            n = self.series_rows.get(info.series_id, 0)
+            if n:
+                series.append(
+                    [info.series_id, info.metric, info.labels_json, info.kind, first_row, n]
+                )
+                first_row += n
+        values = {
+            "schema_version": str(SCHEMA_VERSION),
+            "experiment": self.exp.to_json(),
+            "tier": self.tier,
+            "time_range": _dumps(
+                {
+                    "start_ms": self.exp.start_ms,
+                    "end_ms": self.exp.end_ms,  # None while the experiment runs: no clock here
+                    "first_ms": self.first,
+                    "last_ms": self.last,
+                }
+            ),
+            "rows": str(self.rows),
+            "row_group_rows": str(ROW_GROUP_ROWS),
+            "metrics": _dumps(list(metrics)),
+            "series": _dumps(series),
+            "version": __version__,
+            "content_hash": self.hash.hexdigest(),
+        }
+        return {META_PREFIX + k: v for k, v in values.items()}
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+# --------------------------------------------------------------------------- content hash
+class RowHasher:
+    """SHA-256 over the rows in a canonical byte form that does not depend on Parquet's
+    encoding or the library version: per row group, per column in schema order, integers and
+    timestamps as little-endian int64, floats as little-endian float64 (a null as a 0 byte in
+    a validity prefix and 0.0), strings as their UTF-8 bytes with int64 end offsets."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+
+    def update(self, table: pa.Table) -> None:
+        for column in table.columns:
+            self._column(column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column)
+
+    def _column(self, arr: pa.Array) -> None:
+        t = arr.type
+        if pa.types.is_dictionary(t):
+            arr, t = arr.dictionary_decode(), t.value_type
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            arr = arr.cast(pa.large_string())
+            offsets = np.frombuffer(arr.buffers()[1], np.int64)[
+                arr.offset : arr.offset + len(arr) + 1
+            ]
+            data = arr.buffers()[2]
+            body = b"" if data is None else data.to_pybytes()[offsets[0] : offsets[-1]]
+            self._h.update((offsets[1:] - offsets[0]).astype("<i8").tobytes())
+            self._h.update(body)
+            return
+        if pa.types.is_floating(t):
+            valid = arr.is_valid().to_numpy(zero_copy_only=False)
+            self._h.update(valid.astype(np.uint8).tobytes())
+            self._h.update(arr.fill_null(0.0).to_numpy().astype("<f8").tobytes())
+            return
+        self._h.update(arr.cast(pa.int64()).to_numpy().astype("<i8").tobytes())
+
+    def hexdigest(self) -> str:
+        return "sha256:" + self._h.hexdigest()
+
+
+def content_hash(path: str | Path) -> str:
+    """Recompute a snapshot's content hash from its rows (row group by row group)."""
+    hasher = RowHasher()
+    pf = pq.ParquetFile(path)
+    for i in range(pf.num_row_groups):
+        group = pf.read_row_group(i)
+        if group.num_rows:
+            hasher.update(group)
+    return hasher.hexdigest()
+
+
+# --------------------------------------------------------------------------- reading back
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """The ``metricvault.*`` key-value metadata of a snapshot file (prefix removed)."""
+    path = Path(path)
+    if not path.is_file():
+        raise NotFoundError(f"no snapshot file {path}")
+    try:
+        raw = pq.read_metadata(path).metadata or {}
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"{path} is not a readable Parquet file: {exc}") from exc
+    meta = {
+        k.decode()[len(META_PREFIX) :]: v.decode()
+        for k, v in raw.items()
+        if k.decode().startswith(META_PREFIX)
+    }
+    if "schema_version" not in meta:
+        raise InputError(
+            f"{path} is a Parquet file but not a metricvault snapshot (no "
+            f"{META_PREFIX}schema_version metadata); export one with `metricvault archive export`"
+        )
+    if int(meta["schema_version"]) > SCHEMA_VERSION:
+        raise InputError(
+            f"{path} has snapshot schema version {meta['schema_version']}; this metricvault "
+            f"reads up to {SCHEMA_VERSION}: upgrade metricvault"
+        )
+    return meta
+
+
+def read_info(path: str | Path, meta: dict[str, str] | None = None) -> SnapshotInfo:
+    path = Path(path)
+    meta = read_metadata(path) if meta is None else meta
+    span = json.loads(meta["time_range"])
+    return SnapshotInfo(
+        path=path,
+        experiment=Experiment.from_record(json.loads(meta["experiment"])),
+        tier=meta["tier"],
+        rows=int(meta["rows"]),
+        series=len(json.loads(meta["series"])),
+        bytes=path.stat().st_size,
+        content_hash=meta["content_hash"],
+        start_ms=span["start_ms"],
+        end_ms=span["end_ms"],
+        first_ms=span["first_ms"],
+        last_ms=span["last_ms"],
+        metrics=tuple(json.loads(meta.get("metrics", "[]"))),
+    )
