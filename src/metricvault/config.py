@@ -143,9 +143,9 @@ class Settings:
     tls_cert: str = _setting("", "PEM certificate file: serve HTTPS (with tls_key).")
     tls_key: str = _setting("", "PEM private key file for tls_cert.")
     gateway_workers: int = _setting(
-        1,
-        "Gateway worker processes. More than 1 uses more cores (Python runs one core per "
-        "process); the workers share the vault's ingest buffer and catalog lock.",
+        2,
+        "Gateway worker processes (Python runs one core per process). Each has its own ingest "
+        "buffer; /metrics adds up all of them. 1 runs the gateway in the serve process itself.",
     )
     gateway_maintain: bool = _setting(
         True, "Run maintenance (compaction, rollups, retention) inside metricvault serve."

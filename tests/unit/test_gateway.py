@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import cramjam
@@ -18,6 +21,7 @@ from metricvault import Vault
 from metricvault.config import BasicUser, BearerToken, Settings
 from metricvault.ingest.app import create_app
 from metricvault.ingest.auth import hash_secret
+from metricvault.ingest.metrics import GatewayMetrics, remove_finished_runs, run_name
 from metricvault.ingest.protocols.remote_write import decode_remote_write
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "data" / "prometheus_remote_write"
@@ -206,3 +210,81 @@ def test_health_ready_and_remote_write_2_headers(make_client):
     client, _ = make_client()
     assert client.get("/-/healthy").status_code == 200
     assert client.get("/-/ready").status_code == 200
+
+
+# A gateway worker: joins the run directory of its parent (this test), counts, sets its gauges,
+# says where it writes, and waits; "close" stops it as a worker stops, otherwise it is killed.
+WORKER = """
+import sys
+from pathlib import Path
+from metricvault.ingest.metrics import GatewayMetrics
+assert "prometheus_client" not in sys.modules  # a worker must import it only once set up
+metrics = GatewayMetrics.for_worker(Path(sys.argv[1]))
+metrics.stored.labels("influx").inc(int(sys.argv[2]))
+metrics.buffer_samples.set(int(sys.argv[3]))
+metrics.series.set(int(sys.argv[4]))
+print(metrics.multiprocess_dir, flush=True)
+sys.stdin.readline()
+metrics.close()
+"""
+
+
+def _worker(state: Path, stored: int, buffered: int, series: int) -> subprocess.Popen[str]:
+    args = [sys.executable, "-c", WORKER, str(state), str(stored), str(buffered), str(series)]
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+
+def _scrape(run_dir: Path) -> dict[str, float]:
+    body, _ = GatewayMetrics(run_dir).render()
+    return {
+        line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
+        for line in body.decode().splitlines()
+        if line.startswith("metricvault_") and "_bucket" not in line
+    }
+
+
+def test_worker_metrics_add_up_over_processes(tmp_path):
+    a, b = _worker(tmp_path, 30, 5, 10), _worker(tmp_path, 12, 7, 11)
+    try:
+        run_dir = Path(a.stdout.readline().strip())
+        assert Path(b.stdout.readline().strip()) == run_dir  # one directory per serve run
+        assert run_dir == tmp_path / "gateway-metrics" / run_name(os.getpid())
+        got = _scrape(run_dir)
+        assert got['metricvault_samples_stored_total{protocol="influx"}'] == 42  # summed
+        assert got["metricvault_buffer_samples"] == 12  # each worker's own buffer: summed
+        assert got["metricvault_series"] == 11  # vault-wide: the highest, not the sum
+
+        b.kill()  # its counts stay; its buffer gauges go with it
+        b.wait(timeout=10)
+        got = _scrape(run_dir)
+        assert got['metricvault_samples_stored_total{protocol="influx"}'] == 42
+        assert (got["metricvault_buffer_samples"], got["metricvault_series"]) == (5, 10)
+    finally:
+        for proc in (a, b):
+            if proc.poll() is None:
+                proc.stdin.close()  # the last worker to stop removes the directory
+                assert proc.wait(timeout=10) == 0
+    assert not run_dir.exists()
+
+
+def test_directories_of_finished_runs_are_removed(tmp_path):
+    runs = tmp_path / "gateway-metrics"
+    live = runs / run_name(os.getpid())
+    reused_pid = runs / f"{os.getpid()}-1"  # same pid, another start time: a finished run
+    for directory in (live, reused_pid, runs / "junk"):
+        directory.mkdir(parents=True)
+    remove_finished_runs(runs)
+    assert list(runs.iterdir()) == [live]
+    remove_finished_runs(tmp_path / "missing")  # nothing to do
+
+
+def test_one_worker_keeps_an_in_process_registry(make_client):
+    client, _ = make_client()
+    metrics = client.app.state.gateway.metrics
+    assert metrics.multiprocess_dir is None and metrics.registry is not None
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+    assert client.post("/write?precision=ms", content=f"m v=1 {T0}").status_code == 204
+    page = client.get("/metrics").text
+    assert 'metricvault_samples_stored_total{protocol="influx"} 1.0' in page
+    assert "metricvault_buffer_samples" in page and "metricvault_series 1.0" in page

@@ -23,7 +23,6 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import pyarrow as pa
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -45,10 +44,12 @@ PRECISIONS = {"ns", "n", "us", "u", "ms", "s", "m", "h"}
 
 
 class Gateway:
-    def __init__(self, vault: Vault, settings: Settings) -> None:
+    def __init__(
+        self, vault: Vault, settings: Settings, metrics: GatewayMetrics | None = None
+    ) -> None:
         self.vault = vault
         self.settings = settings
-        self.metrics = GatewayMetrics()
+        self.metrics = metrics or GatewayMetrics()
         self.limiter = NewSeriesLimiter(settings.max_new_series_per_minute)
         self.ready = False
 
@@ -204,11 +205,19 @@ class Gateway:
         return PlainTextResponse("metricvault gateway is ready\n")
 
     async def metrics_page(self, request: Request) -> Response:
-        samples, size = await run_in_threadpool(self.vault.buffer.depth)
+        body, content_type = await run_in_threadpool(self.scrape)
+        return Response(body, media_type=content_type)
+
+    def scrape(self) -> tuple[bytes, str]:
+        """Update this process's gauges and render every worker's metrics (blocking)."""
+        self.update_gauges()
+        return self.metrics.render()
+
+    def update_gauges(self) -> None:
+        samples, size = self.vault.buffer.depth()
         self.metrics.buffer_samples.set(samples)
         self.metrics.buffer_bytes.set(size)
         self.metrics.series.set(len(self.vault.index))
-        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     # ------------------------------------------------------------------ background
     async def flusher(self) -> None:
@@ -222,6 +231,17 @@ class Gateway:
                 self.metrics.flush.observe(time.perf_counter() - started)
             except Exception:  # samples stay in the durable buffer; try again next round
                 log.exception("flush failed; buffered samples are kept and retried")
+
+    async def gauge_updater(self) -> None:
+        """With several workers a scrape reads the gauges every worker last wrote, so each
+        keeps its own up to date (its buffer depth, the series it knows)."""
+        while True:
+            try:
+                await run_in_threadpool(self.update_gauges)
+            except Exception:
+                if self.ready:  # not the vault closing under it at shutdown
+                    log.exception("updating the gateway's gauges failed")
+            await asyncio.sleep(GAUGE_INTERVAL_S)
 
     async def maintainer(self) -> None:
         """Maintenance in one worker at a time (the first to take ``maintain.lock``)."""
@@ -243,6 +263,7 @@ class Gateway:
 
 
 INFLUX_VERSION = "1.8-metricvault"
+GAUGE_INTERVAL_S = 1.0
 
 
 def _is_ddl(statement: str) -> bool:
@@ -277,7 +298,10 @@ def app_from_environment() -> Starlette:
     # SQLite write lock; maintenance (and every worker's start) flushes all of them
     vault = Vault.open(settings.data, settings, buffer_name=f"buffer-worker-{os.getpid()}")
     vault.flush_other_buffers()
-    return create_app(vault, settings, close_vault=True)
+    # the workers' self-metrics go to files shared by this serve run (prometheus-client's
+    # multiprocess mode), so /metrics counts every worker whichever one answers
+    metrics = GatewayMetrics.for_worker(vault.location.state_dir)
+    return create_app(vault, settings, close_vault=True, metrics=metrics)
 
 
 def _die_with_parent() -> None:
@@ -291,14 +315,23 @@ def _die_with_parent() -> None:
 PR_SET_PDEATHSIG = 1
 
 
-def create_app(vault: Vault, settings: Settings, close_vault: bool = False) -> Starlette:
-    gateway = Gateway(vault, settings)
+def create_app(
+    vault: Vault,
+    settings: Settings,
+    close_vault: bool = False,
+    metrics: GatewayMetrics | None = None,
+) -> Starlette:
+    """The gateway over ``vault``; ``metrics``: a worker's (:meth:`GatewayMetrics.for_worker`),
+    closed with the app, or by default a private in-process registry."""
+    gateway = Gateway(vault, settings, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(gateway.flusher())]
         if settings.gateway_maintain:
             tasks.append(asyncio.create_task(gateway.maintainer()))
+        if gateway.metrics.multiprocess_dir is not None:
+            tasks.append(asyncio.create_task(gateway.gauge_updater()))
         gateway.ready = True
         try:
             yield
@@ -306,7 +339,10 @@ def create_app(vault: Vault, settings: Settings, close_vault: bool = False) -> S
             gateway.ready = False
             for task in tasks:
                 task.cancel()
-            await run_in_threadpool(vault.close if close_vault else vault.flush)  # drain all
+            try:
+                await run_in_threadpool(vault.close if close_vault else vault.flush)  # drain all
+            finally:
+                gateway.metrics.close()
 
     routes = [
         Route("/api/v1/write", gateway.remote_write, methods=["POST"]),
