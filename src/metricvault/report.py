@@ -29,6 +29,20 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+_STYLE = """<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}
+table{border-collapse:collapse}
+td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style>"""
+
+
+def figure_html(fig: Any, title: str, table: list[dict[str, Any]] | None = None) -> str:
+    """A standalone HTML page holding one figure (embedded PNG) and an optional table."""
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"{_STYLE}</head><body><h1>{html.escape(title)}</h1>{_table(table or [])}"
+        f"<img src='data:image/png;base64,{_png(fig)}'></body></html>\n"
+    )
+
+
 def _job_curves(vault: Vault, spec: ClusterSpec, metric: str, step: str) -> Any:
     fig, ax = plt.subplots(figsize=(9, 3.2))
     for job in spec.resolved_jobs():
@@ -110,9 +124,7 @@ def write_report(
     period = f"{ms_to_datetime(spec.start_ms):%Y-%m-%d} to {ms_to_datetime(_end(spec)):%Y-%m-%d}"
     path.write_text(
         f"""<!doctype html><html><head><meta charset="utf-8"><title>metricvault demo</title>
-<style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto}}
-table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}</style>
+{_STYLE}
 </head><body><h1>metricvault demo report</h1>
 <p><b>Simulated data</b> (metricvault.sim, seed {spec.seed}): {spec.nodes} nodes x
 {spec.gpus_per_node} GPUs, {period}, 5 s samples. Every series carries

@@ -114,7 +114,7 @@ def test_gpu_series_carry_gpu_labels_and_training_series_carry_job(frame: pd.Dat
 
 
 def test_series_count_matches(frame: pd.DataFrame) -> None:
-    assert frame["series"].nunique() == series_count(SPEC) == 2 * 2 * 11 + 2 * 6
+    assert frame["series"].nunique() == series_count(SPEC) == 2 * 2 * 11 + 2 * 7
 
 
 @pytest.mark.parametrize(
@@ -327,3 +327,14 @@ def test_the_demo_size_run_yields_exactly_total_samples() -> None:
     spec = ClusterSpec()
     rows = sum(table.num_rows for table in generate(spec))
     assert rows == total_samples(spec) > 40_000_000
+
+
+def test_train_step_counts_optimizer_steps_from_tokens(frame: pd.DataFrame) -> None:
+    from metricvault.sim.training import TOKENS_PER_STEP
+
+    tokens = _metric(frame, "train_tokens_total")
+    steps = _metric(frame, "train_step")
+    merged = tokens.merge(steps, on=["timestamp", "job"], suffixes=("_tokens", "_step"))
+    assert len(merged) == len(tokens)
+    assert (merged["value_step"] == merged["value_tokens"] // TOKENS_PER_STEP).all()
+    assert merged.groupby("job")["value_step"].is_monotonic_increasing.all()

@@ -57,7 +57,7 @@ def _locked(repo: Path) -> Iterator[None]:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def dvc(repo: Path, *args: str, what: str = "") -> str:
+def dvc(repo: Path, *args: str, what: str = "", check: bool = True) -> str:
     """Run ``dvc args`` in ``repo`` under the lock; failure raises ArchiveError with DVC's
     message (and ``what`` as context)."""
     env = {**os.environ, "DVC_NO_ANALYTICS": "1", "DVC_NO_UPDATER": "1"}
@@ -73,7 +73,7 @@ def dvc(repo: Path, *args: str, what: str = "") -> str:
             )
         except subprocess.TimeoutExpired as exc:
             raise ArchiveError(f"dvc {' '.join(args)} did not finish in {DVC_TIMEOUT_S} s") from exc
-    if done.returncode != 0:
+    if check and done.returncode != 0:
         message = (done.stderr or done.stdout).strip().splitlines()
         detail = " ".join(line for line in message if "dvc.org/support" not in line).strip()
         raise ArchiveError(f"{what or 'dvc ' + ' '.join(args)} failed: {detail}")
@@ -97,8 +97,8 @@ def remotes(repo: Path) -> dict[str, str]:
 
 
 def default_remote(repo: Path) -> str | None:
-    out = dvc(repo, "remote", "default", what="dvc remote default").strip()
-    return out or None
+    out = dvc(repo, "remote", "default", check=False)  # fails when none is set
+    return out.strip() or None
 
 
 def add(repo: Path, path: Path) -> Path:

@@ -51,14 +51,24 @@ def publish(
     remote: str | None = None,
     init: bool = False,
     tag_prefix: str = DEFAULT_TAG_PREFIX,
+    remote_url: str | None = None,
+    remote_endpoint: str | None = None,
 ) -> Published:
-    """``dvc add`` + ``dvc push`` the snapshot, commit its pointer, tag the commit."""
-    root = repo_root(repo if repo is not None else info.path.parent)
+    """``dvc add`` + ``dvc push`` the snapshot, commit its pointer, tag the commit.
+
+    ``init`` runs ``dvc init`` where there is no DVC repository; ``remote_url`` (a directory or
+    ``s3://bucket/prefix``, with ``remote_endpoint`` for S3-compatible servers) adds a default
+    remote named ``metricvault`` where none is configured. Both changes are committed with the
+    pointer; credentials never are (use the environment or ``dvc remote modify --local``).
+    """
     snapshot = info.path.resolve()
+    root = repo_root(repo if repo is not None else snapshot.parent)
     rel = _inside(root, snapshot)
     pointer_rel = rel + ".dvc"
     tag = check_ref_name(tag or f"{tag_prefix}{info.experiment.id}")
     initialised = _ensure_dvc(root, init)
+    if remote_url:
+        remote = _add_remote(root, remote_url, remote_endpoint)
     remote_name = _choose_remote(root, remote)
     _refuse_dirty(root, rel, pointer_rel)
     md5 = dvc.file_md5(snapshot)
@@ -70,12 +80,53 @@ def publish(
     pointer = dvc.add(root, snapshot)
     dvc.push(root, pointer, remote_name)  # data first: no commit names data the remote lacks
     paths = [pointer_rel, str(Path(rel).parent / ".gitignore")]
-    paths += [p for p in _INIT_FILES if initialised and (root / p).exists()]
+    if initialised or remote_url:
+        paths += [p for p in _INIT_FILES if (root / p).exists()]
     _commit(root, paths, f"metrics: snapshot of experiment {info.experiment.id} ({info.tier})")
     summary = _summary(info, rel, md5, remote_name)
     git(root, "tag", "-a", tag, "-m", summary)
     commit = git(root, "rev-parse", "HEAD").stdout.strip()
     return Published(snapshot, pointer, tag, commit, md5, remote_name, created=True)
+
+
+def check_ready(
+    snapshot: Path,
+    repo: str | Path | None = None,
+    *,
+    init: bool = False,
+    remote: str | None = None,
+    remote_url: str | None = None,
+) -> None:
+    """Refuse early (before a long export) what :func:`publish` would refuse: no git
+    repository, a path outside it, no DVC repository without ``init``, no remote."""
+    snapshot = snapshot.resolve()
+    root = repo_root(repo if repo is not None else snapshot.parent)
+    _inside(root, snapshot)
+    if not dvc.is_repo(root):
+        _ensure_dvc(root, init=False) if not init else None
+        if not remote_url:
+            raise ArchiveError(
+                f"--init makes a new DVC repository in {root}, which has no remote yet: pass "
+                "--remote-url DIR_OR_S3_URL too (or set one up: `dvc init && dvc remote add -d "
+                "store /path/to/storage`)"
+            )
+    elif not remote_url:
+        _choose_remote(root, remote)
+
+
+def _add_remote(root: Path, url: str, endpoint: str | None) -> str:
+    name = "metricvault"
+    known = dvc.remotes(root)
+    if name in known and known[name] != url:
+        raise ArchiveError(
+            f"DVC remote {name!r} already points to {known[name]}, not {url}: pass --remote "
+            f"{name} to use it, or change it with `dvc remote modify {name} url {url}`"
+        )
+    if name not in known:
+        dvc.dvc(root, "remote", "add", "--default", name, url, what="dvc remote add")
+    if endpoint:
+        dvc.dvc(root, "remote", "modify", name, "endpointurl", endpoint, what="dvc remote modify")
+    return name
 
 
 def _inside(root: Path, path: Path) -> str:

@@ -25,6 +25,7 @@ TRAINING_METRICS = (
     "mfu",
     "tokens_per_second",
     "train_tokens_total",
+    "train_step",
 )
 
 PEAK_LR = 1.5e-4
@@ -35,6 +36,7 @@ LOSS_EXPONENT = 0.38
 LOSS_START = 10.4  # about ln(vocabulary size): the loss of an untrained model
 LOSS_SPIKE_CHANCE = 5e-4
 GRAD_SPIKE_CHANCE = 1e-3
+TOKENS_PER_STEP = 4 * 1024 * 1024  # global batch: 1,024 sequences of 4,096 tokens
 
 
 def job_efficiency(plan: Plan, j: int, steps: I64) -> F64:
@@ -88,7 +90,8 @@ class JobSimulator:
         grad = self._held(training, self._grad_norm(steps, tokens), "last_grad")
         mfu = tps * self.plan.jobs[self.j].flops_per_token / (self.gpus * PEAK_BF16_FLOPS)
         lr = self._learning_rate(tokens)
-        values = np.stack([loss, lr, grad, mfu, tps, tokens.astype(np.float64)])
+        step = (tokens // TOKENS_PER_STEP).astype(np.float64)  # optimizer steps so far
+        values = np.stack([loss, lr, grad, mfu, tps, tokens.astype(np.float64), step])
         return steps[emits], values[:, emits]
 
     def _held(self, training: NDArray[np.bool_], fresh: F64, attr: str) -> F64:

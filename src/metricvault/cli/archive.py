@@ -1,0 +1,497 @@
+"""``metricvault experiment ...`` and ``metricvault archive ...``: the experiment registry and
+frozen, versioned snapshots of an experiment's metrics."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import pandas as pd
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from metricvault.archive.experiments import EDITABLE, Experiment
+from metricvault.cli.common import (
+    ConfigOpt,
+    DataOpt,
+    FormatOpt,
+    OutOpt,
+    SetOpt,
+    console,
+    emit,
+    err,
+    open_vault,
+)
+from metricvault.durations import ms_to_datetime
+
+experiment_app = typer.Typer(
+    help="Register experiments (which series, when, which commit) and compare them.",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+)
+archive_app = typer.Typer(
+    help="Freeze an experiment's metrics as a deterministic Parquet snapshot, version it with "
+    "DVC and a git tag, restore it by tag, query it, verify it.",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+)
+
+SelectorOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--selector",
+        "-l",
+        help="PromQL selector of the experiment's series; repeat to add more (joined by 'or').",
+        show_default=False,
+    ),
+]
+RepoOpt = Annotated[Path, typer.Option("--repo", help="The git repository holding the snapshots.")]
+
+
+def _fields(
+    selector: list[str] | None,
+    name: str | None,
+    start: str | None,
+    end: str | None,
+    git_repo: str | None,
+    git_sha: str | None,
+    owner: str | None,
+    tag: list[str] | None,
+    notes: str | None,
+    param: list[str] | None,
+) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "selector": " or ".join(selector) if selector else None,
+        "name": name,
+        "start": start,
+        "end": end,
+        "git_repo": git_repo,
+        "git_sha": git_sha,
+        "owner": owner,
+        "tags": tuple(tag) if tag else None,
+        "notes": notes,
+        "params": _params(param) if param else None,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _params(items: list[str]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--param {item!r}: write KEY=VALUE, e.g. --param lr=3e-4")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params
+
+
+def _git_defaults(fields: dict[str, Any], no_git: bool) -> None:
+    """Record the current repository's HEAD unless told otherwise or given explicitly."""
+    if no_git or "git_sha" in fields:
+        return
+    from metricvault.archive.git import head, repo_root
+    from metricvault.errors import ArchiveError
+
+    try:
+        sha, origin, dirty = head(repo_root("."))
+    except ArchiveError:
+        return
+    fields["git_sha"] = sha
+    fields.setdefault("git_repo", origin)
+    err.print(f"recorded git commit {sha[:12]} of the current repository")
+    if dirty:
+        err.print(
+            "[yellow]warning[/]: the working tree has uncommitted changes; the commit alone "
+            "does not reproduce this run"
+        )
+
+
+@experiment_app.command("create")
+def experiment_create(
+    experiment_id: Annotated[str, typer.Argument(help="A slug: letters, digits, . _ -")],
+    selector: SelectorOpt = None,
+    name: Annotated[str | None, typer.Option(help="Human-readable name.")] = None,
+    start: Annotated[str | None, typer.Option(help="Start (ISO, epoch ms, -2d); now.")] = None,
+    end: Annotated[str | None, typer.Option(help="End; omit while it runs.")] = None,
+    git_repo: Annotated[str | None, typer.Option(help="Repository URL.")] = None,
+    git_sha: Annotated[str | None, typer.Option(help="Commit; default: HEAD here.")] = None,
+    no_git: Annotated[bool, typer.Option("--no-git", help="Do not record git.")] = False,
+    owner: Annotated[str | None, typer.Option(help="Who runs it.")] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="Tag (repeatable).")] = None,
+    notes: Annotated[str | None, typer.Option(help="Free text.")] = None,
+    param: Annotated[
+        list[str] | None, typer.Option("--param", help="KEY=VALUE (JSON values; repeatable).")
+    ] = None,
+    data: DataOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Register an experiment: the series it owns (a selector), its time range, its commit.
+
+    Example: `metricvault experiment create llama-70b-r3 -l '{job="llama-70b-r3"}' -l
+    'DCGM_FI_DEV_GPU_UTIL{Hostname=~"node0[1-4]"}' --start 2026-03-01T08:00 --param lr=3e-4`
+
+    Without --git-sha the HEAD commit of the git repository you are in is recorded.
+    """
+    if not selector:
+        raise typer.BadParameter("give the experiment's series with --selector/-l")
+    fields = _fields(selector, name, start, end, git_repo, git_sha, owner, tag, notes, param)
+    _git_defaults(fields, no_git)
+    with open_vault(data, config, set_, create=True) as vault:
+        exp = vault.experiments.create(experiment_id, fields.pop("selector"), **fields)
+    console.print(f"created experiment [bold]{exp.id}[/]")
+    _print_experiment(exp)
+
+
+@experiment_app.command("update")
+def experiment_update(
+    experiment_id: Annotated[str, typer.Argument(help="Experiment id.")],
+    selector: SelectorOpt = None,
+    name: Annotated[str | None, typer.Option()] = None,
+    start: Annotated[str | None, typer.Option()] = None,
+    end: Annotated[str | None, typer.Option()] = None,
+    git_repo: Annotated[str | None, typer.Option()] = None,
+    git_sha: Annotated[str | None, typer.Option()] = None,
+    owner: Annotated[str | None, typer.Option()] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="Replaces the tags.")] = None,
+    notes: Annotated[str | None, typer.Option()] = None,
+    param: Annotated[
+        list[str] | None, typer.Option("--param", help="Replaces the params (KEY=VALUE).")
+    ] = None,
+    data: DataOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Change fields of an experiment (the id never changes)."""
+    fields = _fields(selector, name, start, end, git_repo, git_sha, owner, tag, notes, param)
+    if not fields:
+        raise typer.BadParameter(f"nothing to update: give one of {', '.join(EDITABLE)}")
+    with open_vault(data, config, set_) as vault:
+        exp = vault.experiments.update(experiment_id, **fields)
+    _print_experiment(exp)
+
+
+@experiment_app.command("end")
+def experiment_end(
+    experiment_id: Annotated[str, typer.Argument(help="Experiment id.")],
+    at: Annotated[str, typer.Option(help="When it ended.")] = "now",
+    data: DataOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Mark an experiment finished (now, or --at TIME)."""
+    with open_vault(data, config, set_) as vault:
+        exp = vault.experiments.end(experiment_id, at)
+    console.print(f"experiment {exp.id} ended at {_when(exp.end_ms)}")
+
+
+@experiment_app.command("show")
+def experiment_show(
+    experiment_id: Annotated[str, typer.Argument(help="Experiment id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON record.")] = False,
+    data: DataOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Show one experiment's record."""
+    with open_vault(data, config, set_) as vault:
+        exp = vault.experiments.get(experiment_id)
+    if as_json:
+        print(json.dumps(exp.to_record(), indent=2))
+    else:
+        _print_experiment(exp)
+
+
+@experiment_app.command("list")
+def experiment_list(
+    fmt: FormatOpt = "table",
+    output: OutOpt = None,
+    data: DataOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """All experiments, by start time."""
+    with open_vault(data, config, set_) as vault:
+        rows = [_row(e) for e in vault.experiments.list()]
+    columns = ["id", "name", "start", "end", "hours", "owner", "git_sha", "tags", "selector"]
+    emit(pd.DataFrame(rows, columns=columns), fmt, output, title="experiments")
+
+
+def _row(exp: Experiment) -> dict[str, Any]:
+    hours = (exp.end_ms - exp.start_ms) / 3_600_000 if exp.end_ms is not None else None
+    return {
+        "id": exp.id,
+        "name": exp.name,
+        "start": _when(exp.start_ms),
+        "end": _when(exp.end_ms) or "running",
+        "hours": hours,
+        "owner": exp.owner,
+        "git_sha": exp.git_sha[:12],
+        "tags": ",".join(exp.tags),
+        "selector": exp.selector,
+    }
+
+
+def _print_experiment(exp: Experiment) -> None:
+    table = Table(show_header=False, box=None)
+    record = exp.to_record()
+    for key in ("id", "name", "selector", "start", "end", "git_repo", "git_sha", "owner"):
+        table.add_row(key, str(record[key] or ("running" if key == "end" else "")))
+    table.add_row("tags", ", ".join(exp.tags))
+    table.add_row("params", json.dumps(dict(exp.params), sort_keys=True))
+    table.add_row("notes", exp.notes)
+    console.print(table)
+
+
+def _when(ms: int | None) -> str:
+    return ms_to_datetime(ms).strftime("%Y-%m-%d %H:%M:%S") if ms is not None else ""
+
+
+@experiment_app.command("compare")
+def experiment_compare(
+    experiment_ids: Annotated[list[str], typer.Argument(help="Two or more experiment ids.")],
+    plot: Annotated[
+        Path | None, typer.Option(help="Also write curves to this .png or .html file.")
+    ] = None,
+    metric: Annotated[
+        list[str] | None, typer.Option("--metric", "-m", help="Metric to plot (repeatable).")
+    ] = None,
+    align: Annotated[str, typer.Option(help="Align curves by elapsed, step or time.")] = (
+        "elapsed"
+    ),
+    step: Annotated[str, typer.Option(help="Curve resolution (bucket width).")] = "1m",
+    fmt: FormatOpt = "table",
+    output: OutOpt = None,
+    data: DataOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Side by side: duration, GPUs, GPU-hours, mean/max GPU utilisation, mean MFU, energy
+    (kWh, from the DCGM energy counter) and final loss.
+
+    Example: `metricvault experiment compare llama-70b-r3 llama-70b-r4 --plot cmp.png -m mfu
+    -m train_loss --align step`
+    """
+    from metricvault.archive.compare import compare
+    from metricvault.archive.compare import plot as draw
+
+    with open_vault(data, config, set_) as vault:
+        frame = compare(vault, experiment_ids)
+        if plot is not None:
+            written = draw(
+                vault,
+                experiment_ids,
+                metric or ["mfu", "train_loss"],
+                plot,
+                align=align,
+                step=step,
+            )
+            err.print(f"wrote {written}")
+    emit(frame, fmt, output, title="experiments compared")
+
+
+# --------------------------------------------------------------------------- archive
+@archive_app.command("export")
+def archive_export(
+    experiment_id: Annotated[str, typer.Argument(help="Experiment id.")],
+    tier: Annotated[str, typer.Option(help="raw, 1m or 1h.")] = "raw",
+    metrics: Annotated[
+        list[str] | None,
+        typer.Option("--metrics", help="Only these metric names (repeatable or a,b,c)."),
+    ] = None,
+    out: Annotated[
+        Path, typer.Option("--output", "-o", help="Directory (or .parquet file) to write.")
+    ] = Path("artifacts/metrics"),
+    use_dvc: Annotated[
+        bool, typer.Option("--dvc", help="dvc add + dvc push, git commit and tag.")
+    ] = False,
+    init: Annotated[bool, typer.Option("--init", help="With --dvc: dvc init if needed.")] = False,
+    remote: Annotated[str | None, typer.Option(help="DVC remote (default: the repo's).")] = None,
+    remote_url: Annotated[
+        str | None,
+        typer.Option(help="With --dvc: add this directory or s3:// URL as the default remote."),
+    ] = None,
+    remote_endpoint: Annotated[
+        str | None, typer.Option(help="endpointurl of an S3-compatible --remote-url.")
+    ] = None,
+    tag: Annotated[
+        str | None, typer.Option("--tag", help="Git tag (default metrics/<experiment-id>).")
+    ] = None,
+    data: DataOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Write the experiment's metrics as one deterministic Parquet file (same data, same bytes).
+
+    With --dvc the file is then added to DVC, pushed to the remote, its pointer committed and
+    the commit tagged `metrics/<experiment-id>` — run it inside the git repository of the
+    paper or project. Example: `metricvault archive export llama-70b-r3 --tier 1m --dvc`
+    """
+    from metricvault.archive.snapshot import export_snapshot
+
+    names = [m.strip() for item in metrics or [] for m in item.split(",") if m.strip()]
+    if use_dvc:
+        from metricvault.archive.repository import check_ready
+        from metricvault.archive.snapshot import snapshot_path
+
+        check_ready(
+            snapshot_path(out, experiment_id), init=init, remote=remote, remote_url=remote_url
+        )
+    with open_vault(data, config, set_) as vault:
+        exp = vault.experiments.get(experiment_id)
+        if exp.end_ms is None:
+            err.print(
+                f"[yellow]warning[/]: experiment {exp.id} is still running; the snapshot holds "
+                f"its data up to now (end it with `metricvault experiment end {exp.id}`)"
+            )
+        with _progress() as bar:
+            task = bar.add_task("exporting", total=None)
+
+            def advance(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            info = export_snapshot(
+                vault, experiment_id, out, tier=tier, metrics=names, progress=advance
+            )
+    console.print(
+        f"wrote {info.path}: {info.rows:,} rows of {info.series} series ({info.tier}), "
+        f"{info.bytes:,} bytes, {info.content_hash}"
+    )
+    if use_dvc:
+        from metricvault.archive.repository import publish
+
+        done = publish(
+            info,
+            tag=tag,
+            remote=remote,
+            init=init,
+            remote_url=remote_url,
+            remote_endpoint=remote_endpoint,
+        )
+        state = "archived" if done.created else "already archived with identical content"
+        console.print(
+            f"{state}: tag [bold]{done.tag}[/] -> commit {done.commit[:12]}, pushed to DVC "
+            f"remote '{done.remote}' (md5 {done.md5})"
+        )
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("series"),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+    )
+
+
+@archive_app.command("restore")
+def archive_restore(
+    ref: Annotated[str, typer.Argument(help="EXPERIMENT or EXPERIMENT@TAG.")],
+    repo: RepoOpt = Path("."),
+    out: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Where to write (default: its path).")
+    ] = None,
+    remote: Annotated[str | None, typer.Option(help="DVC remote to fetch from.")] = None,
+    force: Annotated[bool, typer.Option(help="Replace a different file at the target.")] = False,
+) -> None:
+    """Bring a snapshot back from the DVC remote, exactly as its tag recorded it."""
+    from metricvault.archive.repository import restore
+
+    path = restore(ref, repo, out=out, remote=remote, force=force)
+    console.print(f"restored {path}")
+
+
+@archive_app.command("open")
+def archive_open(
+    path: Annotated[Path, typer.Argument(help="A snapshot .parquet file.")],
+    selector: Annotated[str | None, typer.Argument(help="PromQL selector to query.")] = None,
+    start: Annotated[str | None, typer.Option("--start", "-s")] = None,
+    end: Annotated[str | None, typer.Option("--end", "-e")] = None,
+    step: Annotated[str | None, typer.Option(help="Bucket width or 'all'.")] = None,
+    agg: Annotated[str, typer.Option(help="Aggregates, as for `query`.")] = "mean",
+    fmt: FormatOpt = "table",
+    output: OutOpt = None,
+) -> None:
+    """Query a snapshot with the same options as `metricvault query` (without a selector:
+    describe it and list its series)."""
+    from metricvault.archive.opened import SnapshotVault
+
+    with SnapshotVault(path) as snap:
+        if selector is None:
+            _describe(snap.stats())
+            emit(snap.series(), fmt, output, title="series")
+            return
+        frame = snap.query(selector, start, end, step=step, aggs=agg.split(","))
+    emit(frame, fmt, output, title=selector)
+
+
+def _describe(stats: dict[str, Any]) -> None:
+    table = Table(show_header=False, box=None)
+    for key, value in stats.items():
+        shown = _when(value) if key.endswith("_ms") else value
+        table.add_row(key, f"{shown:,}" if isinstance(shown, int) else str(shown))
+    console.print(table)
+
+
+@archive_app.command("verify")
+def archive_verify(
+    files: Annotated[
+        list[Path] | None, typer.Argument(help="Snapshot files (default: all in the repo).")
+    ] = None,
+    repo: RepoOpt = Path("."),
+) -> None:
+    """Check every snapshot against its `.dvc` md5 and its embedded content hash; exit 1 on
+    any mismatch."""
+    from metricvault.archive.repository import verify
+
+    results = verify(repo, list(files) if files else None)
+    table = Table(title="snapshots verified")
+    for col in ("snapshot", "status", "detail"):
+        table.add_column(col)
+    for r in results:
+        colour = "green" if r.status == "ok" else ("yellow" if r.ok else "red")
+        table.add_row(str(r.path), f"[{colour}]{r.status}[/]", r.detail)
+    console.print(table)
+    if not results:
+        err.print("no snapshots found (looked for *.parquet.dvc in the repository)")
+    if not all(r.ok for r in results):
+        sys.exit(1)
+
+
+@archive_app.command("list")
+def archive_list(
+    repo: RepoOpt = Path("."),
+    remote: Annotated[str | None, typer.Option(help="DVC remote to check.")] = None,
+    check_remote: Annotated[
+        bool, typer.Option("--check-remote/--no-check-remote", help="Ask the remote.")
+    ] = True,
+    fmt: FormatOpt = "table",
+    output: OutOpt = None,
+) -> None:
+    """Snapshots in the repository: experiment, tag, size, rows, local and remote status."""
+    from metricvault.archive.repository import list_snapshots
+
+    rows = [
+        {
+            "experiment": s.experiment,
+            "tag": ", ".join(s.tags),
+            "tier": s.tier,
+            "rows": s.rows,
+            "bytes": s.bytes,
+            "local": "present" if s.present else "absent",
+            "remote": {None: "", True: "pushed", False: "NOT PUSHED"}[s.in_remote],
+            "pointer": str(s.pointer),
+        }
+        for s in list_snapshots(repo, remote=remote, check_remote=check_remote)
+    ]
+    columns = ["experiment", "tag", "tier", "rows", "bytes", "local", "remote", "pointer"]
+    emit(pd.DataFrame(rows, columns=columns), fmt, output, title="snapshots")
