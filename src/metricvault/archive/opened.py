@@ -50,9 +50,12 @@ class SnapshotVault:
         self.tier = self.info.tier
         self.index = SeriesIndex()
         self._rows: dict[int, tuple[int, int]] = {}
-        for sid, metric, labels, kind, first, n in json.loads(meta["series"]):
+        self._prev: dict[int, tuple[int, float]] = {}  # counters: last sample before the start
+        for sid, metric, labels, kind, first, n, *rest in json.loads(meta["series"]):
             self.index.add(sid, metric, labels, kind)
             self._rows[sid] = (first, n)
+            if rest and rest[0] is not None:
+                self._prev[sid] = (int(rest[0][0]), float(rest[0][1]))
         self._group_rows = int(meta["row_group_rows"])
         self._file = pq.ParquetFile(self.path)
         settings = settings or Settings.load()
@@ -126,7 +129,7 @@ class SnapshotVault:
             rows = self._read(ids, lo, hi)
             partials = rollup.rollup_partials(rows, width=width, origin=origin, res=res)
         else:
-            samples = self._read(ids, lo - self._lookback, hi)
+            samples = self._with_prev(self._read(ids, lo - self._lookback, hi), ids, lo)
             counters = pa.array([s for s in ids if self.index.is_counter(s)], pa.int64())
             partials = rollup.raw_partials(
                 samples,
@@ -160,6 +163,25 @@ class SnapshotVault:
             pc.and_(pc.greater_equal(ts, t0), pc.less(ts, t1)),
         )
         return table.filter(mask)
+
+    def _with_prev(self, samples: pa.Table, ids: list[int], lo: int) -> pa.Table:
+        """Add each counter's pre-start sample where it serves as the lag of the first bucket."""
+        prev = [
+            (s, *self._prev[s])
+            for s in ids
+            if s in self._prev and lo - self._lookback <= self._prev[s][0] < lo
+        ]
+        if not prev:
+            return samples
+        extra = pa.table(
+            [
+                pa.array(c, t)
+                for c, t in zip(zip(*prev, strict=True), SAMPLE_SCHEMA.types, strict=True)
+            ],
+            schema=SAMPLE_SCHEMA,
+        )
+        merged = pa.concat_tables([extra, samples.select(SAMPLE_SCHEMA.names).cast(SAMPLE_SCHEMA)])
+        return merged.sort_by([("series_id", "ascending"), ("ts", "ascending")])
 
     def _groups_of(self, series_id: int) -> range:
         first, n = self._rows[series_id]

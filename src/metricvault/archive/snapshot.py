@@ -10,8 +10,10 @@ Rows are sorted by (metric, labels, timestamp), written in row groups of exactly
 ``ROW_GROUP_ROWS`` rows with fixed writer settings and no wall-clock anywhere, so the same data
 gives byte-identical files (DVC then stores it once). File-level key-value metadata carries the
 schema version, the experiment record, the tier, the time range, the row count, the metricvault
-version, the per-series row ranges (which let readers fetch one series without a scan), and a
-content hash of the rows that :func:`content_hash` recomputes from the file alone.
+version, the per-series row ranges (which let readers fetch one series without a scan) with, for
+counters in raw snapshots, the last sample before the start (so ``increase`` over the first
+bucket equals the vault's), and a content hash of the rows that :func:`content_hash` recomputes
+from the file alone.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import json
 import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +114,7 @@ def export_snapshot(
     if tier not in TIERS:
         raise InputError(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}")
     start, end = exp.window()
-    ctx = vault._context()
+    ctx = vault.query_context()
     _check_raw_kept(ctx.snapshot.raw_horizon_ms, tier, exp, start)
     infos = _experiment_series(vault, exp, metrics)
     path = snapshot_path(out, exp.id)
@@ -120,8 +122,10 @@ def export_snapshot(
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         sink = _SnapshotWriter(tmp, exp, tier)
-        for done, table in _chunks(ctx, infos, exp, tier, start, end):
+        for done, batch, table in _chunks(ctx, infos, exp, tier, start, end):
             sink.add(table)
+            if tier == "raw":
+                sink.prev.update(_counter_lookback(ctx, batch, start))
             if progress:
                 progress(done, len(infos))
         if sink.rows + sink.pending_rows == 0:
@@ -156,7 +160,8 @@ def _experiment_series(vault: Vault, exp: Experiment, metrics: Sequence[str]) ->
     from metricvault.selector import parse_selectors
 
     ids = vault.index.match(parse_selectors(exp.selector))
-    infos = [vault.index.get(s) for s in ids]
+    # the kind that decides roll-ups (exposition metadata wins over the name)
+    infos = [replace(vault.index.get(s), kind=vault.index.kind(s)) for s in ids]
     if metrics:
         unknown = sorted(set(metrics) - {i.metric for i in infos})
         if unknown:
@@ -176,7 +181,7 @@ def _chunks(
     tier: str,
     start: int,
     end: int,
-) -> Iterator[tuple[int, pa.Table]]:
+) -> Iterator[tuple[int, list[SeriesInfo], pa.Table]]:
     """Rows of a few series at a time, sized from the rows per series seen so far."""
     done, size, per_series = 0, 8, 0.0
     if not infos:
@@ -190,7 +195,24 @@ def _chunks(
         done += len(batch)
         per_series = max(per_series, rows.num_rows / len(batch))
         size = max(1, min(4096, int(TARGET_CHUNK_ROWS / max(per_series, 1.0))))
-        yield done, _long_rows(rows, batch, exp, tier)
+        yield done, batch, _long_rows(rows, batch, exp, tier)
+
+
+def _counter_lookback(
+    ctx: q.QueryContext, infos: list[SeriesInfo], start: int
+) -> dict[int, list[float]]:
+    """Each counter's last sample before ``start`` (within the lookback): a raw snapshot keeps
+    it in its metadata so ``increase`` over its first bucket equals the vault's."""
+    ids = [i.series_id for i in infos if ctx.index.is_counter(i.series_id)]
+    if not ids:
+        return {}
+    before = q.raw_samples(ctx, ids, start - ctx.lookback_ms, start)
+    prev: dict[int, list[float]] = {}
+    for sid, ts, value in zip(
+        *(before[c].to_pylist() for c in ("series_id", "ts", "value")), strict=True
+    ):
+        prev[sid] = [ts, value]  # rows are in time order per series: the last one wins
+    return prev
 
 
 def _fetch(ctx: q.QueryContext, ids: list[int], tier: str, start: int, end: int) -> pa.Table:
@@ -256,6 +278,7 @@ class _SnapshotWriter:
         self.rows = 0
         self.hash = RowHasher()
         self.series_rows: dict[int, int] = {}
+        self.prev: dict[int, list[float]] = {}  # counter series -> [ts, value] before start
         self.first: int | None = None
         self.last: int | None = None
 
@@ -301,8 +324,9 @@ class _SnapshotWriter:
         for info in infos:
             n = self.series_rows.get(info.series_id, 0)
             if n:
+                prev = self.prev.get(info.series_id)
                 series.append(
-                    [info.series_id, info.metric, info.labels_json, info.kind, first_row, n]
+                    [info.series_id, info.metric, info.labels_json, info.kind, first_row, n, prev]
                 )
                 first_row += n
         values = {

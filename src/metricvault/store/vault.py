@@ -406,6 +406,13 @@ class Vault:
         )
         return q.shape(self.index, partials, q.finish_aggregates(partials, agg_names), output)
 
+    def query_context(self) -> q.QueryContext:
+        """What readers outside this class (snapshot export) read through: buffered samples
+        are flushed first, so they see everything written so far."""
+        if self._pending_samples:
+            self.flush()
+        return self._context()
+
     def _context(self) -> q.QueryContext:
         snap = self.catalog.current()
         if len(snap.series_files) != len(self._series_files):
