@@ -57,13 +57,12 @@ def _locked(repo: Path) -> Iterator[None]:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def dvc(repo: Path, *args: str, what: str = "", check: bool = True) -> str:
-    """Run ``dvc args`` in ``repo`` under the lock; failure raises ArchiveError with DVC's
-    message (and ``what`` as context)."""
+def run(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``dvc args`` in ``repo`` under the lock."""
     env = {**os.environ, "DVC_NO_ANALYTICS": "1", "DVC_NO_UPDATER": "1"}
     with _locked(repo):
         try:
-            done = subprocess.run(
+            return subprocess.run(
                 [executable(), *args],
                 cwd=repo,
                 env=env,
@@ -73,7 +72,12 @@ def dvc(repo: Path, *args: str, what: str = "", check: bool = True) -> str:
             )
         except subprocess.TimeoutExpired as exc:
             raise ArchiveError(f"dvc {' '.join(args)} did not finish in {DVC_TIMEOUT_S} s") from exc
-    if check and done.returncode != 0:
+
+
+def dvc(repo: Path, *args: str, what: str = "") -> str:
+    """Run ``dvc args``; failure raises ArchiveError with DVC's message (``what``: context)."""
+    done = run(repo, *args)
+    if done.returncode != 0:
         message = (done.stderr or done.stdout).strip().splitlines()
         detail = " ".join(line for line in message if "dvc.org/support" not in line).strip()
         raise ArchiveError(f"{what or 'dvc ' + ' '.join(args)} failed: {detail}")
@@ -97,8 +101,8 @@ def remotes(repo: Path) -> dict[str, str]:
 
 
 def default_remote(repo: Path) -> str | None:
-    out = dvc(repo, "remote", "default", check=False)  # fails when none is set
-    return out.strip() or None
+    done = run(repo, "remote", "default")  # fails when none is set
+    return done.stdout.strip() or None if done.returncode == 0 else None
 
 
 def add(repo: Path, path: Path) -> Path:

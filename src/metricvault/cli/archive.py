@@ -323,6 +323,10 @@ def archive_export(
     tag: Annotated[
         str | None, typer.Option("--tag", help="Git tag (default metrics/<experiment-id>).")
     ] = None,
+    repo: Annotated[
+        Path | None,
+        typer.Option("--repo", help="With --dvc: the git repository (default: the output's)."),
+    ] = None,
     data: DataOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -341,7 +345,11 @@ def archive_export(
         from metricvault.archive.snapshot import snapshot_path
 
         check_ready(
-            snapshot_path(out, experiment_id), init=init, remote=remote, remote_url=remote_url
+            snapshot_path(out, experiment_id),
+            repo,
+            init=init,
+            remote=remote,
+            remote_url=remote_url,
         )
     with open_vault(data, config, set_) as vault:
         exp = vault.experiments.get(experiment_id)
@@ -368,6 +376,7 @@ def archive_export(
 
         done = publish(
             info,
+            repo,
             tag=tag,
             remote=remote,
             init=init,
