@@ -151,6 +151,18 @@ class Settings:
         True, "Run maintenance (compaction, rollups, retention) inside metricvault serve."
     )
 
+    archive_dir: str = _setting(
+        "artifacts/metrics",
+        "Where `metricvault archive export` writes snapshots (keep it inside your git repository).",
+    )
+    archive_tag_prefix: str = _setting(
+        "metrics/",
+        "Git tag of an archived snapshot: this prefix plus the experiment id.",
+    )
+    archive_dvc_remote: str = _setting(
+        "", "DVC remote that archive export --dvc pushes to (empty: the repository's default)."
+    )
+
     def __post_init__(self) -> None:
         for name in ("retention_raw", "retention_1m", "retention_1h"):
             _check(name, parse_retention_ms, getattr(self, name))

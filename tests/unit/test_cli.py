@@ -129,3 +129,170 @@ def test_demo_never_replaces_a_vault_it_did_not_make(vault_dir, tmp_path):
     assert "was not made by 'metricvault demo'" in str(result.exception) + result.output
     with Vault.open(vault_dir) as v:
         assert v.stats()["tiers"]["raw"]["rows"] == 2880  # untouched
+
+
+# --------------------------------------------------------------------------- issue 4: experiments
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("experiment", "create"),
+        ("experiment", "list"),
+        ("experiment", "show"),
+        ("experiment", "update"),
+        ("experiment", "end"),
+        ("experiment", "compare"),
+        ("archive", "export"),
+        ("archive", "restore"),
+        ("archive", "open"),
+        ("archive", "verify"),
+        ("archive", "list"),
+    ],
+)
+def test_experiment_and_archive_commands_have_manual_pages(command):
+    result = run(*command, "--help")
+    assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_experiment_lifecycle_on_the_command_line(vault_dir, tmp_path):
+    created = run(
+        "experiment",
+        "create",
+        "run-1",
+        "-d",
+        vault_dir,
+        "-l",
+        'gpu_util{gpu="0"}',
+        "-l",
+        'gpu_util{gpu="1"}',
+        "--start",
+        str(T0),
+        "--param",
+        "lr=3e-4",
+        "--param",
+        "opt=adamw",
+        "--tag",
+        "paper",
+        "--owner",
+        "ana",
+        "--no-git",
+    )
+    assert created.exit_code == 0, created.output
+    shown = json.loads(run("experiment", "show", "run-1", "-d", vault_dir, "--json").output)
+    assert shown["params"] == {"lr": 3e-4, "opt": "adamw"} and shown["end"] is None
+    assert shown["selector"] == 'gpu_util{gpu="0"} or gpu_util{gpu="1"}'
+    assert run("experiment", "update", "run-1", "-d", vault_dir, "--notes", "ok").exit_code == 0
+    ended = run("experiment", "end", "run-1", "-d", vault_dir, "--at", str(T0 + 7_200_000))
+    assert ended.exit_code == 0 and "02:00:00" in ended.output
+    listed = run("experiment", "list", "-d", vault_dir, "-f", "csv").output
+    rows = list(csv_rows(listed))
+    assert rows[0]["id"] == "run-1" and rows[0]["hours"] == "2.0" and rows[0]["owner"] == "ana"
+    out = tmp_path / "cmp.csv"
+    run(
+        "experiment",
+        "create",
+        "run-2",
+        "-d",
+        vault_dir,
+        "-l",
+        'gpu_util{gpu="1"}',
+        "--start",
+        str(T0),
+        "--end",
+        str(T0 + 3_600_000),
+        "--no-git",
+    )
+    plot = tmp_path / "cmp.png"
+    compared = run(
+        "experiment",
+        "compare",
+        "run-1",
+        "run-2",
+        "-d",
+        vault_dir,
+        "-f",
+        "csv",
+        "-o",
+        str(out),
+        "--plot",
+        str(plot),
+        "-m",
+        "gpu_util",
+    )
+    assert compared.exit_code == 0, compared.output
+    table = pd.read_csv(out)
+    assert table["experiment"].tolist() == ["run-1", "run-2"]
+    assert table["duration_h"].tolist() == [2.0, 1.0]
+    assert plot.stat().st_size > 1000
+
+
+def csv_rows(text):
+    import csv
+    import io
+
+    return csv.DictReader(io.StringIO(text))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("experiment", "create", "../x", "-l", "up"), "looks like a path"),
+        (("experiment", "create", "x"), "--selector"),
+        (("experiment", "create", "x", "-l", "up{"), "cannot parse"),
+        (("experiment", "show", "nope"), "no experiment 'nope'"),
+        (("experiment", "update", "nope", "--notes", "x"), "no experiment 'nope'"),
+        (("archive", "export", "nope"), "no experiment 'nope'"),
+        (("archive", "open", "missing.parquet"), "no snapshot file"),
+    ],
+)
+def test_experiment_errors_are_clear(vault_dir, args, message):
+    result = runner.invoke(
+        app,
+        [*args, "-d", vault_dir] if args[0] == "experiment" or args[1] == "export" else list(args),
+    )
+    assert result.exit_code != 0
+    text = result.output + str(result.exception or "")
+    assert message in text, text
+
+
+def test_archive_export_and_open_on_the_command_line(vault_dir, tmp_path):
+    run(
+        "experiment",
+        "create",
+        "run-1",
+        "-d",
+        vault_dir,
+        "-l",
+        "gpu_util",
+        "--start",
+        str(T0),
+        "--end",
+        str(T0 + 3_600_000),
+        "--no-git",
+    )
+    exported = run("archive", "export", "run-1", "-d", vault_dir, "-o", str(tmp_path))
+    assert exported.exit_code == 0, exported.output
+    snap = tmp_path / "run-1.parquet"
+    described = run("archive", "open", str(snap))
+    assert "content_hash" in described.output and "sha256:" in described.output
+    got = run(
+        "archive",
+        "open",
+        str(snap),
+        'gpu_util{gpu="0"}',
+        "--step",
+        "1h",
+        "--agg",
+        "count,max",
+        "-f",
+        "json",
+    )
+    assert json.loads(got.output) == [
+        {
+            "timestamp": "2026-01-01T00:00:00.000Z",
+            "metric": "gpu_util",
+            "gpu": "0",
+            "count": 720,
+            "max": 49.0,
+        }
+    ]
+    assert "ok" in run("archive", "verify", str(snap)).output

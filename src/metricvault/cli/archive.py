@@ -23,9 +23,11 @@ from metricvault.cli.common import (
     console,
     emit,
     err,
+    load_settings,
     open_vault,
 )
 from metricvault.durations import ms_to_datetime
+from metricvault.store.vault import Vault
 
 experiment_app = typer.Typer(
     help="Register experiments (which series, when, which commit) and compare them.",
@@ -306,8 +308,11 @@ def archive_export(
         typer.Option("--metrics", help="Only these metric names (repeatable or a,b,c)."),
     ] = None,
     out: Annotated[
-        Path, typer.Option("--output", "-o", help="Directory (or .parquet file) to write.")
-    ] = Path("artifacts/metrics"),
+        Path | None,
+        typer.Option(
+            "--output", "-o", help="Directory (or .parquet file); default: setting archive_dir."
+        ),
+    ] = None,
     use_dvc: Annotated[
         bool, typer.Option("--dvc", help="dvc add + dvc push, git commit and tag.")
     ] = False,
@@ -340,6 +345,9 @@ def archive_export(
     from metricvault.archive.snapshot import export_snapshot
 
     names = [m.strip() for item in metrics or [] for m in item.split(",") if m.strip()]
+    settings = load_settings(data, config, set_)
+    out = out or Path(settings.archive_dir)
+    remote = remote or settings.archive_dvc_remote or None
     if use_dvc:
         from metricvault.archive.repository import check_ready
         from metricvault.archive.snapshot import snapshot_path
@@ -351,7 +359,7 @@ def archive_export(
             remote=remote,
             remote_url=remote_url,
         )
-    with open_vault(data, config, set_) as vault:
+    with Vault.open(settings.data, settings, create=False) as vault:
         exp = vault.experiments.get(experiment_id)
         if exp.end_ms is None:
             err.print(
@@ -377,6 +385,7 @@ def archive_export(
         done = publish(
             info,
             repo,
+            tag_prefix=settings.archive_tag_prefix,
             tag=tag,
             remote=remote,
             init=init,
@@ -411,11 +420,23 @@ def archive_restore(
     ] = None,
     remote: Annotated[str | None, typer.Option(help="DVC remote to fetch from.")] = None,
     force: Annotated[bool, typer.Option(help="Replace a different file at the target.")] = False,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
 ) -> None:
-    """Bring a snapshot back from the DVC remote, exactly as its tag recorded it."""
+    """Bring a snapshot back from the DVC remote, exactly as its tag recorded it.
+
+    `EXPERIMENT` alone restores the tag `metrics/EXPERIMENT` (setting archive_tag_prefix)."""
     from metricvault.archive.repository import restore
 
-    path = restore(ref, repo, out=out, remote=remote, force=force)
+    settings = load_settings(None, config, set_)
+    path = restore(
+        ref,
+        repo,
+        out=out,
+        remote=remote or settings.archive_dvc_remote or None,
+        force=force,
+        tag_prefix=settings.archive_tag_prefix,
+    )
     console.print(f"restored {path}")
 
 
@@ -485,9 +506,14 @@ def archive_list(
     ] = True,
     fmt: FormatOpt = "table",
     output: OutOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
 ) -> None:
     """Snapshots in the repository: experiment, tag, size, rows, local and remote status."""
     from metricvault.archive.repository import list_snapshots
+
+    settings = load_settings(None, config, set_)
+    remote = remote or settings.archive_dvc_remote or None
 
     rows = [
         {
@@ -500,7 +526,9 @@ def archive_list(
             "remote": {None: "", True: "pushed", False: "NOT PUSHED"}[s.in_remote],
             "pointer": str(s.pointer),
         }
-        for s in list_snapshots(repo, remote=remote, check_remote=check_remote)
+        for s in list_snapshots(
+            repo, remote=remote, check_remote=check_remote, tag_prefix=settings.archive_tag_prefix
+        )
     ]
     columns = ["experiment", "tag", "tier", "rows", "bytes", "local", "remote", "pointer"]
     emit(pd.DataFrame(rows, columns=columns), fmt, output, title="snapshots")
