@@ -8,32 +8,20 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from metricvault.archive.compare import compare
+from metricvault.demo_archive import archive_first_job
 from metricvault.durations import DAY_MS, now_ms
-from metricvault.sim import ClusterSpec, JobSpec, generate, total_samples
+from metricvault.sim import ClusterSpec, generate, total_samples
 from metricvault.sim.workload import hostname
 from metricvault.store.vault import Vault
-
-MJ_PER_KWH = 3.6e9
-
-
-@dataclass(frozen=True)
-class JobSummary:
-    name: str
-    gpus: int
-    hours: float
-    gpu_hours: float
-    mean_mfu: float
-    mean_util: float
-    energy_kwh: float
-    final_loss: float
 
 
 def run_demo(
@@ -56,18 +44,23 @@ def run_demo(
         console.print("maintaining: flush, compact, roll up to 1m and 1h, retention ...")
         vault.maintain(progress=True)
         stats = vault.stats()
-        jobs = [summarise_job(vault, spec, job) for job in spec.resolved_jobs()]
+        ids = register_jobs(vault, spec)
+        jobs = compare(vault, ids)
         from metricvault.report import write_report
 
-        write_report(vault, spec, jobs, stats, report)
+        write_report(vault, spec, ids, jobs, stats, report)
+        archived = archive_first_job(vault, ids[0], path, fresh, console)
     console.print(_storage_table(stats, written))
     console.print(_jobs_table(jobs))
     console.print(
         f"done in {time.monotonic() - began:.0f}s. Report: [bold]{report}[/]. "
         "Try (after `source .venv/bin/activate`):\n"
         f"  metricvault stats -d {path}\n"
+        f"  metricvault experiment compare {' '.join(ids)} -d {path} --plot compare.png "
+        "--align step\n"
         f"  metricvault query 'mfu' -d {path} --start=-{days:g}d --step 1d --agg mean,max\n"
-        f'  metricvault sql "SELECT count(*) FROM raw" -d {path}'
+        f'  metricvault sql "SELECT count(*) FROM raw" -d {path}\n'
+        f"{archived}"
     )
 
 
@@ -102,39 +95,26 @@ def _backfill(vault: Vault, spec: ClusterSpec, console: Console) -> int:
     return written
 
 
-def _hosts(job: JobSpec) -> str:
-    return "|".join(hostname(n) for n in job.nodes)
-
-
-def summarise_job(vault: Vault, spec: ClusterSpec, job: JobSpec) -> JobSummary:
-    """GPU-hours, mean MFU and utilisation, energy and final loss of one job, from queries."""
-    start = spec.start_ms + job.start_offset_s * 1000
-    end = start + job.duration_s * 1000
-    gpus = len(job.nodes) * spec.gpus_per_node
-    hosts = f'{{Hostname=~"{_hosts(job)}"}}'
-    mfu = vault.query(f'mfu{{job="{job.name}"}}', start, end, step="all", aggs=("mean",))
-    util = vault.query(
-        "DCGM_FI_DEV_GPU_UTIL" + hosts, start, end, step="all", aggs=("sum", "count")
-    )
-    energy = vault.query(
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" + hosts, start, end, step="all", aggs=("increase",)
-    )
-    loss = vault.query(f'train_loss{{job="{job.name}"}}', start, end, step="all", aggs=("last",))
-    hours = job.duration_s / 3600
-    return JobSummary(
-        name=job.name,
-        gpus=gpus,
-        hours=hours,
-        gpu_hours=hours * gpus,
-        mean_mfu=_first(mfu, "mean"),
-        mean_util=float(util["sum"].sum() / util["count"].sum()) if len(util) else float("nan"),
-        energy_kwh=float(energy["increase"].sum()) / MJ_PER_KWH,
-        final_loss=_first(loss, "last"),
-    )
-
-
-def _first(frame: Any, column: str) -> float:
-    return float(frame[column].iloc[0]) if len(frame) else float("nan")
+def register_jobs(vault: Vault, spec: ClusterSpec) -> list[str]:
+    """One experiment per simulated job: its training series and its nodes' GPUs."""
+    ids = []
+    for job in spec.resolved_jobs():
+        start = spec.start_ms + job.start_offset_s * 1000
+        hosts = "|".join(hostname(n) for n in job.nodes)
+        fields = {
+            "start": start,
+            "end": start + job.duration_s * 1000,
+            "tags": ("simulated", "demo"),
+            "notes": "simulated by metricvault demo (metricvault.sim), not a measurement",
+            "params": {"flops_per_token": job.flops_per_token, "gpus": len(job.nodes) * 8},
+        }
+        selector = f'{{job="{job.name}"}} or {{Hostname=~"{hosts}"}}'
+        if job.name in vault.experiments:
+            vault.experiments.update(job.name, selector=selector, **fields)
+        else:
+            vault.experiments.create(job.name, selector, **fields)
+        ids.append(job.name)
+    return ids
 
 
 def _storage_table(stats: dict[str, Any], written: int) -> Table:
@@ -153,19 +133,19 @@ def _storage_table(stats: dict[str, Any], written: int) -> Table:
     return table
 
 
-def _jobs_table(jobs: list[JobSummary]) -> Table:
-    table = Table(title="training jobs, side by side (from vault queries)")
-    table.add_column("job", no_wrap=True)
-    for col in ("GPUs", "hours", "GPU-h", "MFU", "util %", "kWh", "final loss"):
+def _jobs_table(jobs: pd.DataFrame) -> Table:
+    table = Table(title="training jobs side by side (metricvault experiment compare)")
+    table.add_column("experiment", no_wrap=True)
+    for col in ("GPUs", "hours", "GPU-h", "util %", "MFU", "kWh", "final loss"):
         table.add_column(col, justify="right")
-    for j in jobs:
+    for j in jobs.itertuples(index=False):
         table.add_row(
-            j.name,
+            str(j.experiment),
             str(j.gpus),
-            f"{j.hours:.1f}",
+            f"{j.duration_h:.1f}",
             f"{j.gpu_hours:,.0f}",
-            f"{j.mean_mfu:.3f}",
-            f"{j.mean_util:.1f}",
+            f"{j.gpu_util_mean:.1f}",
+            f"{j.mfu_mean:.3f}",
             f"{j.energy_kwh:,.1f}",
             f"{j.final_loss:.3f}",
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +16,8 @@ import matplotlib.pyplot as plt
 from metricvault.durations import ms_to_datetime
 
 if TYPE_CHECKING:
-    from metricvault.demo import JobSummary
+    import pandas as pd
+
     from metricvault.sim import ClusterSpec
     from metricvault.store.vault import Vault
 
@@ -43,17 +43,15 @@ def figure_html(fig: Any, title: str, table: list[dict[str, Any]] | None = None)
     )
 
 
-def _job_curves(vault: Vault, spec: ClusterSpec, metric: str, step: str) -> Any:
+def _job_curves(vault: Vault, ids: list[str], metric: str, step: str) -> Any:
+    from metricvault.archive.compare import curves
+
     fig, ax = plt.subplots(figsize=(9, 3.2))
-    for job in spec.resolved_jobs():
-        frame = vault.query(
-            f'{metric}{{job="{job.name}"}}', spec.start_ms, _end(spec), step=step, aggs=("mean",)
-        )
-        if frame.empty:
-            continue
-        elapsed = (frame["timestamp"] - frame["timestamp"].iloc[0]).dt.total_seconds() / 3600
-        ax.plot(elapsed, frame["mean"], label=job.name)
-    ax.set_xlabel("hours since job start")
+    for exp_id, part in curves(vault, ids, metric, align="elapsed", step=step).groupby(
+        "experiment", sort=False
+    ):
+        ax.plot(part["x"], part["value"], label=str(exp_id))
+    ax.set_xlabel("hours since the experiment started")
     ax.set_ylabel(f"{metric} ({step} mean)")
     ax.legend()
     ax.grid(alpha=0.3)
@@ -89,6 +87,10 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{str(k): v for k, v in row.items()} for row in frame.to_dict("records")]
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.3f}"
@@ -100,13 +102,14 @@ def _fmt(value: Any) -> str:
 def write_report(
     vault: Vault,
     spec: ClusterSpec,
-    jobs: list[JobSummary],
+    ids: list[str],
+    jobs: pd.DataFrame,
     stats: dict[str, Any],
     path: Path,
 ) -> None:
     plots = {
-        "MFU of the two runs, aligned by elapsed time": _job_curves(vault, spec, "mfu", "1h"),
-        "Training loss, aligned by elapsed time": _job_curves(vault, spec, "train_loss", "1h"),
+        "MFU of the two runs, aligned by elapsed time": _job_curves(vault, ids, "mfu", "1h"),
+        "Training loss, aligned by elapsed time": _job_curves(vault, ids, "train_loss", "1h"),
         "GPU utilisation per node": _node_band(vault, spec, "DCGM_FI_DEV_GPU_UTIL"),
         "GPU power per node (W)": _node_band(vault, spec, "DCGM_FI_DEV_POWER_USAGE"),
     }
@@ -130,7 +133,7 @@ def write_report(
 {spec.gpus_per_node} GPUs, {period}, 5 s samples. Every series carries
 <code>simulated="true"</code>. Vault: <code>{html.escape(stats["uri"])}</code>,
 {stats["series"]:,} series.</p>
-<h2>Training jobs</h2>{_table([asdict(j) for j in jobs])}
+<h2>Training jobs (experiments compared)</h2>{_table(records(jobs))}
 <h2>Storage per tier</h2>{_table(storage)}
 <h2>Plots</h2>{figures}
 </body></html>

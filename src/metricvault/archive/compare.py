@@ -187,12 +187,9 @@ def plot(
     if path.suffix == ".png":
         fig.savefig(path, dpi=110)
     else:
-        from metricvault.report import figure_html
+        from metricvault.report import figure_html, records
 
-        table = [
-            {str(k): v for k, v in row.items()}
-            for row in compare(vault, experiment_ids).to_dict("records")
-        ]
+        table = records(compare(vault, experiment_ids))
         path.write_text(figure_html(fig, title=" vs ".join(experiment_ids), table=table))
     plt.close(fig)
     return path
