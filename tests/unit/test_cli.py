@@ -296,3 +296,30 @@ def test_archive_export_and_open_on_the_command_line(vault_dir, tmp_path):
         }
     ]
     assert "ok" in run("archive", "verify", str(snap)).output
+
+
+def test_experiment_create_records_the_git_head_of_the_current_repository(
+    vault_dir, tmp_path, monkeypatch
+):
+    repo = tmp_path / "code"
+    repo.mkdir()
+    for args in (
+        ["init", "-q"],
+        ["config", "user.email", "a@example.org"],
+        ["config", "user.name", "A"],
+        ["remote", "add", "origin", "https://example.org/lab/train.git"],
+        ["commit", "-q", "--allow-empty", "-m", "train"],
+    ):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+    head = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    monkeypatch.chdir(repo)
+    (repo / "train.py").write_text("print('dirty')\n")
+    subprocess.run(["git", "-C", str(repo), "add", "train.py"], check=True)
+    result = run("experiment", "create", "r1", "-d", vault_dir, "-l", "gpu_util")
+    assert result.exit_code == 0
+    assert "uncommitted changes" in result.output
+    with Vault.open(vault_dir) as v:
+        exp = v.experiments.get("r1")
+    assert exp.git_sha == head and exp.git_repo == "https://example.org/lab/train.git"
