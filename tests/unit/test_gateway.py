@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import cramjam
@@ -208,7 +209,11 @@ def test_backpressure_is_503_with_retry_after(make_client):
 
 def test_health_ready_and_remote_write_2_headers(make_client):
     client, _ = make_client()
-    assert client.get("/-/healthy").status_code == 200
+    before = time.time_ns() // 1_000_000
+    healthy = client.get("/-/healthy")
+    assert healthy.status_code == 200
+    server_ms = int(healthy.headers["X-Metricvault-Server-Time-Ms"])  # for agents' clock offset
+    assert before <= server_ms <= time.time_ns() // 1_000_000
     assert client.get("/-/ready").status_code == 200
 
 

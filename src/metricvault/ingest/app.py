@@ -39,6 +39,7 @@ from metricvault.ingest.protocols.influx_line import decode_line_protocol
 from metricvault.ingest.protocols.remote_write import decode_remote_write
 from metricvault.store.vault import Vault
 
+SERVER_TIME_HEADER = "X-Metricvault-Server-Time-Ms"
 log = logging.getLogger("metricvault.gateway")
 PRECISIONS = {"ns", "n", "us", "u", "ms", "s", "m", "h"}
 
@@ -197,7 +198,10 @@ class Gateway:
         )
 
     async def healthy(self, request: Request) -> Response:
-        return PlainTextResponse("metricvault gateway is healthy\n")
+        # The server's clock in ms: agents estimate their clock offset from it (round trip);
+        # the Date header has only one-second resolution.
+        headers = {SERVER_TIME_HEADER: str(time.time_ns() // 1_000_000)}
+        return PlainTextResponse("metricvault gateway is healthy\n", headers=headers)
 
     async def ready_check(self, request: Request) -> Response:
         if not self.ready:
