@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pandas as pd
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from metricvault.archive.experiments import EDITABLE, Experiment
 from metricvault.cli.common import (
     ConfigOpt,
     DataOpt,
@@ -27,7 +25,9 @@ from metricvault.cli.common import (
     open_vault,
 )
 from metricvault.durations import ms_to_datetime
-from metricvault.store.vault import Vault
+
+if TYPE_CHECKING:
+    from metricvault.archive.experiments import Experiment
 
 experiment_app = typer.Typer(
     help="Register experiments (which series, when, which commit) and compare them.",
@@ -171,6 +171,8 @@ def experiment_update(
     set_: SetOpt = None,
 ) -> None:
     """Change fields of an experiment (the id never changes)."""
+    from metricvault.archive.experiments import EDITABLE
+
     fields = _fields(selector, name, start, end, git_repo, git_sha, owner, tag, notes, param)
     if not fields:
         raise typer.BadParameter(f"nothing to update: give one of {', '.join(EDITABLE)}")
@@ -219,6 +221,8 @@ def experiment_list(
     set_: SetOpt = None,
 ) -> None:
     """All experiments, by start time."""
+    import pandas as pd
+
     with open_vault(data, config, set_) as vault:
         rows = [_row(e) for e in vault.experiments.list()]
     columns = ["id", "name", "start", "end", "hours", "owner", "git_sha", "tags", "selector"]
@@ -359,6 +363,8 @@ def archive_export(
             remote=remote,
             remote_url=remote_url,
         )
+    from metricvault.store.vault import Vault
+
     with Vault.open(settings.data, settings, create=False) as vault:
         exp = vault.experiments.get(experiment_id)
         if exp.end_ms is None:
@@ -510,6 +516,8 @@ def archive_list(
     set_: SetOpt = None,
 ) -> None:
     """Snapshots in the repository: experiment, tag, size, rows, local and remote status."""
+    import pandas as pd
+
     from metricvault.archive.repository import list_snapshots
 
     settings = load_settings(None, config, set_)

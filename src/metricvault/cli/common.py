@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pandas as pd
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from metricvault.config import Settings
-from metricvault.store.vault import Vault
+
+if TYPE_CHECKING:  # imported where used: `metricvault agent` must stay light (no pandas/pyarrow)
+    import pandas as pd
+
+    from metricvault.store.vault import Vault
 
 console = Console()
 err = Console(stderr=True)
@@ -58,6 +61,8 @@ def open_vault(
     data: str | None, config: Path | None, overrides: list[str] | None, create: bool = False
 ) -> Vault:
     """Open the vault; commands that only read refuse to create an empty one by mistake."""
+    from metricvault.store.vault import Vault
+
     settings = load_settings(data, config, overrides)
     return Vault.open(settings.data, settings, create=create)
 
@@ -98,6 +103,8 @@ def _rich_table(frame: pd.DataFrame, title: str, limit: int = 200) -> Table:
 
 
 def _cell(value: Any) -> str:
+    import pandas as pd
+
     if value is None or (isinstance(value, float) and value != value) or value is pd.NaT:
         return ""
     if isinstance(value, float):

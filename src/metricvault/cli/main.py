@@ -41,7 +41,6 @@ from metricvault.durations import (
     parse_time_ms,
 )
 from metricvault.errors import MetricVaultError
-from metricvault.store.vault import Vault
 
 app = typer.Typer(
     name="metricvault",
@@ -192,6 +191,8 @@ def maintain(
     """
     settings = load_settings(data, config, set_)
     interval = parse_duration_ms(settings.maintain_interval) / 1000
+    from metricvault.store.vault import Vault
+
     with Vault.open(settings.data, settings, create=False) as vault:
         while True:
             started = time.monotonic()
@@ -314,6 +315,8 @@ def serve(
     settings = load_settings(data, config, set_)
     if listen:
         settings = settings.with_overrides(listen=listen)
+    from metricvault.store.vault import Vault
+
     host, _, port = settings.listen.rpartition(":")
     options: dict[str, Any] = {
         "host": host.strip("[]"),
