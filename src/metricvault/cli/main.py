@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from metricvault.cli.agent import agent
 from metricvault.cli.archive import archive_app, experiment_app
 from metricvault.cli.common import (
     ConfigOpt,
@@ -51,6 +52,7 @@ app = typer.Typer(
 )
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(archive_app, name="archive")
+app.command()(agent)
 
 
 @app.command()

@@ -1,0 +1,236 @@
+"""``metricvault agent``: GPU (NVML or simulated), host and log-watcher metrics of one machine,
+exposed at ``/metrics`` for Prometheus and optionally pushed to a gateway with remote_write.
+
+The agent imports neither pyarrow nor pandas: it runs on every GPU host within a small memory
+and CPU budget (measured in ``bench/agent.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+
+from metricvault import __version__
+from metricvault.collect.sampler import FastSampler, window_families
+from metricvault.collect.sources import FastReading, Source
+from metricvault.config import Settings
+
+if TYPE_CHECKING:
+    from metricvault.collect.exposition import MetricsServer
+    from metricvault.collect.push import PushClient
+
+log = logging.getLogger("metricvault.agent")
+
+
+@dataclass
+class AgentOptions:
+    """What ``metricvault agent`` is told on its command line."""
+
+    listen: str = "127.0.0.1:9400"
+    hostname: str = field(default_factory=socket.gethostname)
+    hostname_label: str = "Hostname"  # dcgm-exporter >= 3 writes "Hostname"; older "hostname"
+    gpu: str = "auto"  # auto | nvml | none
+    simulate_gpus: int = 0
+    seed: int = 0
+    sample_hz: float = 10.0
+    min_sample_hz: float = 1.0
+    load_high: float = 0.9
+    load_low: float = 0.6
+    first_window_s: float = 15.0
+    max_window_s: float = 300.0
+    push_url: str = ""
+    push_interval_s: float = 15.0
+    spool_max_bytes: int = 256 * 1024 * 1024
+    clock_bound_s: float = 0.5
+    state_dir: Path = Path(".metricvault-agent")
+    watch_logs: Sequence[tuple[Path, dict[str, str]]] = ()
+    tls_cert: str = ""
+    tls_key: str = ""
+    host_metrics: bool = True
+
+
+def gpu_sources(opts: AgentOptions) -> tuple[list[Source], str]:
+    """The GPU source to use and a word saying which (nvml, simulated, none)."""
+    labels = {"hostname_label": opts.hostname_label}
+    if opts.simulate_gpus:
+        from metricvault.collect.sources.simulated import SimulatedGpuSource
+
+        sim = SimulatedGpuSource(
+            gpus=opts.simulate_gpus, hostname=opts.hostname, seed=opts.seed, **labels
+        )
+        return [sim], "simulated"
+    if opts.gpu == "none":
+        return [], "none"
+    try:
+        from metricvault.collect.sources.nvml import NvmlSource, NvmlUnavailable
+
+        return [NvmlSource(hostname=opts.hostname, **labels)], "nvml"
+    except NvmlUnavailable as exc:
+        if opts.gpu == "nvml":
+            raise
+        log.warning("no GPU metrics: %s; running host-only (--simulate-gpus N to simulate)", exc)
+        return [], "none"
+
+
+class Agent:
+    """Owns the sources, the fast sampler, the HTTP exposition and the push loop."""
+
+    def __init__(
+        self,
+        opts: AgentOptions,
+        settings: Settings | None = None,
+        sources: Sequence[Source] | None = None,
+    ) -> None:
+        self.opts = opts
+        self.settings = settings
+        self.state_dir = Path(opts.state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if sources is None:
+            found, self.gpu_kind = gpu_sources(opts)
+            sources = [*found, *self._host_and_logs()]
+        else:
+            self.gpu_kind = "given"
+        self.sources = list(sources)
+        self.registry = CollectorRegistry(auto_describe=False)
+        for source in self.sources:
+            self.registry.register(source)
+        self.registry.register(self)
+        ProcessCollector(registry=self.registry)
+        self.sampler = FastSampler(
+            self.sources,
+            hz=opts.sample_hz,
+            min_hz=opts.min_sample_hz,
+            load_high=opts.load_high,
+            load_low=opts.load_low,
+            load=_host_load,
+        )
+        self._last_collect: float | None = None
+        self._window_s = opts.first_window_s
+        self.server: MetricsServer | None = None
+        self.pusher: PushClient | None = None
+        self._stop = threading.Event()
+        self._push_thread: threading.Thread | None = None
+
+    def _host_and_logs(self) -> list[Source]:
+        sources: list[Source] = []
+        if self.opts.host_metrics:
+            from metricvault.collect.sources.host import HostSource
+
+            sources.append(HostSource())
+        if self.opts.watch_logs:
+            from metricvault.collect.logwatch import CounterState, LogWatcher
+
+            state = CounterState(self.state_dir / "counters.json")
+            for path, patterns in self.opts.watch_logs:
+                sources.append(LogWatcher(Path(path), patterns, state))
+        return sources
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        from metricvault.collect.exposition import MetricsServer
+
+        for source in self.sources:
+            starter = getattr(source, "start", None)
+            if callable(starter):
+                starter()
+        self.sampler.start()
+        host, _, port = self.opts.listen.rpartition(":")
+        self.server = MetricsServer(
+            self.registry,
+            host.strip("[]") or "127.0.0.1",
+            int(port),
+            settings=self.settings,
+            tls_cert=self.opts.tls_cert,
+            tls_key=self.opts.tls_key,
+        )
+        self.server.start()
+        if self.opts.push_url:
+            self._start_push()
+        log.info("metricvault agent: %s (GPU source: %s)", self.server.url, self.gpu_kind)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._push_thread is not None:
+            self._push_thread.join(timeout=self.opts.push_interval_s + 5)
+        if self.pusher is not None:
+            self.pusher.stop(flush_timeout_s=5.0)
+        if self.server is not None:
+            self.server.stop()
+        self.sampler.stop()
+        for source in self.sources:
+            source.close()
+
+    # ------------------------------------------------------------------ push
+    def _start_push(self) -> None:
+        from metricvault.collect.push import PushClient, Spool
+
+        spool = Spool(self.state_dir / "spool", self.opts.spool_max_bytes)
+        self.pusher = PushClient(
+            self.opts.push_url, spool, correct_clock_above_s=self.opts.clock_bound_s
+        )
+        self.registry.register(self.pusher)
+        self.pusher.start()
+        self._push_thread = threading.Thread(target=self._push_loop, name="push", daemon=True)
+        self._push_thread.start()
+
+    def _push_loop(self) -> None:
+        from metricvault.collect.push import samples_from_registry
+
+        labels = {self.opts.hostname_label: self.opts.hostname}
+        while not self._stop.wait(self.opts.push_interval_s):
+            now_ms = time.time_ns() // 1_000_000
+            assert self.pusher is not None
+            self.pusher.submit(samples_from_registry(self.registry, now_ms, labels))
+
+    # ------------------------------------------------------------------ own metrics
+    def collect(self) -> Iterable[Metric]:
+        """Window statistics of the fast sampler and the agent's self-metrics."""
+        now = time.monotonic()
+        if self._last_collect is not None:
+            since = now - self._last_collect
+            self._window_s = min(max(since, 2.0 / self.sampler.target_hz), self.opts.max_window_s)
+        self._last_collect = now
+        yield from window_families(self.sampler.window(self._window_s, now), self._window_s)
+        window = GaugeMetricFamily(
+            "metricvault_agent_window_seconds",
+            "Length of the window the *_window_mean/_max gauges summarise (time since the "
+            "previous scrape)",
+        )
+        window.add_metric([], self._window_s)
+        yield window
+        rate = GaugeMetricFamily(
+            "metricvault_agent_sample_rate_hz",
+            "Current internal sampling rate of GPU utilisation and power (backs off under load)",
+        )
+        rate.add_metric([], self.sampler.hz)
+        yield rate
+        taken = CounterMetricFamily(
+            "metricvault_agent_fast_samples", "High-rate sampling rounds taken"
+        )
+        taken.add_metric([], self.sampler.samples_taken)
+        yield taken
+        info = InfoMetricFamily("metricvault_agent", "The metricvault agent")
+        info.add_metric([], {"version": __version__, "gpu_source": self.gpu_kind})
+        yield info
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def fast_readings(self) -> Sequence[FastReading]:
+        return []
+
+
+def _host_load() -> float:
+    from metricvault.collect.sources.host import host_load
+
+    return float(host_load())
