@@ -1,0 +1,223 @@
+"""Issue 5: the agent's fast sampler (window mean/max, adaptive rate), its /metrics server
+(text and OpenMetrics, auth, TLS) and the agent wired together with a fake source."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Sequence
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from metricvault.collect.agent import Agent, AgentOptions
+from metricvault.collect.exposition import MetricsServer
+from metricvault.collect.sampler import FastSampler, window_families
+from metricvault.collect.sources import FastReading
+from metricvault.config import BasicUser, Settings
+from metricvault.ingest.auth import hash_secret
+
+LABELS = (("Hostname", "node01"), ("gpu", "0"))
+
+
+class FakeGpu:
+    """A source whose utilisation follows a script, one value per reading."""
+
+    name = "fake"
+
+    def __init__(self, values: Sequence[float]) -> None:
+        self.values = list(values)
+        self.reads = 0
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily("DCGM_FI_DEV_GPU_UTIL", "util", labels=["Hostname", "gpu"])
+        family.add_metric(["node01", "0"], self.values[min(self.reads, len(self.values)) - 1])
+        yield family
+
+    def fast_readings(self) -> Sequence[FastReading]:
+        value = self.values[min(self.reads, len(self.values) - 1)]
+        self.reads += 1
+        return [FastReading("DCGM_FI_DEV_GPU_UTIL", LABELS, value)]
+
+    def close(self) -> None:
+        pass
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_window_mean_and_max_cover_only_the_window():
+    clock = Clock()
+    sampler = FastSampler([FakeGpu([0, 0, 100, 0, 50])], hz=10, clock=clock)
+    for _ in range(5):
+        sampler.sample_once()
+        clock.now += 0.1
+    (stat,) = sampler.window(1.0)
+    assert (stat.mean, stat.max, stat.samples) == (30.0, 100.0, 5)
+    (recent,) = sampler.window(0.25)  # the last two readings only
+    assert (recent.mean, recent.max, recent.samples) == (25.0, 50.0, 2)
+    clock.now += 10
+    assert sampler.window(1.0) == []
+
+
+def test_a_short_spike_is_neither_missed_nor_inflated():
+    """One busy tenth of a second in a 5 s window: max says 100, mean says 2."""
+    clock = Clock()
+    sampler = FastSampler([FakeGpu([0] * 20 + [100] + [0] * 29)], hz=10, clock=clock)
+    for _ in range(50):
+        sampler.sample_once()
+        clock.now += 0.1
+    (stat,) = sampler.window(5.01)  # the 50 readings of the last 5 s
+    assert stat.samples == 50 and stat.max == 100 and stat.mean == pytest.approx(2.0)
+
+
+def test_rate_backs_off_under_load_and_recovers():
+    load = {"value": 2.0}
+    sampler = FastSampler([FakeGpu([1])], hz=10, min_hz=1, load=lambda: load["value"])
+    rates = []
+    for _ in range(5):
+        sampler._adapt(spent=0.0)
+        rates.append(sampler.hz)
+    assert rates == [5, 2.5, 1.25, 1, 1]
+    load["value"] = 0.1
+    for _ in range(5):
+        sampler._adapt(spent=0.0)
+    assert sampler.hz == 10 and sampler.backoffs == 4
+    sampler._adapt(spent=0.05)  # sampling itself costs half its interval: back off too
+    assert sampler.hz == 5
+
+
+def test_window_families_render_as_gauges():
+    registry = CollectorRegistry()
+
+    class Collector:
+        def collect(self) -> Iterable[Metric]:
+            clock = Clock()
+            sampler = FastSampler([FakeGpu([10, 30])], clock=clock)
+            sampler.sample_once()
+            clock.now += 0.1
+            sampler.sample_once()
+            return window_families(sampler.window(1.0), 1.0)
+
+    registry.register(Collector())  # type: ignore[arg-type]
+    from prometheus_client import generate_latest
+
+    parsed = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    mean = parsed["metricvault_gpu_util_window_mean"]
+    assert mean.type == "gauge" and mean.samples[0].value == 20.0
+    assert mean.samples[0].labels == {"Hostname": "node01", "gpu": "0"}
+    assert parsed["metricvault_gpu_util_window_max"].samples[0].value == 30.0
+
+
+def _get(url: str, headers: dict[str, str] | None = None, context=None) -> tuple[int, str, str]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=context) as reply:
+            return reply.status, reply.headers["Content-Type"], reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read().decode()
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(FakeGpu([42]))  # type: ignore[arg-type]
+    return registry
+
+
+def test_metrics_server_speaks_text_and_openmetrics(registry):
+    server = MetricsServer(registry, "127.0.0.1", 0)
+    server.start()
+    try:
+        status, kind, body = _get(server.url)
+        assert status == 200 and kind.startswith("text/plain") and "DCGM_FI_DEV_GPU_UTIL" in body
+        status, kind, body = _get(server.url, {"Accept": "application/openmetrics-text"})
+        assert kind.startswith("application/openmetrics-text") and body.endswith("# EOF\n")
+        assert _get(server.url.replace("/metrics", "/nope"))[0] == 404
+    finally:
+        server.stop()
+
+
+def test_metrics_server_basic_auth(registry):
+    settings = Settings(auth_basic_users=(BasicUser("prom", hash_secret("s3cret")),))
+    server = MetricsServer(registry, "127.0.0.1", 0, settings=settings)
+    server.start()
+    try:
+        assert _get(server.url)[0] == 401
+        bad = base64.b64encode(b"prom:wrong").decode()
+        assert _get(server.url, {"Authorization": f"Basic {bad}"})[0] == 401
+        good = base64.b64encode(b"prom:s3cret").decode()
+        assert _get(server.url, {"Authorization": f"Basic {good}"})[0] == 200
+    finally:
+        server.stop()
+
+
+def test_metrics_server_tls(registry, tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    server = MetricsServer(registry, "127.0.0.1", 0, tls_cert=str(cert), tls_key=str(key))
+    server.start()
+    try:
+        assert server.url.startswith("https://")
+        context = ssl.create_default_context(cafile=str(cert))
+        assert _get(server.url, context=context)[0] == 200
+    finally:
+        server.stop()
+
+
+def test_agent_exports_window_statistics_and_self_metrics(tmp_path):
+    gpu = FakeGpu([10, 90] * 100)
+    opts = AgentOptions(listen="127.0.0.1:0", state_dir=tmp_path, sample_hz=50)
+    agent = Agent(opts, sources=[gpu])
+    agent.start()
+    try:
+        assert agent.server is not None
+        time.sleep(0.5)
+        _get(agent.server.url)
+        time.sleep(0.6)
+        status, _, body = _get(agent.server.url)
+        assert status == 200
+        parsed = {f.name: f for f in text_string_to_metric_families(body)}
+        window = parsed["metricvault_agent_window_seconds"].samples[0].value
+        assert 0.5 <= window <= 2.0, "the window is the time since the previous scrape"
+        assert parsed["metricvault_gpu_util_window_max"].samples[0].value == 90
+        assert 10 < parsed["metricvault_gpu_util_window_mean"].samples[0].value < 90
+        assert parsed["metricvault_agent_sample_rate_hz"].samples[0].value > 0
+        assert "process_resident_memory_bytes" in parsed
+    finally:
+        agent.stop()
