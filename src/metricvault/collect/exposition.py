@@ -51,7 +51,8 @@ class MetricsServer:
     @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"{self.scheme}://{host}:{port}/metrics"
+        name = host.decode() if isinstance(host, bytes) else host
+        return f"{self.scheme}://{name}:{port}/metrics"
 
     def start(self) -> None:
         self._thread.start()
