@@ -172,7 +172,8 @@ class Agent:
 
     # ------------------------------------------------------------------ push
     def _start_push(self) -> None:
-        from metricvault.collect.push import PushClient, Spool
+        from metricvault.collect.push import PushClient
+        from metricvault.collect.spool import Spool
 
         spool = Spool(self.state_dir / "spool", self.opts.spool_max_bytes)
         self.pusher = PushClient(

@@ -1,0 +1,727 @@
+"""The agent's push mode: Prometheus remote-write 1.0 to the gateway, through an on-disk spool.
+
+:func:`encode_write_request` turns samples into a request body; :func:`samples_from_registry`
+reads them from a prometheus-client registry. :class:`PushClient` spools every body first
+(``submit``), then a sender thread delivers the spool in order, one request at a time, and
+deletes an entry only once the gateway answered 2xx (stored) or a 4xx (it can never succeed).
+Everything else is retried with the same bytes, so delivery is at-least-once; the gateway stores
+a re-sent sample once, which makes the end result exactly-once.
+
+Only the standard library's ``http.client`` talks HTTP: the agent needs no HTTP package, and
+importing this module pulls in neither pyarrow nor numpy (the agent's memory budget is small).
+
+Clock: samples carry the agent's wall-clock time. The client estimates its offset to the
+gateway's clock (:func:`estimate_clock_offset`, the NTP round-trip method over
+``GET /-/healthy``) and, when the clock is *confidently* off by more than
+``correct_clock_above_s``, shifts the timestamps of what it submits by that offset.
+"""
+
+from __future__ import annotations
+
+import base64
+import email.utils
+import functools
+import http.client
+import logging
+import math
+import random
+import re
+import ssl
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import cramjam
+
+from metricvault import __version__
+from metricvault.collect.spool import Spool
+from metricvault.ingest.proto import messages
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import Metric
+    from prometheus_client.samples import Timestamp
+
+__all__ = [
+    "SERVER_TIME_HEADER",
+    "USER_AGENT",
+    "PushClient",
+    "RegistrySamples",
+    "SampleTuple",
+    "encode_write_request",
+    "estimate_clock_offset",
+    "samples_from_registry",
+]
+
+log = logging.getLogger("metricvault.agent.push")
+
+SampleTuple = tuple[str, Mapping[str, str], int, float]  # metric, labels, timestamp ms, value
+
+USER_AGENT = f"metricvault-agent/{__version__}"
+# The gateway's clock in epoch milliseconds, on GET /-/healthy (Date has 1 s resolution).
+SERVER_TIME_HEADER = "X-Metricvault-Server-Time-Ms"
+WRITE_PATH = "/api/v1/write"
+PROTOCOL_HEADERS = {
+    "Content-Encoding": "snappy",
+    "Content-Type": "application/x-protobuf",
+    "X-Prometheus-Remote-Write-Version": "0.1.0",
+    "User-Agent": USER_AGENT,
+}
+
+# Without SERVER_TIME_HEADER only Date tells the server's time. uvicorn (the gateway's server)
+# renders Date once a second and truncates it to the second, so the server's time is in
+# [Date, Date + 2 s): take the middle, +-1 s.
+DATE_CENTER_S = 1.0
+DATE_UNCERTAINTY_S = 1.0
+CLOCK_SAMPLES = 5
+CLOCK_TIMEOUT_S = 5.0
+CLOCK_RETRY_S = 30.0  # after a failed estimate (gateway down): try again this much later
+IDLE_POLL_S = 1.0  # the sender wakes this often with nothing to send (clock checks)
+RETRY_AFTER_CAP_S = 300.0  # a Retry-After longer than this is taken as this
+MIN_REQUEST_TIMEOUT_S = 0.05
+JOIN_GRACE_S = 1.0
+MAX_SHOWN_MESSAGE = 300
+
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# The gateway stores metric, timestamp and value as columns and refuses labels of these names.
+_RESERVED_LABELS = frozenset({"metric", "timestamp", "value"})
+_CREATED_FAMILIES = frozenset({"counter", "histogram", "summary"})
+_NO_LABELS: Mapping[str, str] = MappingProxyType({})
+_TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
+# A keep-alive connection the server closed while it was idle fails like this on reuse.
+_STALE_CONNECTION = (
+    http.client.RemoteDisconnected,
+    ConnectionResetError,
+    BrokenPipeError,
+    ConnectionAbortedError,
+)
+
+
+# --------------------------------------------------------------------------- encoding
+def encode_write_request(samples: Sequence[SampleTuple]) -> bytes:
+    """A snappy-compressed remote-write 1.0 ``WriteRequest`` holding ``samples``.
+
+    One time series per distinct (metric, labels), in order of first appearance; labels sorted
+    by name (byte order, which the spec requires and the gateway checks: ``__name__`` is first
+    unless a label name starts with an upper-case letter); samples sorted by time within a
+    series. A label with an empty value is left out (the same as no label). Raises ValueError
+    for a name the gateway would refuse, since one bad series gets the whole request refused.
+    """
+    request = messages.WriteRequest()
+    for labels, points in _group_series(samples).items():
+        series = request.timeseries.add()
+        for name, value in labels:
+            series.labels.add(name=name, value=value)
+        points.sort(key=lambda point: point[0])  # stable: equal timestamps keep their order
+        for timestamp, sample_value in points:
+            series.samples.add(value=sample_value, timestamp=timestamp)
+    return bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
+
+
+def _group_series(
+    samples: Sequence[SampleTuple],
+) -> dict[tuple[tuple[str, str], ...], list[tuple[int, float]]]:
+    groups: dict[tuple[tuple[str, str], ...], list[tuple[int, float]]] = {}
+    for metric, labels, timestamp, value in samples:
+        key = _series_key(metric, labels)
+        groups.setdefault(key, []).append((int(timestamp), float(value)))
+    return groups
+
+
+def _series_key(metric: str, labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    if not _metric_name_ok(metric):
+        raise ValueError(
+            f"metric name {metric!r} is invalid: it must match [a-zA-Z_:][a-zA-Z0-9_:]*"
+        )
+    pairs = [("__name__", metric)]
+    for name, value in labels.items():
+        if not _label_name_ok(name):
+            raise ValueError(
+                f"label {name!r} of {metric} is invalid: label names must match "
+                f"[a-zA-Z_][a-zA-Z0-9_]* and not be __name__, metric, timestamp or value"
+            )
+        if value:
+            pairs.append((name, value))
+    return tuple(sorted(pairs))
+
+
+@functools.lru_cache(maxsize=4096)
+def _metric_name_ok(name: str) -> bool:
+    return _METRIC_NAME.fullmatch(name) is not None
+
+
+@functools.lru_cache(maxsize=4096)
+def _label_name_ok(name: str) -> bool:
+    return (
+        _LABEL_NAME.fullmatch(name) is not None
+        and name != "__name__"
+        and name not in _RESERVED_LABELS
+    )
+
+
+class RegistrySamples(list[SampleTuple]):
+    """What :func:`samples_from_registry` returns: the samples, and how many were left out."""
+
+    non_finite: int = 0  # NaN and +-Inf samples skipped (the gateway would drop them)
+
+
+def samples_from_registry(
+    registry: CollectorRegistry, now_ms: int, extra_labels: Mapping[str, str] = _NO_LABELS
+) -> RegistrySamples:
+    """Every sample of every family in ``registry`` (as an exposition would show them:
+    counters as ``_total``, histograms as ``_bucket``/``_sum``/``_count``), without the
+    ``_created`` companions and native histograms. A sample's timestamp is its own when it has
+    one, else ``now_ms``. ``extra_labels`` win over a sample's labels of the same name, which
+    are kept as ``exported_<name>`` (Prometheus's ``honor_labels: false``)."""
+    out = RegistrySamples()
+    for family in registry.collect():
+        created = f"{family.name}_created" if family.type in _CREATED_FAMILIES else None
+        for sample in family.samples:
+            if sample.name == created or sample.native_histogram is not None:
+                continue
+            if not math.isfinite(sample.value):
+                out.non_finite += 1
+                continue
+            timestamp = now_ms if sample.timestamp is None else _timestamp_ms(sample.timestamp)
+            labels = _with_extra(sample.labels, extra_labels)
+            out.append((sample.name, labels, timestamp, float(sample.value)))
+    return out
+
+
+def _timestamp_ms(timestamp: float | Timestamp) -> int:
+    if isinstance(timestamp, int | float):
+        return round(timestamp * 1000)
+    return timestamp.sec * 1000 + timestamp.nsec // 1_000_000
+
+
+def _with_extra(labels: Mapping[str, str], extra: Mapping[str, str]) -> Mapping[str, str]:
+    if not extra:
+        return labels
+    merged = {(f"exported_{k}" if k in extra else k): v for k, v in labels.items()}
+    merged.update(extra)
+    return merged
+
+
+# --------------------------------------------------------------------------- HTTP
+@dataclass(frozen=True)
+class _Response:
+    status: int
+    headers: http.client.HTTPMessage
+    body: bytes
+
+    @property
+    def message(self) -> str:
+        text = self.body.decode("utf-8", "replace").strip()
+        return text[:MAX_SHOWN_MESSAGE] + ("..." if len(text) > MAX_SHOWN_MESSAGE else "")
+
+
+class _Http:
+    """One keep-alive connection to one URL; not thread-safe (one user thread)."""
+
+    def __init__(self, url: str, context: ssl.SSLContext | None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        self.url = url
+        self.https = parts.scheme == "https"
+        self.host, self.port = parts.hostname, parts.port
+        self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.context = context
+        self._conn: http.client.HTTPConnection | None = None
+
+    def request(
+        self, method: str, body: bytes | None, headers: Mapping[str, str], timeout: float
+    ) -> _Response:
+        reused = self._conn is not None
+        try:
+            return self._exchange(method, body, headers, timeout)
+        except _STALE_CONNECTION:
+            if not reused:
+                raise
+            # the server closed the idle connection: once more on a fresh one (a re-sent
+            # write is stored once, so this is safe even if the first one arrived)
+            return self._exchange(method, body, headers, timeout)
+
+    def _exchange(
+        self, method: str, body: bytes | None, headers: Mapping[str, str], timeout: float
+    ) -> _Response:
+        conn = self._connection(timeout)
+        try:
+            conn.request(method, self.target, body=body, headers=dict(headers))
+            response = conn.getresponse()
+            data = response.read()
+        except Exception:
+            self.close()
+            raise
+        if response.will_close:
+            self.close()
+        return _Response(response.status, response.headers, data)
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        if self._conn is None:
+            if self.https:
+                self._conn = http.client.HTTPSConnection(
+                    self.host, self.port, timeout=timeout, context=self.context
+                )
+            else:
+                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        else:
+            self._conn.timeout = timeout
+            if self._conn.sock is not None:
+                self._conn.sock.settimeout(timeout)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _ssl_context(verify_tls: bool | str) -> ssl.SSLContext:
+    """``True``: the system's CAs; a path: that CA bundle; ``False``: no verification."""
+    if isinstance(verify_tls, str):
+        return ssl.create_default_context(cafile=verify_tls)
+    context = ssl.create_default_context()
+    if not verify_tls:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _auth_headers(
+    headers: Mapping[str, str] | None,
+    bearer_token: str | None,
+    basic_auth: tuple[str, str] | None,
+) -> dict[str, str]:
+    if bearer_token is not None and basic_auth is not None:
+        raise ValueError("give bearer_token or basic_auth, not both")
+    out = dict(headers or {})
+    if bearer_token is not None:
+        out["Authorization"] = f"Bearer {bearer_token}"
+    elif basic_auth is not None:
+        user, password = basic_auth
+        token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+        out["Authorization"] = f"Basic {token}"
+    return out
+
+
+def _base_url(write_url: str) -> str:
+    """``https://gw:9201/prefix`` from ``https://gw:9201/prefix/api/v1/write``."""
+    parts = urlsplit(write_url)
+    path = parts.path.rstrip("/")
+    base = path.removesuffix(WRITE_PATH) if path.endswith(WRITE_PATH) else ""
+    return f"{parts.scheme}://{parts.netloc}{base}"
+
+
+# --------------------------------------------------------------------------- clock
+@dataclass(frozen=True)
+class _ClockReading:
+    offset: float  # server time - local time, seconds
+    uncertainty: float
+    rtt: float
+
+
+def estimate_clock_offset(
+    url_base: str,
+    samples: int = CLOCK_SAMPLES,
+    *,
+    timeout_s: float = CLOCK_TIMEOUT_S,
+    verify_tls: bool | str = True,
+    headers: Mapping[str, str] | None = None,
+) -> tuple[float, float]:
+    """(offset, uncertainty) in seconds of the gateway's clock against this host's:
+    ``local time + offset = gateway time``, within +-uncertainty.
+
+    The round-trip method over ``GET {url_base}/-/healthy``: offset = server time - the midpoint
+    of send and receive, uncertainty = rtt/2, from the sample with the smallest rtt. The server
+    time comes from the ``X-Metricvault-Server-Time-Ms`` header, or, without it, from ``Date``
+    (+-1 s more). Raises OSError, http.client.HTTPException or ValueError when no estimate can
+    be made."""
+    http_ = _Http(url_base.rstrip("/") + "/-/healthy", _ssl_context(verify_tls))
+    try:
+        return _estimate(http_, samples, timeout_s, headers or {})
+    finally:
+        http_.close()
+
+
+def _estimate(
+    http_: _Http, samples: int, timeout_s: float, headers: Mapping[str, str]
+) -> tuple[float, float]:
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, not {samples}")
+    # one connection: the first reading pays for connecting and is beaten by the others
+    readings = [_read_clock(http_, timeout_s, headers) for _ in range(samples)]
+    best = min(readings, key=lambda reading: reading.rtt)
+    return best.offset, best.uncertainty
+
+
+def _read_clock(http_: _Http, timeout_s: float, headers: Mapping[str, str]) -> _ClockReading:
+    wall, started = time.time(), time.perf_counter()  # rtt from the monotonic clock
+    response = http_.request("GET", None, headers, timeout_s)
+    rtt = time.perf_counter() - started
+    if response.status != 200:
+        raise ValueError(f"GET {http_.url} answered HTTP {response.status}: {response.message}")
+    server, resolution = _server_time(response.headers)
+    return _ClockReading(server - (wall + rtt / 2), rtt / 2 + resolution, rtt)
+
+
+def _server_time(headers: http.client.HTTPMessage) -> tuple[float, float]:
+    """The server's time (epoch seconds) and how far off the header itself may be."""
+    precise = headers.get(SERVER_TIME_HEADER)
+    if precise:
+        return float(precise) / 1000, 0.0
+    date = headers.get("Date")
+    if not date:
+        raise ValueError(f"the answer carries neither {SERVER_TIME_HEADER} nor Date")
+    try:
+        return email.utils.parsedate_to_datetime(date).timestamp() + DATE_CENTER_S, (
+            DATE_UNCERTAINTY_S
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"unreadable Date header {date!r}") from exc
+
+
+# --------------------------------------------------------------------------- client
+class PushClient:
+    """Pushes submitted samples to a remote-write URL, in order, surviving gateway outages and
+    agent restarts through ``spool``.
+
+    ``correct_clock_above_s`` (default 0.5 s): timestamps are shifted by the estimated clock
+    offset when the clock is off by more than this *beyond the estimate's uncertainty*
+    (``|offset| - uncertainty > bound``). NTP-synced hosts are within milliseconds, so this
+    never fires on a healthy host, and an uncertain estimate (a slow link, or a gateway that
+    only sends Date) never moves data by mistake; past half a second a clock is broken, and the
+    skew would be visible next to other hosts at the usual 1 s sampling. ``None`` disables the
+    correction (the offset is still estimated and exported). ``clock_check_interval_s``: how
+    often the offset is estimated (``None``: never).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        spool: Spool,
+        *,
+        timeout_s: float = 10.0,
+        min_backoff_s: float = 0.1,
+        max_backoff_s: float = 30.0,
+        headers: Mapping[str, str] | None = None,
+        bearer_token: str | None = None,
+        basic_auth: tuple[str, str] | None = None,
+        verify_tls: bool | str = True,
+        correct_clock_above_s: float | None = 0.5,
+        clock_check_interval_s: float | None = 300.0,
+    ) -> None:
+        if not 0 < min_backoff_s <= max_backoff_s:
+            raise ValueError("need 0 < min_backoff_s <= max_backoff_s")
+        self.url = url
+        self.spool = spool
+        self.timeout_s = timeout_s
+        self.min_backoff_s, self.max_backoff_s = min_backoff_s, max_backoff_s
+        self.correct_clock_above_s = correct_clock_above_s
+        self.clock_check_interval_s = clock_check_interval_s
+        context = _ssl_context(verify_tls) if url.startswith("https:") else None
+        self._http = _Http(url, context)
+        self._tls_context = context
+        self._plain_headers = _auth_headers(headers, bearer_token, basic_auth)
+        self._headers = {**self._plain_headers, **PROTOCOL_HEADERS}
+        self._lock = threading.Lock()  # the counters and the clock estimate
+        self._counts = dict.fromkeys(_COUNTERS, 0)
+        self._clock: tuple[float, float] | None = None
+        self._shift_ms = 0
+        self._work = threading.Event()  # something was submitted
+        self._halt = threading.Event()  # stop() was called
+        self._deadline = math.inf  # monotonic time when a stopping sender gives up
+        self._next_clock_check = 0.0
+        self._thread: threading.Thread | None = None
+        self._rng = random.Random()
+
+    # ------------------------------------------------------------------ public
+    def submit(self, samples: Sequence[SampleTuple]) -> int | None:
+        """Encode ``samples`` as one request and spool it (durable when this returns); the
+        spool sequence number, or None when there was nothing to send (or it was too big for
+        the spool). Timestamps are shifted by the clock correction in force, if any."""
+        if not samples:
+            return None
+        shift = self._shift_ms
+        if shift:
+            samples = [(m, labels, t + shift, v) for m, labels, t, v in samples]
+        seq = self.spool.append(encode_write_request(samples), len(samples))
+        self._work.set()
+        return seq
+
+    def start(self) -> None:
+        """Start the sender thread (it first estimates the clock offset)."""
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError("the push client is already running")
+        self._halt.clear()
+        self._deadline = math.inf
+        self._thread = threading.Thread(target=self._run, name="metricvault-push", daemon=True)
+        self._thread.start()
+
+    def stop(self, flush_timeout_s: float = 5.0) -> bool:
+        """Try for up to ``flush_timeout_s`` to deliver what is spooled, then stop the sender;
+        what is left stays in the spool for the next start. True when the spool is empty."""
+        thread = self._thread
+        if thread is not None:
+            self._deadline = time.monotonic() + max(0.0, flush_timeout_s)
+            self._halt.set()
+            self._work.set()
+            thread.join(max(0.0, flush_timeout_s) + JOIN_GRACE_S)
+            if thread.is_alive():
+                log.warning("the push sender did not stop within %.1f s", flush_timeout_s)
+            self._thread = None
+        return self.spool.count == 0
+
+    def check_clock(self) -> tuple[float, float]:
+        """Estimate the clock offset now and update the correction; (offset, uncertainty).
+        Raises like :func:`estimate_clock_offset`. The sender thread calls it every
+        ``clock_check_interval_s``, first before its first request."""
+        # a connection of its own, closed after: one check every few minutes needs no idle one
+        http_ = _Http(_base_url(self.url) + "/-/healthy", self._tls_context)
+        timeout = min(self.timeout_s, CLOCK_TIMEOUT_S)
+        try:
+            offset, uncertainty = _estimate(http_, CLOCK_SAMPLES, timeout, self._plain_headers)
+        finally:
+            http_.close()
+        self._set_clock(offset, uncertainty)
+        return offset, uncertainty
+
+    # ------------------------------------------------------------------ counters
+    @property
+    def sent_samples(self) -> int:
+        return self._counts["sent_samples"]
+
+    @property
+    def sent_requests(self) -> int:
+        return self._counts["sent_requests"]
+
+    @property
+    def failed_attempts(self) -> int:
+        """Attempts that failed and were retried (429, 5xx, connection errors, timeouts)."""
+        return self._counts["failed_attempts"]
+
+    @property
+    def rejected_requests(self) -> int:
+        """Requests the gateway refused for good (4xx other than 429), dropped."""
+        return self._counts["rejected_requests"]
+
+    @property
+    def rejected_samples(self) -> int:
+        return self._counts["rejected_samples"]
+
+    @property
+    def clock_offset_s(self) -> float | None:
+        """The last estimate of gateway time - local time; None before the first."""
+        return None if self._clock is None else self._clock[0]
+
+    @property
+    def clock_uncertainty_s(self) -> float | None:
+        return None if self._clock is None else self._clock[1]
+
+    @property
+    def clock_correction_s(self) -> float:
+        """The shift applied to submitted timestamps (0 when the clock is fine)."""
+        return self._shift_ms / 1000
+
+    def collect(self) -> Iterator[Metric]:
+        """The agent's push self-metrics (prometheus-client custom-collector protocol)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        with self._lock:
+            counts, clock = dict(self._counts), self._clock
+        for key, (name, help_text) in _COUNTERS.items():
+            yield CounterMetricFamily(name, help_text, value=counts[key])
+        spool = self.spool
+        gauges = [
+            ("metricvault_agent_push_spool_requests", "Requests waiting in the spool", spool.count),
+            ("metricvault_agent_push_spool_samples", "Samples waiting in the spool", spool.samples),
+            ("metricvault_agent_push_spool_bytes", "Bytes waiting in the spool", spool.size_bytes),
+            (
+                "metricvault_agent_clock_correction_seconds",
+                "Shift applied to pushed timestamps (0: the clock is fine)",
+                self.clock_correction_s,
+            ),
+        ]
+        if clock is not None:
+            gauges += [
+                (
+                    "metricvault_agent_clock_offset_seconds",
+                    "Estimated gateway clock minus this host's clock",
+                    clock[0],
+                ),
+                (
+                    "metricvault_agent_clock_offset_uncertainty_seconds",
+                    "Uncertainty (+-) of the clock offset estimate",
+                    clock[1],
+                ),
+            ]
+        for name, help_text, value in gauges:
+            yield GaugeMetricFamily(name, help_text, value=value)
+        for name, help_text, value in (
+            (
+                "metricvault_agent_spool_dropped_samples",
+                "Samples dropped unsent because the spool was full",
+                spool.dropped_samples,
+            ),
+            (
+                "metricvault_agent_spool_dropped_requests",
+                "Requests dropped unsent because the spool was full",
+                spool.dropped_requests,
+            ),
+        ):
+            yield CounterMetricFamily(name, help_text, value=value)
+
+    # ------------------------------------------------------------------ the sender thread
+    def _run(self) -> None:
+        attempt = 0  # failed attempts at the entry at the head of the spool
+        try:
+            while time.monotonic() < self._deadline:
+                self._check_clock_if_due()
+                self._work.clear()  # before peek: a submit after it wakes the wait below
+                entry = self.spool.peek()
+                if entry is None:
+                    if self._halt.is_set():
+                        return
+                    self._work.wait(IDLE_POLL_S)
+                    continue
+                delay = self._deliver(*entry, attempt)
+                attempt = 0 if delay is None else attempt + 1
+                if delay is not None:
+                    self._pause(delay)
+        except Exception:  # a bug must not silently stop delivery: say so loudly
+            log.exception("the push sender stopped on an unexpected error")
+        finally:
+            self._http.close()
+
+    def _deliver(self, seq: int, body: bytes, attempt: int) -> float | None:
+        """One attempt; None when the entry is done with, else the delay before the next."""
+        try:
+            response = self._http.request("POST", body, self._headers, self._request_timeout())
+        except _TRANSPORT_ERRORS as exc:
+            return self._retry_later(attempt, f"{type(exc).__name__}: {exc}", None)
+        if 200 <= response.status < 300:
+            self._delivered(seq, attempt)
+            return None
+        if response.status == 429 or response.status >= 500:
+            reason = f"HTTP {response.status}: {response.message}"
+            return self._retry_later(attempt, reason, response.headers.get("Retry-After"))
+        self._refused(seq, response)
+        return None
+
+    def _delivered(self, seq: int, attempt: int) -> None:
+        samples = self.spool.ack(seq)
+        self._count(sent_samples=samples, sent_requests=1)
+        if attempt:
+            log.info("push to %s works again after %d failed attempts", self.url, attempt)
+
+    def _refused(self, seq: int, response: _Response) -> None:
+        """A 4xx (not 429) will be refused again, however often it is sent: drop it."""
+        samples = self.spool.ack(seq)
+        self._count(rejected_requests=1, rejected_samples=samples)
+        log.error(
+            "%s refused a request of %d samples with HTTP %d: %s; the request is dropped",
+            self.url,
+            samples,
+            response.status,
+            response.message,
+        )
+
+    def _retry_later(self, attempt: int, reason: str, retry_after: str | None) -> float:
+        self._count(failed_attempts=1)
+        delay = _retry_after_s(retry_after)
+        if delay is None:
+            delay = self._backoff(attempt)
+        level = logging.WARNING if attempt == 0 else logging.DEBUG  # once per outage
+        log.log(level, "push to %s failed (%s); retrying in %.2f s", self.url, reason, delay)
+        return delay
+
+    def _backoff(self, attempt: int) -> float:
+        """Exponential backoff with full jitter, between min_backoff_s and max_backoff_s."""
+        ceiling = min(self.max_backoff_s, self.min_backoff_s * 2.0 ** min(attempt, 60))
+        return self._rng.uniform(self.min_backoff_s, ceiling)
+
+    def _pause(self, seconds: float) -> None:
+        if not self._halt.is_set():
+            self._halt.wait(seconds)  # stop() cuts a backoff short: the drain gets its tries
+            return
+        remaining = min(seconds, self._deadline - time.monotonic())
+        if remaining > 0:
+            time.sleep(remaining)
+
+    def _request_timeout(self) -> float:
+        remaining = self._deadline - time.monotonic()  # inf unless stopping
+        return max(MIN_REQUEST_TIMEOUT_S, min(self.timeout_s, remaining))
+
+    def _count(self, **increments: int) -> None:
+        with self._lock:
+            for key, n in increments.items():
+                self._counts[key] += n
+
+    # ------------------------------------------------------------------ clock
+    def _check_clock_if_due(self) -> None:
+        interval = self.clock_check_interval_s
+        if interval is None or self._halt.is_set() or time.monotonic() < self._next_clock_check:
+            return
+        try:
+            self.check_clock()
+        except (*_TRANSPORT_ERRORS, ValueError) as exc:
+            log.debug("cannot estimate the clock offset to %s: %s", self.url, exc)
+            self._next_clock_check = time.monotonic() + min(interval, CLOCK_RETRY_S)
+            return
+        self._next_clock_check = time.monotonic() + interval
+
+    def _set_clock(self, offset: float, uncertainty: float) -> None:
+        bound = self.correct_clock_above_s
+        off = bound is not None and abs(offset) - uncertainty > bound
+        shift_ms = round(offset * 1000) if off else 0
+        if bool(shift_ms) != bool(self._shift_ms):
+            log.warning(
+                "this host's clock is %+.3f s (+-%.3f s) off the gateway's: %s",
+                -offset,
+                uncertainty,
+                "shifting pushed timestamps to the gateway's time"
+                if shift_ms
+                else "no longer shifting pushed timestamps",
+            )
+        with self._lock:
+            self._clock = (offset, uncertainty)
+            self._shift_ms = shift_ms
+
+
+_COUNTERS: dict[str, tuple[str, str]] = {
+    "sent_samples": ("metricvault_agent_push_sent_samples", "Samples the gateway stored (2xx)"),
+    "sent_requests": ("metricvault_agent_push_sent_requests", "Requests the gateway stored"),
+    "failed_attempts": (
+        "metricvault_agent_push_failed_attempts",
+        "Send attempts that failed and were retried (429, 5xx, connection errors, timeouts)",
+    ),
+    "rejected_requests": (
+        "metricvault_agent_push_rejected_requests",
+        "Requests the gateway refused for good (4xx other than 429), dropped",
+    ),
+    "rejected_samples": (
+        "metricvault_agent_push_rejected_samples",
+        "Samples in the requests the gateway refused for good",
+    ),
+}
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return None
+    if not math.isfinite(seconds) or seconds < 0:
+        return None
+    return min(seconds, RETRY_AFTER_CAP_S)
