@@ -4,12 +4,49 @@ import metricvault
 vault = metricvault.Vault.open("./metricvault-data")
 vault.write(frame)
 vault.query('DCGM_FI_DEV_GPU_UTIL{Hostname="node01"}', "-7d", "now", step="1h")
+with metricvault.track("llama-7b-lr3e-4", flops_per_token=6 * 7e9, gpu="H100-SXM") as run:
+    run.log(step, loss=loss, tokens=batch_tokens)
 """
 
-from metricvault.config import Settings
-from metricvault.errors import MetricVaultError
-from metricvault.selector import parse_selector
-from metricvault.store.vault import Vault
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["MetricVaultError", "Settings", "Vault", "__version__", "parse_selector"]
+__all__ = [
+    "MetricVaultError",
+    "Run",
+    "Settings",
+    "Vault",
+    "__version__",
+    "parse_selector",
+    "track",
+]
+
+# Imported on first use: the agent and the training API must not pay for pyarrow, DuckDB and
+# pandas (the agent's memory budget is 60 MB; importing the store alone takes ~80 MB).
+_LAZY = {
+    "MetricVaultError": "metricvault.errors",
+    "Settings": "metricvault.config",
+    "Vault": "metricvault.store.vault",
+    "parse_selector": "metricvault.selector",
+    "track": "metricvault.collect.training",
+    "Run": "metricvault.collect.training",
+}
+
+if TYPE_CHECKING:
+    from metricvault.collect.training import Run, track
+    from metricvault.config import Settings
+    from metricvault.errors import MetricVaultError
+    from metricvault.selector import parse_selector
+    from metricvault.store.vault import Vault
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'metricvault' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,239 @@
+"""ASGI middleware recording an inference server's latency, time to first byte, QPS and errors.
+
+    app = Starlette(routes=[...])
+    app.add_middleware(MetricsMiddleware)            # or: app = MetricsMiddleware(app)
+    app.mount("/metrics", metrics_app())             # Prometheus scrapes it
+
+Series, by ``method``, ``route`` (the route's path template) and ``status``:
+
+- ``http_request_duration_seconds`` (histogram): until the response's last byte is sent;
+  observations carry the W3C ``traceparent`` trace id as an exemplar (OpenMetrics scrapes).
+- ``http_time_to_first_byte_seconds`` (histogram): until the first body bytes are sent — for a
+  streaming LLM response, the time to its first token(s).
+- ``http_requests_total`` (counter): QPS is ``rate(http_requests_total[1m])``.
+- ``http_request_errors_total`` (counter): 5xx responses and exceptions.
+- ``http_requests_in_flight`` (gauge, by ``method`` only: the route is known after routing).
+
+Label values stay bounded: routes are Starlette's path templates (``/v1/models/{name}``, not
+the concrete path); requests no route matched (404s) are ``other``; apps without Starlette
+routing get their raw path for the first ``max_paths`` distinct paths, ``other`` after that;
+unknown HTTP methods are ``other``. A route under a ``Mount`` with path parameters shows the
+mount's concrete prefix.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import weakref
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
+from starlette.routing import Mount
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+OTHER = "other"
+METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"}
+)
+# Prometheus' default buckets stop at 10 s; LLM completions stream for minutes.
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+# W3C Trace Context: version-traceid-parentid-flags; version ff and an all-zero id are invalid.
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_NO_TRACE = "0" * 32
+CLIENT_CLOSED = "499"  # nginx's code for a request the client abandoned before a response
+
+
+class HttpMetrics:
+    """The metric families of one registry (shared by every middleware using it, so a second
+    app or a rebuilt middleware stack does not register duplicates)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ("method", "route", "status")
+        self.duration = Histogram(
+            "http_request_duration_seconds",
+            "HTTP request latency until the response's last byte",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.ttfb = Histogram(
+            "http_time_to_first_byte_seconds",
+            "Time until the first response body bytes (first tokens of a streamed answer)",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.requests = Counter(
+            "http_requests_total", "HTTP requests answered", labels, registry=registry
+        )
+        self.errors = Counter(
+            "http_request_errors_total",
+            "HTTP requests that failed: 5xx responses or exceptions",
+            labels,
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "http_requests_in_flight", "HTTP requests being served", ("method",), registry=registry
+        )
+
+
+_BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, HttpMetrics] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def http_metrics(registry: CollectorRegistry | None = None) -> HttpMetrics:
+    """The HTTP metric families in ``registry`` (default: prometheus-client's global one)."""
+    registry = REGISTRY if registry is None else registry
+    if registry not in _BY_REGISTRY:
+        _BY_REGISTRY[registry] = HttpMetrics(registry)
+    return _BY_REGISTRY[registry]
+
+
+def trace_id(scope: Scope) -> str | None:
+    """The trace id of a valid W3C ``traceparent`` request header, else None."""
+    for name, value in scope.get("headers") or ():
+        if name.lower() == b"traceparent":
+            match = _TRACEPARENT.match(value.decode("latin-1").strip().lower())
+            if match and match[1] != "ff" and match[2] != _NO_TRACE:
+                return match[2]
+            return None
+    return None
+
+
+def route_template(scope: Scope, root_path_before: str) -> str | None:
+    """The path template of the route Starlette matched (None when none did).
+
+    Starlette's router leaves the innermost matched route in ``scope["route"]``; a ``Mount``
+    adds the prefix it matched to ``root_path``, which is how routes under mounts get theirs.
+    """
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    if not isinstance(path, str):
+        return None
+    prefix = str(scope.get("root_path", ""))[len(root_path_before) :]
+    if isinstance(route, Mount):  # a mounted app (not a router): its prefix is the route
+        return prefix or path or "/"
+    return prefix + path
+
+
+class _Exchange:
+    """One request's timing: wraps ``send`` to see the status and the first body bytes."""
+
+    def __init__(self, send: Send) -> None:
+        self.start = time.perf_counter()
+        self.status: int | None = None
+        self.first_byte_s: float | None = None
+        self._send = send
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.status = int(message["status"])
+        elif kind == "http.response.body" and self.first_byte_s is None:
+            if message.get("body") or not message.get("more_body", False):
+                self.first_byte_s = time.perf_counter() - self.start
+        elif kind == "http.response.pathsend" and self.first_byte_s is None:
+            self.first_byte_s = time.perf_counter() - self.start
+        await self._send(message)
+
+
+class MetricsMiddleware:
+    """Records latency, time to first byte, request and error counts of any ASGI app.
+
+    ``registry``: where the metrics live (default: prometheus-client's global registry);
+    ``route_label``: label requests by route (False: every route is ``*``, for apps whose
+    routes are not worth telling apart); ``max_paths``: distinct raw paths kept as labels for
+    apps without Starlette routing."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        registry: CollectorRegistry | None = None,
+        *,
+        route_label: bool = True,
+        max_paths: int = 100,
+    ) -> None:
+        self.app = app
+        self.metrics = http_metrics(registry)
+        self.route_label = route_label
+        self.max_paths = max_paths
+        self._raw_paths: set[str] = set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # websockets and lifespan pass through untouched
+            await self.app(scope, receive, send)
+            return
+        method = str(scope.get("method"))
+        method = method if method in METHODS else OTHER
+        root_path = str(scope.get("root_path", ""))
+        exchange = _Exchange(send)
+        failed = False
+        gauge = self.metrics.in_flight.labels(method)
+        gauge.inc()
+        try:
+            await self.app(scope, receive, exchange.send)
+        except Exception:
+            failed = True
+            raise
+        finally:
+            gauge.dec()
+            self._record(scope, root_path, method, exchange, failed)
+
+    def _record(
+        self, scope: Scope, root_path: str, method: str, exchange: _Exchange, failed: bool
+    ) -> None:
+        elapsed = time.perf_counter() - exchange.start
+        status = _status(exchange.status, failed)
+        labels = (method, self._route(scope, root_path, status), status)
+        trace = trace_id(scope)
+        m = self.metrics
+        m.duration.labels(*labels).observe(elapsed, {"trace_id": trace} if trace else None)
+        if exchange.first_byte_s is not None:
+            m.ttfb.labels(*labels).observe(exchange.first_byte_s)
+        m.requests.labels(*labels).inc()
+        if failed or status.startswith("5"):
+            m.errors.labels(*labels).inc()
+
+    def _route(self, scope: Scope, root_path: str, status: str) -> str:
+        if not self.route_label:
+            return "*"
+        template = route_template(scope, root_path)
+        if template is not None:
+            return template
+        path = str(scope.get("path", ""))
+        if status == "404" or not self._keep_raw_path(path):
+            return OTHER
+        return path
+
+    def _keep_raw_path(self, path: str) -> bool:
+        if path in self._raw_paths:
+            return True
+        if len(self._raw_paths) >= self.max_paths:
+            return False
+        self._raw_paths.add(path)
+        return True
+
+
+def _status(sent: int | None, failed: bool) -> str:
+    """The status the client got; 500 for an exception before any response (what servers
+    answer then), 499 for a request abandoned (cancelled) before one."""
+    if sent is not None:
+        return str(sent)
+    return "500" if failed else CLIENT_CLOSED
+
+
+def metrics_app(registry: CollectorRegistry | None = None) -> ASGIApp:
+    """An ASGI app serving ``registry`` (text format, or OpenMetrics with exemplars when the
+    scraper asks for it)."""
+    app: ASGIApp = make_asgi_app(REGISTRY if registry is None else registry)
+    return app
