@@ -221,3 +221,26 @@ def test_agent_exports_window_statistics_and_self_metrics(tmp_path):
         assert "process_resident_memory_bytes" in parsed
     finally:
         agent.stop()
+
+
+def test_openmetrics_output_parses_with_dcgm_counter_names(tmp_path):
+    """dcgm-exporter's counters lack `_total`; OpenMetrics output types them `unknown`."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
+
+    from metricvault.collect.sources.simulated import SimulatedGpuSource
+
+    registry = CollectorRegistry()
+    registry.register(SimulatedGpuSource(gpus=1, hostname="node01"))  # type: ignore[arg-type]
+    server = MetricsServer(registry, "127.0.0.1", 0)
+    server.start()
+    try:
+        _, _, text = _get(server.url)
+        plain = {f.name: f for f in text_string_to_metric_families(text)}
+        assert plain["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].type == "counter"
+        _, _, body = _get(server.url, {"Accept": "application/openmetrics-text"})
+        families = {f.name: f for f in om_parse(body)}
+        energy = families["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+        assert energy.type == "unknown" and energy.samples[0].value > 0
+        assert families["DCGM_FI_DEV_GPU_UTIL"].type == "gauge"
+    finally:
+        server.stop()

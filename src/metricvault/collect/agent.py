@@ -61,20 +61,22 @@ class AgentOptions:
 
 def gpu_sources(opts: AgentOptions) -> tuple[list[Source], str]:
     """The GPU source to use and a word saying which (nvml, simulated, none)."""
-    labels = {"hostname_label": opts.hostname_label}
     if opts.simulate_gpus:
         from metricvault.collect.sources.simulated import SimulatedGpuSource
 
         sim = SimulatedGpuSource(
-            gpus=opts.simulate_gpus, hostname=opts.hostname, seed=opts.seed, **labels
+            gpus=opts.simulate_gpus,
+            hostname=opts.hostname,
+            seed=opts.seed,
+            hostname_label=opts.hostname_label,
         )
         return [sim], "simulated"
     if opts.gpu == "none":
         return [], "none"
-    try:
-        from metricvault.collect.sources.nvml import NvmlSource, NvmlUnavailable
+    from metricvault.collect.sources.nvml import NvmlSource, NvmlUnavailable
 
-        return [NvmlSource(hostname=opts.hostname, **labels)], "nvml"
+    try:
+        return [NvmlSource(hostname=opts.hostname, hostname_label=opts.hostname_label)], "nvml"
     except NvmlUnavailable as exc:
         if opts.gpu == "nvml":
             raise
