@@ -47,5 +47,9 @@ e2e: $(VENV)/.test-deps system-deps
 bench: $(VENV)/.test-deps
 	$(BIN)/python bench/storage.py
 
+.PHONY: bench-archive
+bench-archive: $(VENV)/.test-deps
+	$(BIN)/python bench/archive.py
+
 clean:
 	rm -rf $(VENV) metricvault-data .metricvault-state demo-report.html

@@ -8,8 +8,9 @@ series with the labels Prometheus would send (the dcgm-exporter labels plus ``jo
 no sample is a duplicate. They go to a temp file.
 
 One load process (this script in ``--load`` mode) reads that file and sends the same payloads,
-over ``--connections`` keep-alive HTTP connections, first to a ``metricvault serve`` subprocess
-and then to VictoriaMetrics' ``/api/v1/write``; it stops after all payloads or ``--duration``
+over ``--connections`` keep-alive HTTP connections, first to ``metricvault serve`` subprocesses
+(once per ``--workers`` value: 2 gateway worker processes, the default, then 1) and then to
+VictoriaMetrics' ``/api/v1/write``; it stops after all payloads or ``--duration``
 seconds, counts the acknowledged samples (2xx), honours 429/503 ``Retry-After`` by sleeping and
 resending, and records each request's latency. Afterwards the gateway is stopped with SIGTERM and
 the vault must hold exactly the acknowledged samples.
@@ -18,6 +19,7 @@ Run from the repository root::
 
     .venv/bin/python bench/ingest.py --quick                 # < 1 min
     .venv/bin/python bench/ingest.py                         # < 5 min
+    .venv/bin/python bench/ingest.py --workers 2 --no-vm     # the default gateway only
     .venv/bin/python bench/ingest.py --connections 8 --duration 30 --markdown results.md
 
 It installs nothing. VictoriaMetrics comes from ``apt-get install -y victoria-metrics``; without
@@ -48,7 +50,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -64,6 +66,7 @@ MAX_CONNECTION_ERRORS = 20  # per connection thread, before the run counts it as
 MAX_RETRY_AFTER_S = 30.0
 WINDOW_S = 5.0  # width of the windows for the "slowest window" rate
 NA = "n/a"
+DEFAULT_GATEWAY_WORKERS = 2  # metricvault's own default for the gateway_workers setting
 LOAD_AT_START = os.getloadavg()[0]
 
 
@@ -89,6 +92,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--connections", type=int, default=6, help="concurrent keep-alive connections (6)"
     )
+    parser.add_argument(
+        "--workers",
+        default=f"{DEFAULT_GATEWAY_WORKERS},1",
+        help="comma list of gateway_workers values, one gateway run each (default 2,1: the "
+        "default, then a single process)",
+    )
     parser.add_argument("--quick", action="store_true", help="1000 requests, 15 s: < 1 min in all")
     parser.add_argument("--no-vm", action="store_true", help="skip VictoriaMetrics")
     parser.add_argument("--workdir", default=None, help="where temporary files go (default TMP)")
@@ -100,6 +109,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.requests, args.duration = min(args.requests, 1000), min(args.duration, 15.0)
     if args.batch < 1 or args.requests < 1 or args.connections < 1 or args.duration <= 0:
         parser.error("--batch, --requests, --connections and --duration must be positive")
+    try:
+        args.workers = [int(w) for w in str(args.workers).split(",") if w.strip()]
+    except ValueError:
+        parser.error(f"--workers {args.workers!r}: write a comma list of integers, e.g. 2,1")
+    if not args.workers or min(args.workers) < 1:
+        parser.error("--workers needs at least one value, each at least 1")
     return args
 
 
@@ -558,17 +573,40 @@ class LoadProcess:
 # --- the servers ------------------------------------------------------------------------------
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (all its threads), from /proc."""
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its live descendants (gateway workers, their helpers), from /proc.
+
+    Reads the parent pid of every process once (``/proc/<pid>/task/*/children`` needs a kernel
+    option that is not always there)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, []))
+    return tree
+
+
+def _own_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process so far (all its threads)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
-        return float("nan")
+        return 0.0  # exited between listing and reading
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rss_mib(pid: int) -> float:
+def _own_hwm_mib(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -576,7 +614,25 @@ def rss_mib(pid: int) -> float:
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return float("nan")
+    return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds so far of a server process and all its descendants (``metricvault serve``
+    with ``gateway_workers > 1`` is a supervisor whose workers do the work)."""
+    if not os.path.exists(f"/proc/{pid}"):
+        return float("nan")
+    return sum(_own_cpu_seconds(p) for p in process_tree(pid))
+
+
+def rss_mib(pid: int) -> float:
+    """Sum of the peak resident memory (``VmHWM``) of a server process and its descendants.
+
+    Each process's own peak, added up: an upper bound of the tree's peak at any one moment
+    (the peaks need not coincide, and shared library pages count once per process)."""
+    if not os.path.exists(f"/proc/{pid}"):
+        return float("nan")
+    return sum(_own_hwm_mib(p) for p in process_tree(pid))
 
 
 def http_get(port: int, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
@@ -590,11 +646,13 @@ def http_get(port: int, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
 
 
 class GatewayProcess:
-    """``metricvault serve`` on a free port with a fresh vault, stopped by SIGTERM."""
+    """``metricvault serve`` on a free port with a fresh vault and ``workers`` gateway worker
+    processes (``--set gateway_workers``), stopped by SIGTERM."""
 
-    def __init__(self, data_dir: Path, log_path: Path) -> None:
+    def __init__(self, data_dir: Path, log_path: Path, workers: int) -> None:
         from bench.peers import free_port
 
+        self.workers = workers
         self.data_dir = data_dir
         self.log_path = log_path
         self.port = free_port()
@@ -610,6 +668,8 @@ class GatewayProcess:
             f"127.0.0.1:{self.port}",
             "--set",
             "gateway_maintain=false",
+            "--set",
+            f"gateway_workers={workers}",
         ]
         with open(log_path, "wb") as out:
             self.process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -624,12 +684,18 @@ class GatewayProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the gateway exited:\n{self.log_tail()}")
             try:
-                if http_get(self.port, "/-/ready")[0] == 200:
-                    return
+                ready = http_get(self.port, "/-/ready")[0] == 200
             except OSError:
-                pass
+                ready = False
+            # with workers, the supervisor plus one process per worker (it may add a helper)
+            if ready and (self.workers == 1 or len(self.worker_pids()) >= self.workers):
+                return
             time.sleep(0.1)
         raise RuntimeError(f"the gateway was not ready in {timeout_s} s:\n{self.log_tail()}")
+
+    def worker_pids(self) -> list[int]:
+        """The live descendants of the serve process (its workers, when there are several)."""
+        return process_tree(self.process.pid)[1:]
 
     def metrics(self) -> dict[str, float]:
         """The gateway's own counters (metricvault_* lines of /metrics), summed over labels."""
@@ -672,8 +738,8 @@ class GatewayProcess:
 class SystemRun:
     name: str
     load: LoadResult | None = None
-    server_cpu_s: float = float("nan")  # server process CPU seconds during the load
-    server_rss_mib: float = float("nan")  # peak resident memory of the server
+    server_cpu_s: float = float("nan")  # CPU seconds of the server and its workers, during the load
+    server_rss_mib: float = float("nan")  # peak resident memory, summed over those processes
     check: str = ""  # the correctness check, in words
     check_ok: bool | None = None
     note: str = ""
@@ -685,15 +751,25 @@ class SystemRun:
         return self.server_cpu_s / self.load.elapsed_s
 
 
-def bench_gateway(load: LoadProcess, args: argparse.Namespace, workdir: Path) -> SystemRun:
+def gateway_label(workers: int) -> str:
+    default = ", default" if workers == DEFAULT_GATEWAY_WORKERS else ""
+    return f"metricvault ({workers} worker{'s' if workers > 1 else ''}{default})"
+
+
+def bench_gateway(
+    load: LoadProcess, args: argparse.Namespace, workdir: Path, workers: int
+) -> SystemRun:
     from metricvault.store.vault import Vault
 
-    run = SystemRun("metricvault")
+    run = SystemRun(gateway_label(workers))
     data_dir = workdir / "vault"
-    gateway = GatewayProcess(data_dir, workdir / "gateway.log")
+    gateway = GatewayProcess(data_dir, workdir / "gateway.log", workers)
     try:
         gateway.wait_ready()
-        log(f"  gateway ready on port {gateway.port} (pid {gateway.process.pid})")
+        log(
+            f"  gateway ready on port {gateway.port} (pid {gateway.process.pid}, "
+            f"descendants {gateway.worker_pids()})"
+        )
         cpu_before = cpu_seconds(gateway.process.pid)
         run.load = load.run(gateway.url, args.connections, args.duration)
         run.server_cpu_s = cpu_seconds(gateway.process.pid) - cpu_before
@@ -824,19 +900,23 @@ def result_rows(runs: list[SystemRun]) -> list[tuple[str, ...]]:
 
 
 def verdict_lines(runs: list[SystemRun]) -> list[str]:
-    mv, vm = runs[0], runs[1] if len(runs) > 1 else None
+    gateways = [run for run in runs if run.name.startswith("metricvault")]
+    vm = next((run for run in runs if not run.name.startswith("metricvault")), None)
     lines = []
-    if mv.load is not None:
+    for mv in gateways:
+        if mv.load is None:
+            continue
         ok = mv.load.rate >= TARGET_SAMPLES_PER_S
         lines.append(
-            f"Target: metricvault >= {TARGET_SAMPLES_PER_S:,} samples/s sustained: "
+            f"Target: {mv.name} >= {TARGET_SAMPLES_PER_S:,} samples/s sustained: "
             f"{'PASS' if ok else 'MISS'} ({mv.load.rate:,.0f} samples/s)"
         )
-    if mv.load is not None and vm is not None and vm.load is not None and vm.load.rate > 0:
-        lines.append(
-            f"Ratio metricvault / VictoriaMetrics: {mv.load.rate / vm.load.rate:.3f} "
-            f"(p99 {mv.load.p99_ms:,.1f} ms vs {vm.load.p99_ms:,.1f} ms)"
-        )
+    for mv in gateways:
+        if mv.load is not None and vm is not None and vm.load is not None and vm.load.rate > 0:
+            lines.append(
+                f"Ratio {mv.name} / VictoriaMetrics: {mv.load.rate / vm.load.rate:.3f} "
+                f"(p99 {mv.load.p99_ms:,.1f} ms vs {vm.load.p99_ms:,.1f} ms)"
+            )
     for run in runs:
         if run.check:
             state = NA if run.check_ok is None else ("OK" if run.check_ok else "MISMATCH")
@@ -865,9 +945,13 @@ def describe(payloads: PayloadSet, args: argparse.Namespace) -> list[str]:
         f"threads), each payload sent once, stop after all payloads or {args.duration:g} s; "
         "samples/s = acknowledged samples / (first send to last acknowledgement); latency per "
         "acknowledged request (send to response read); the same process and payloads for both",
-        "metricvault: `metricvault serve --set gateway_maintain=false`, a fresh vault in the temp "
-        "dir (each 204 is fsynced to the SQLite ingest buffer); VictoriaMetrics: fresh data dir, "
+        "metricvault: `metricvault serve --set gateway_maintain=false --set gateway_workers=N` "
+        f"for N in {', '.join(map(str, args.workers))} (the default is "
+        f"{DEFAULT_GATEWAY_WORKERS}), a fresh vault in the temp dir each time (each 204 is "
+        "fsynced to the SQLite ingest buffer of the worker); VictoriaMetrics: fresh data dir, "
         "`-search.latencyOffset=1s`",
+        "server CPU and peak RSS: the server process and all its descendants (the gateway "
+        "workers), from /proc; RSS is the sum of each process's VmHWM",
     ]
 
 
@@ -900,6 +984,12 @@ def markdown(head: list[str], runs: list[SystemRun]) -> str:
 # --- main -------------------------------------------------------------------------------------
 
 
+def _gateway_bench(
+    load: LoadProcess, args: argparse.Namespace, workers: int
+) -> Callable[[Path], SystemRun]:
+    return lambda workdir: bench_gateway(load, args, workdir, workers)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.load:
@@ -916,12 +1006,17 @@ def main(argv: list[str] | None = None) -> int:
         load = LoadProcess(payloads.path)
         log(f"load process ready (pid {load.process.pid}, {load.count:,} payloads)")
         runs = []
-        for name, bench in (("metricvault gateway", bench_gateway), ("VictoriaMetrics", bench_vm)):
+        systems: list[tuple[str, str, Callable[[Path], SystemRun]]] = [
+            (gateway_label(w), f"metricvault-{w}w", _gateway_bench(load, args, w))
+            for w in args.workers
+        ]
+        systems.append(("VictoriaMetrics", "VictoriaMetrics", lambda d: bench_vm(load, args, d)))
+        for name, dirname, bench in systems:
             log(f"{name}:")
-            workdir = root / name.split()[0]
+            workdir = root / dirname
             workdir.mkdir()
             started = time.perf_counter()
-            run = bench(load, args, workdir)
+            run = bench(workdir)
             if run.load is not None:
                 log(
                     f"  {run.load.samples_acked:,} samples acked, {run.load.rate:,.0f} samples/s, "
