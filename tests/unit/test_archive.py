@@ -4,6 +4,7 @@ query API (answers equal the vault's)."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -359,3 +360,26 @@ def test_curves_align_by_elapsed_step_and_time(vault, tmp_path):
         plot(vault, ["r3"], ["mfu"], tmp_path / "c.pdf")
     with pytest.raises(NotFoundError, match="no 'nope' data"):
         curves(vault, ["r3"], "nope")
+
+
+def test_export_bytes_do_not_depend_on_how_it_is_chunked(vault, tmp_path, monkeypatch):
+    """Small fetches (each series cut into time slices) give the same file as big ones."""
+    from metricvault.archive import snapshot
+
+    whole = export_snapshot(vault, "r3", tmp_path / "whole")
+    monkeypatch.setattr(snapshot, "TARGET_CHUNK_ROWS", 1000)
+    sliced = export_snapshot(vault, "r3", tmp_path / "sliced")
+    assert _sha(sliced.path) == _sha(whole.path)
+    rollups = export_snapshot(vault, "r3", tmp_path / "whole-1m", tier="1m")
+    monkeypatch.setattr(snapshot, "TARGET_CHUNK_ROWS", 100)
+    sliced_rollups = export_snapshot(vault, "r3", tmp_path / "sliced-1m", tier="1m")
+    assert _sha(sliced_rollups.path) == _sha(rollups.path)
+
+
+def test_time_slices_cover_the_window_at_bucket_boundaries():
+    from metricvault.archive.snapshot import _time_slices
+
+    slices = _time_slices(1_000, 1_000_000, rows=10_000_000, align=60_000)
+    assert slices[0][0] == 1_000 and slices[-1][1] == 1_000_000
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(slices))
+    assert all(lo % 60_000 == 0 for lo, _ in slices[1:])

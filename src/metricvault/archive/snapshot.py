@@ -19,6 +19,7 @@ from the file alone.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import uuid
@@ -74,7 +75,21 @@ _ENCODING = {
 
 
 def schema_for(tier: str) -> pa.Schema:
+    """The schema readers see."""
     return RAW_SCHEMA if tier == "raw" else ROLLUP_SCHEMA
+
+
+def writer_schema(tier: str) -> pa.Schema:
+    """What the writer is fed: the string key columns as dictionaries (bounded memory); the
+    file stores plain strings (no Arrow schema is embedded, so readers see ``schema_for``)."""
+    schema = schema_for(tier)
+    for name in _DICTIONARY:
+        if name != "series_id":
+            i = schema.get_field_index(name)
+            schema = schema.set(
+                i, schema.field(i).with_type(pa.dictionary(pa.int32(), pa.string()))
+            )
+    return schema
 
 
 @dataclass(frozen=True)
@@ -182,20 +197,66 @@ def _chunks(
     start: int,
     end: int,
 ) -> Iterator[tuple[int, list[SeriesInfo], pa.Table]]:
-    """Rows of a few series at a time, sized from the rows per series seen so far."""
-    done, size, per_series = 0, 8, 0.0
+    """Rows in snapshot order, about ``TARGET_CHUNK_ROWS`` at a time (memory stays bounded)."""
     if not infos:
         raise NotFoundError(
             f"experiment {exp.id!r} matches no series (selector {exp.selector}): nothing to "
             "export. Check the selector with `metricvault series '<selector>'`"
         )
-    while done < len(infos):
-        batch = infos[done : done + size]
-        rows = _fetch(ctx, [i.series_id for i in batch], tier, start, end)
-        done += len(batch)
-        per_series = max(per_series, rows.num_rows / len(batch))
-        size = max(1, min(4096, int(TARGET_CHUNK_ROWS / max(per_series, 1.0))))
-        yield done, batch, _long_rows(rows, batch, exp, tier)
+    done = 0
+    for batch, lo, hi in _fetch_plan(ctx, infos, tier, start, end):
+        rows = _fetch(ctx, [i.series_id for i in batch], tier, lo, hi)
+        done += len(batch) if hi == end else 0
+        yield done, batch if lo == start else [], _long_rows(rows, batch, exp, tier)
+
+
+def _fetch_plan(
+    ctx: q.QueryContext, infos: list[SeriesInfo], tier: str, start: int, end: int
+) -> Iterator[tuple[list[SeriesInfo], int, int]]:
+    """Groups of whole series whose rows add up to about the target; a series with more rows
+    than that alone, in consecutive time slices (so rows stay in (series, time) order)."""
+    counts = _row_counts(ctx, infos, tier, start, end)
+    batch: list[SeriesInfo] = []
+    rows = 0
+    for info in infos:
+        n = counts.get(info.series_id, 0)
+        if batch and rows + n > TARGET_CHUNK_ROWS:
+            yield batch, start, end
+            batch, rows = [], 0
+        if n > TARGET_CHUNK_ROWS:
+            for lo, hi in _time_slices(start, end, n, TIER_MS.get(tier, 1)):
+                yield [info], lo, hi
+            continue
+        batch.append(info)
+        rows += n
+    if batch:
+        yield batch, start, end
+
+
+def _row_counts(
+    ctx: q.QueryContext, infos: list[SeriesInfo], tier: str, start: int, end: int
+) -> dict[int, int]:
+    """Rows each series will have: raw sample counts (answered from rollups, cheaply), or the
+    number of buckets in the window for a rollup tier (an upper bound)."""
+    if tier != "raw":
+        buckets = (end - start) // TIER_MS[tier] + 2
+        return {i.series_id: buckets for i in infos}
+    counts: dict[int, int] = {}
+    ids = [i.series_id for i in infos]
+    for first in range(0, len(ids), 1024):
+        partials, _ = q.aggregate(ctx, ids[first : first + 1024], start, end, -1)
+        pairs = zip(partials["series_id"].to_pylist(), partials["count"].to_pylist(), strict=True)
+        counts.update(pairs)
+    return counts
+
+
+def _time_slices(start: int, end: int, rows: int, align: int) -> list[tuple[int, int]]:
+    """``[start, end)`` cut into pieces of about ``TARGET_CHUNK_ROWS`` rows, at multiples of
+    ``align`` (a rollup bucket is never split between two fetches)."""
+    pieces = -(-rows // TARGET_CHUNK_ROWS)
+    width = -(-(end - start) // pieces // align) * align or align
+    cuts = [start, *range((start // width + 1) * width, end, width), end]
+    return list(itertools.pairwise(cuts))
 
 
 def _counter_lookback(
@@ -223,8 +284,9 @@ def _fetch(ctx: q.QueryContext, ids: list[int], tier: str, start: int, end: int)
 
 
 def _long_rows(rows: pa.Table, batch: list[SeriesInfo], exp: Experiment, tier: str) -> pa.Table:
-    """Sort a chunk into snapshot order and add the key columns."""
-    schema = schema_for(tier)
+    """Sort a chunk into snapshot order and add the key columns (as dictionary arrays: a
+    label set is stored once per chunk, not once per row)."""
+    schema = writer_schema(tier)
     if rows.num_rows == 0:
         return schema.empty_table()
     batch_ids = np.array([i.series_id for i in batch], np.int64)
@@ -233,24 +295,39 @@ def _long_rows(rows: pa.Table, batch: list[SeriesInfo], exp: Experiment, tier: s
     ts = rows["ts"].to_numpy()
     pos = by_id[np.searchsorted(batch_ids[by_id], sid)]  # each row's rank in the batch
     order = np.lexsort((ts, pos))
-    pos = pos[order]
-    take = pa.array(order)
-    per_series = {
-        "metric": [i.metric for i in batch],
-        "labels": [i.labels_json for i in batch],
-    }
+    codes = pos[order]
+    zeros = pa.array(np.zeros(len(order), np.int32))
     cols: dict[str, Any] = {
-        "experiment_id": pa.array(np.full(len(order), exp.id, dtype=object), pa.string()),
-        "git_sha": pa.array(np.full(len(order), exp.git_sha, dtype=object), pa.string()),
+        "experiment_id": pa.DictionaryArray.from_arrays(zeros, pa.array([exp.id])),
+        "git_sha": pa.DictionaryArray.from_arrays(zeros, pa.array([exp.git_sha])),
         "series_id": pa.array(sid[order], pa.int64()),
-        "metric": pa.array(per_series["metric"], pa.string()).take(pa.array(pos)),
-        "labels": pa.array(per_series["labels"], pa.string()).take(pa.array(pos)),
+        "metric": _dictionary(codes, [i.metric for i in batch]),
+        "labels": _dictionary(codes, [i.labels_json for i in batch]),
         "timestamp": pa.array(ts[order], pa.timestamp("ms", tz="UTC")),
     }
-    value_columns = ("value",) if tier == "raw" else ROLLUP_COLUMNS
-    for name in value_columns:
+    take = pa.array(order)
+    for name in ("value",) if tier == "raw" else ROLLUP_COLUMNS:
         cols[name] = rows[name].take(take)
     return pa.table(cols, schema=schema)
+
+
+def _dictionary(codes: np.ndarray, per_series: list[str]) -> pa.DictionaryArray:
+    """Each row's string (``per_series[code]``) as a dictionary array with unique, sorted
+    values: Parquet's writer encodes a dictionary with repeated values differently from one
+    call to the next (seen with pyarrow 24), which would break byte-identical exports."""
+    values, inverse = np.unique(np.array(per_series, dtype=object), return_inverse=True)
+    indices = pa.array(inverse.astype(np.int32)[codes])
+    return pa.DictionaryArray.from_arrays(indices, pa.array(values.tolist(), pa.string()))
+
+
+def _canonical_dictionaries(table: pa.Table) -> pa.Table:
+    """One chunk whose dictionaries hold each value once, in order of first appearance: the
+    row group's bytes then depend on its rows only, not on how the export was chunked."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            plain = table.column(i).cast(field.type.value_type).combine_chunks()
+            table = table.set_column(i, field, plain.dictionary_encode().cast(field.type))
+    return table.combine_chunks()
 
 
 class _SnapshotWriter:
@@ -258,10 +335,11 @@ class _SnapshotWriter:
 
     def __init__(self, path: Path, exp: Experiment, tier: str) -> None:
         self.exp, self.tier = exp, tier
-        self.schema = schema_for(tier)
+        self.schema = writer_schema(tier)
         self.writer = pq.ParquetWriter(
             path,
             self.schema,
+            store_schema=False,
             compression="zstd",
             compression_level=9,
             use_dictionary=_DICTIONARY,
@@ -301,13 +379,22 @@ class _SnapshotWriter:
         self.last = hi if self.last is None else max(self.last, hi)
 
     def _emit(self, rows: int) -> None:
-        table = pa.concat_tables(self.pending).combine_chunks()
-        group, rest = table.slice(0, rows), table.slice(rows)
+        """Write exactly ``rows`` pending rows as one row group (the rest stays pending)."""
+        parts, need = [], rows
+        while need:
+            head = self.pending[0]
+            if head.num_rows <= need:
+                parts.append(self.pending.pop(0))
+                need -= head.num_rows
+            else:
+                parts.append(head.slice(0, need))
+                self.pending[0] = head.slice(need)
+                need = 0
+        group = _canonical_dictionaries(pa.concat_tables(parts))
         self.writer.write_table(group, row_group_size=ROW_GROUP_ROWS)
         self.hash.update(group)
         self.rows += group.num_rows
-        self.pending = [rest] if rest.num_rows else []
-        self.pending_rows = rest.num_rows
+        self.pending_rows -= rows
 
     def close(self, infos: list[SeriesInfo], metrics: tuple[str, ...]) -> dict[str, str]:
         if self.pending_rows:
@@ -331,7 +418,11 @@ class _SnapshotWriter:
                 first_row += n
         values = {
             "schema_version": str(SCHEMA_VERSION),
-            "experiment": self.exp.to_json(),
+            # created_ms is when the record was registered, not part of the experiment: a
+            # re-registered experiment with the same fields gives the same bytes
+            "experiment": _dumps(
+                {k: v for k, v in self.exp.to_record().items() if k != "created_ms"}
+            ),
             "tier": self.tier,
             "time_range": _dumps(
                 {
@@ -379,9 +470,9 @@ class RowHasher:
                 arr.offset : arr.offset + len(arr) + 1
             ]
             data = arr.buffers()[2]
-            body = b"" if data is None else data.to_pybytes()[offsets[0] : offsets[-1]]
             self._h.update((offsets[1:] - offsets[0]).astype("<i8").tobytes())
-            self._h.update(body)
+            if data is not None:
+                self._h.update(memoryview(data)[offsets[0] : offsets[-1]])
             return
         if pa.types.is_floating(t):
             valid = arr.is_valid().to_numpy(zero_copy_only=False)
