@@ -11,7 +11,7 @@ APT_TEST_PACKAGES ?= git prometheus influxdb-client
 $(BIN)/metricvault: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet -e '.[archive]'
 	touch $@
 
 $(VENV)/.test-deps: $(BIN)/metricvault
@@ -19,6 +19,7 @@ $(VENV)/.test-deps: $(BIN)/metricvault
 	touch $@
 
 demo: $(BIN)/metricvault
+	@command -v git >/dev/null || echo "git is missing: the demo's archive step needs it (apt-get install git)"
 	$(BIN)/metricvault demo
 
 system-deps:
