@@ -36,7 +36,7 @@ from metricvault.archive.experiments import Experiment
 from metricvault.durations import ms_to_datetime
 from metricvault.errors import InputError, NotFoundError, TimeRangeError
 from metricvault.model import TIERS
-from metricvault.store import query as q
+from metricvault.store.backend import SampleReader
 from metricvault.store.series_index import SeriesInfo
 from metricvault.store.vault import Vault
 
@@ -129,8 +129,8 @@ def export_snapshot(
     if tier not in TIERS:
         raise InputError(f"unknown tier {tier!r}; choose from {', '.join(TIERS)}")
     start, end = exp.window()
-    ctx = vault.query_context()
-    _check_raw_kept(ctx.snapshot.raw_horizon_ms, tier, exp, start)
+    ctx = vault.sample_reader()
+    _check_raw_kept(ctx.raw_horizon_ms, tier, exp, start)
     infos = _experiment_series(vault, exp, metrics)
     path = snapshot_path(out, exp.id)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -190,7 +190,7 @@ def _experiment_series(vault: Vault, exp: Experiment, metrics: Sequence[str]) ->
 
 
 def _chunks(
-    ctx: q.QueryContext,
+    ctx: SampleReader,
     infos: list[SeriesInfo],
     exp: Experiment,
     tier: str,
@@ -211,7 +211,7 @@ def _chunks(
 
 
 def _fetch_plan(
-    ctx: q.QueryContext, infos: list[SeriesInfo], tier: str, start: int, end: int
+    ctx: SampleReader, infos: list[SeriesInfo], tier: str, start: int, end: int
 ) -> Iterator[tuple[list[SeriesInfo], int, int]]:
     """Groups of whole series whose rows add up to about the target; a series with more rows
     than that alone, in consecutive time slices (so rows stay in (series, time) order)."""
@@ -234,7 +234,7 @@ def _fetch_plan(
 
 
 def _row_counts(
-    ctx: q.QueryContext, infos: list[SeriesInfo], tier: str, start: int, end: int
+    ctx: SampleReader, infos: list[SeriesInfo], tier: str, start: int, end: int
 ) -> dict[int, int]:
     """Rows each series will have: raw sample counts (answered from rollups, cheaply), or the
     number of buckets in the window for a rollup tier (an upper bound)."""
@@ -244,7 +244,7 @@ def _row_counts(
     counts: dict[int, int] = {}
     ids = [i.series_id for i in infos]
     for first in range(0, len(ids), 1024):
-        partials, _ = q.aggregate(ctx, ids[first : first + 1024], start, end, -1)
+        partials = ctx.partials(ids[first : first + 1024], start, end, -1)
         pairs = zip(partials["series_id"].to_pylist(), partials["count"].to_pylist(), strict=True)
         counts.update(pairs)
     return counts
@@ -260,14 +260,14 @@ def _time_slices(start: int, end: int, rows: int, align: int) -> list[tuple[int,
 
 
 def _counter_lookback(
-    ctx: q.QueryContext, infos: list[SeriesInfo], start: int
+    ctx: SampleReader, infos: list[SeriesInfo], start: int
 ) -> dict[int, list[float]]:
     """Each counter's last sample before ``start`` (within the lookback): a raw snapshot keeps
     it in its metadata so ``increase`` over its first bucket equals the vault's."""
     ids = [i.series_id for i in infos if ctx.index.is_counter(i.series_id)]
     if not ids:
         return {}
-    before = q.raw_samples(ctx, ids, start - ctx.lookback_ms, start)
+    before = ctx.raw_samples(ids, start - ctx.lookback_ms, start)
     prev: dict[int, list[float]] = {}
     for sid, ts, value in zip(
         *(before[c].to_pylist() for c in ("series_id", "ts", "value")), strict=True
@@ -276,11 +276,10 @@ def _counter_lookback(
     return prev
 
 
-def _fetch(ctx: q.QueryContext, ids: list[int], tier: str, start: int, end: int) -> pa.Table:
+def _fetch(ctx: SampleReader, ids: list[int], tier: str, start: int, end: int) -> pa.Table:
     if tier == "raw":
-        return q.raw_samples(ctx, ids, start, end)
-    partials, _ = q.aggregate(ctx, ids, start, end, TIER_MS[tier])
-    return partials
+        return ctx.raw_samples(ids, start, end)
+    return ctx.partials(ids, start, end, TIER_MS[tier])
 
 
 def _long_rows(rows: pa.Table, batch: list[SeriesInfo], exp: Experiment, tier: str) -> pa.Table:

@@ -90,6 +90,22 @@ class QueryContext:
     lookback_ms: int
 
 
+class ContextReader:
+    """The embedded store's :class:`~metricvault.store.backend.SampleReader`."""
+
+    def __init__(self, ctx: QueryContext) -> None:
+        self.ctx = ctx
+        self.index = ctx.index
+        self.lookback_ms = ctx.lookback_ms
+        self.raw_horizon_ms = ctx.snapshot.raw_horizon_ms
+
+    def raw_samples(self, series_ids: list[int], start: int, end: int) -> pa.Table:
+        return raw_samples(self.ctx, series_ids, start, end)
+
+    def partials(self, series_ids: list[int], start: int, end: int, step: int) -> pa.Table:
+        return aggregate(self.ctx, series_ids, start, end, step)[0]
+
+
 def raw_samples(ctx: QueryContext, series_ids: list[int], start: int, end: int) -> pa.Table:
     return ctx.reader.read(ctx.snapshot.tier_files("raw"), series_ids, start, end)
 

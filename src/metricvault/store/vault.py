@@ -406,12 +406,12 @@ class Vault:
         )
         return q.shape(self.index, partials, q.finish_aggregates(partials, agg_names), output)
 
-    def query_context(self) -> q.QueryContext:
-        """What readers outside this class (snapshot export) read through: buffered samples
+    def sample_reader(self) -> q.ContextReader:
+        """What readers outside the query API (snapshot export) read through; buffered samples
         are flushed first, so they see everything written so far."""
         if self._pending_samples:
             self.flush()
-        return self._context()
+        return q.ContextReader(self._context())
 
     def _context(self) -> q.QueryContext:
         snap = self.catalog.current()
