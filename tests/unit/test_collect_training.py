@@ -587,3 +587,13 @@ def test_integrations_say_what_to_install(module: str, package: str, hint: str) 
         pytest.skip("pytorch_lightning is installed")
     with pytest.raises(ImportError, match=hint):
         importlib.import_module(f"metricvault.collect.integrations.{module}")
+
+
+def test_every_log_call_is_kept_even_within_one_millisecond(vault: Vault) -> None:
+    """A tight loop logs many steps per millisecond; each gets its own timestamp."""
+    with track(ID, data=vault, git=False) as run:
+        for step in range(200):
+            run.log(step, loss=float(step))
+    series = _series(vault)
+    assert series["train_step"] == [float(s) for s in range(200)]
+    assert series["train_loss"] == [float(s) for s in range(200)]

@@ -60,6 +60,7 @@ from metricvault.model import LABEL_NAME_RE, METRIC_NAME_RE
 
 if TYPE_CHECKING:
     from metricvault.archive.experiments import Experiment, Experiments
+    from metricvault.collect.remote import GatewayVault, RemoteExperiments
     from metricvault.store.vault import Vault
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ class Run:
 
     def __init__(
         self,
-        vault: Vault,
+        vault: Vault | GatewayVault,
         experiment: Experiment,
         labels: Mapping[str, str],
         *,
@@ -185,6 +186,7 @@ class Run:
         self._tokens_total = 0.0
         self._tokens_mono = _monotonic()
         self._last_ts = 0
+        self._last_queued_ts = 0
         self._thread = threading.Thread(
             target=self._write_loop, name=f"metricvault-track-{experiment.id}", daemon=True
         )
@@ -229,6 +231,9 @@ class Run:
 
     def _enqueue(self, ts: int, series: dict[str, Any]) -> None:
         with self._lock:
+            # two logs in one millisecond would be one sample (a series holds one value per
+            # timestamp): each log gets its own, at most a few ms late in a tight loop
+            ts = self._last_queued_ts = max(ts, self._last_queued_ts + 1)
             overflow = len(self._queue) >= self._max_queue
             if overflow:  # never block the loop: the oldest pending entry goes
                 self._queue.popleft()
@@ -394,7 +399,9 @@ def track(
     ``gpu``: the GPU model ("H100-SXM", "NVIDIA H100 80GB HBM3", ...; default: asked from NVML
     when ``flops_per_token`` is given); ``gpus``: how many GPUs the logged tokens cover;
     ``peak_flops``: one GPU's peak FLOP/s, overriding the table. ``data``: vault directory or
-    URI (default: the settings' ``data``) or an open :class:`Vault` (left open on close).
+    URI (default: the settings' ``data``), a gateway's ``http(s)://host:port`` (the experiment
+    is registered and the series sent through ``metricvault serve``; a bearer token from
+    ``METRICVAULT_GATEWAY_TOKEN``), or an open :class:`Vault` (left open on close).
     ``selector``: the experiment's series (default ``{experiment="<id>"}``). ``labels``: extra
     labels on every series (e.g. ``{"rank": "0"}``). ``git``: record the current directory's
     repository commit (a dirty tree warns). ``reopen``: continue the experiment even if it
@@ -543,16 +550,25 @@ def _git_fields(enabled: bool) -> dict[str, str]:
     return {"git_repo": origin or str(root), "git_sha": sha}
 
 
-def _open_vault(data: str | os.PathLike[str] | Vault | None) -> tuple[Vault, bool]:
+def _open_vault(
+    data: str | os.PathLike[str] | Vault | None,
+) -> tuple[Vault | GatewayVault, bool]:
     from metricvault.store.vault import Vault
 
     if isinstance(data, Vault):
         return data, False
+    if isinstance(data, str) and data.startswith(("http://", "https://")):
+        from metricvault.collect.remote import GatewayVault
+
+        return GatewayVault(data), True
     return Vault.open(None if data is None else os.fspath(data)), True
 
 
 def _register(
-    experiments: Experiments, experiment_id: str, record: dict[str, Any], reopen: bool
+    experiments: Experiments | RemoteExperiments,
+    experiment_id: str,
+    record: dict[str, Any],
+    reopen: bool,
 ) -> Experiment:
     """Create the experiment, or continue it when it exists and has not ended (or ``reopen``)."""
     try:

@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from metricvault.config import Settings
 from metricvault.durations import parse_duration_ms
-from metricvault.errors import BackpressureError, MetricVaultError, TooLargeError
+from metricvault.errors import BackpressureError, InputError, MetricVaultError, TooLargeError
 from metricvault.ingest.auth import Principal, authenticate
 from metricvault.ingest.limits import CardinalityError, NewSeriesLimiter
 from metricvault.ingest.metrics import GatewayMetrics
@@ -173,6 +173,46 @@ class Gateway:
             return Response(status_code=204)
 
         return await self.handle(request, request.url.path, work)
+
+    async def experiments(self, request: Request) -> Response:
+        """The experiment registry over HTTP, for training jobs that reach only the gateway:
+        ``GET /api/v1/experiments[/{id}]``, ``POST /api/v1/experiments`` (a new record: id,
+        selector and the optional fields), ``PATCH /api/v1/experiments/{id}`` (changed fields).
+        Errors answer with the registry's own status and message."""
+
+        async def work(req: Request, who: Principal) -> Response:
+            registry = self.vault.experiments
+            experiment_id = req.path_params.get("experiment_id")
+            if req.method == "GET":
+                if experiment_id is None:
+                    records = [e.to_record() for e in await run_in_threadpool(registry.list)]
+                    return JSONResponse(records)
+                exp = await run_in_threadpool(registry.get, experiment_id)
+                return JSONResponse(exp.to_record())
+            fields = await self.json_body(req)
+            if req.method == "POST":
+                new_id, selector = fields.pop("id", None), fields.pop("selector", None)
+                if not isinstance(selector, str):
+                    raise InputError("a new experiment needs 'id' and 'selector' (strings)")
+                exp = await run_in_threadpool(
+                    lambda: registry.create(str(new_id or ""), selector, **fields)
+                )
+                return JSONResponse(exp.to_record(), status_code=201)
+            exp = await run_in_threadpool(lambda: registry.update(str(experiment_id), **fields))
+            return JSONResponse(exp.to_record())
+
+        return await self.handle(request, "/api/v1/experiments", work)
+
+    async def json_body(self, request: Request) -> dict[str, Any]:
+        try:
+            fields = json.loads(await self.body(request) or b"{}")
+        except json.JSONDecodeError as exc:
+            raise InputError(f"the request body is not JSON: {exc}") from exc
+        if not isinstance(fields, dict):
+            raise InputError("the request body must be a JSON object of experiment fields")
+        if "tags" in fields and isinstance(fields["tags"], list):
+            fields["tags"] = tuple(fields["tags"])
+        return fields
 
     async def influx_ping(self, request: Request) -> Response:
         """InfluxDB clients (the `influx` CLI, Telegraf) ping before writing."""
@@ -354,6 +394,10 @@ def create_app(
         Route("/api/v2/write", gateway.influx_write, methods=["POST"]),
         Route("/ping", gateway.influx_ping, methods=["GET", "HEAD"]),
         Route("/query", gateway.influx_query, methods=["GET", "POST"]),
+        Route("/api/v1/experiments", gateway.experiments, methods=["GET", "POST"]),
+        Route(
+            "/api/v1/experiments/{experiment_id}", gateway.experiments, methods=["GET", "PATCH"]
+        ),
         Route("/-/healthy", gateway.healthy, methods=["GET", "HEAD"]),
         Route("/-/ready", gateway.ready_check, methods=["GET", "HEAD"]),
         Route("/metrics", gateway.metrics_page, methods=["GET"]),
