@@ -42,7 +42,7 @@ from metricvault.store.vault import Vault
 
 SCHEMA_VERSION = 1
 ROW_GROUP_ROWS = 131_072
-TARGET_CHUNK_ROWS = 2_000_000  # rows fetched from the vault at a time (bounds memory)
+TARGET_CHUNK_ROWS = 1_000_000  # rows fetched from the vault at a time (bounds memory)
 TIER_MS = {"1m": 60_000, "1h": 3_600_000}
 META_PREFIX = "metricvault."
 ROLLUP_COLUMNS = ("count", "sum", "min", "max", "last", "increase")

@@ -88,6 +88,7 @@ class QueryContext:
     reader: Reader
     index: SeriesIndex
     lookback_ms: int
+    use_cache: bool = True  # False for one-pass scans (export) that would only evict
 
 
 class ContextReader:
@@ -107,7 +108,8 @@ class ContextReader:
 
 
 def raw_samples(ctx: QueryContext, series_ids: list[int], start: int, end: int) -> pa.Table:
-    return ctx.reader.read(ctx.snapshot.tier_files("raw"), series_ids, start, end)
+    files = ctx.snapshot.tier_files("raw")
+    return ctx.reader.read(files, series_ids, start, end, use_cache=ctx.use_cache)
 
 
 def aggregate(
@@ -140,8 +142,9 @@ def aggregate(
                 )
             )
         else:
+            files = ctx.snapshot.tier_files(seg.tier)
             rows = ctx.reader.read(
-                ctx.snapshot.tier_files(seg.tier), series_ids, seg.start, seg.end
+                files, series_ids, seg.start, seg.end, seg.tier, use_cache=ctx.use_cache
             )
             parts.append(rollup.rollup_partials(rows, width=width, origin=origin, res=seg.res))
     partials = rollup.combine(parts)

@@ -8,6 +8,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -406,12 +407,13 @@ class Vault:
         )
         return q.shape(self.index, partials, q.finish_aggregates(partials, agg_names), output)
 
-    def sample_reader(self) -> q.ContextReader:
+    def sample_reader(self, use_cache: bool = False) -> q.ContextReader:
         """What readers outside the query API (snapshot export) read through; buffered samples
-        are flushed first, so they see everything written so far."""
+        are flushed first, so they see everything written so far. One-pass scans leave the
+        decoded-data cache alone (``use_cache=False``): it would only grow memory."""
         if self._pending_samples:
             self.flush()
-        return q.ContextReader(self._context())
+        return q.ContextReader(replace(self._context(), use_cache=use_cache))
 
     def _context(self) -> q.QueryContext:
         snap = self.catalog.current()
