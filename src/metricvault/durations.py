@@ -20,6 +20,9 @@ _UNITS_MS = {
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)$")
 _COMPOUND_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
 FOREVER = None
+# Timestamps outside this window are refused as absurd (year 1990 .. year 2200, in ms).
+MIN_TS_MS = 631_152_000_000
+MAX_TS_MS = 7_258_118_400_000
 HOUR_MS = 3_600_000
 DAY_MS = 86_400_000
 

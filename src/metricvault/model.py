@@ -143,9 +143,7 @@ def series_id_of(canonical: str) -> int:
     return int.from_bytes(digest, "little", signed=True)
 
 
-# Timestamps outside this window are refused as absurd (year 1990 .. year 2200, in ms).
-MIN_TS_MS = 631_152_000_000
-MAX_TS_MS = 7_258_118_400_000
+# Timestamps outside MIN_TS_MS .. MAX_TS_MS (durations.py) are refused as absurd.
 
 
 SAMPLE_SCHEMA = pa.schema(

@@ -35,6 +35,7 @@ from metricvault.cli.common import (
     load_settings,
     open_vault,
 )
+from metricvault.cli.influx import influx_app
 from metricvault.config import describe
 from metricvault.durations import (
     ms_to_datetime,
@@ -52,6 +53,7 @@ app = typer.Typer(
 )
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(archive_app, name="archive")
+app.add_typer(influx_app, name="influx")
 app.command()(agent)
 
 
@@ -152,9 +154,9 @@ def print_stats(info: dict[str, Any]) -> None:
     for tier, t in info["tiers"].items():
         table.add_row(
             tier,
-            f"{t['files']:,}",
-            f"{t['rows']:,}",
-            f"{t['bytes']:,}",
+            _count(t.get("files")),
+            _count(t.get("rows")),
+            _count(t.get("bytes")),
             f"{t['bytes_per_row']}" if t["bytes_per_row"] is not None else "",
             _when(t["first"]),
             _when(t["last"]),
@@ -170,6 +172,10 @@ def print_stats(info: dict[str, Any]) -> None:
     )
     console.print(f"rollups: {state}")
     console.print(f"ingest buffer: {info['buffer']['samples']:,} samples waiting")
+
+
+def _count(value: int | None) -> str:
+    return "" if value is None else f"{value:,}"
 
 
 def _when(ms: int | None) -> str:

@@ -395,9 +395,7 @@ def create_app(
         Route("/ping", gateway.influx_ping, methods=["GET", "HEAD"]),
         Route("/query", gateway.influx_query, methods=["GET", "POST"]),
         Route("/api/v1/experiments", gateway.experiments, methods=["GET", "POST"]),
-        Route(
-            "/api/v1/experiments/{experiment_id}", gateway.experiments, methods=["GET", "PATCH"]
-        ),
+        Route("/api/v1/experiments/{experiment_id}", gateway.experiments, methods=["GET", "PATCH"]),
         Route("/-/healthy", gateway.healthy, methods=["GET", "HEAD"]),
         Route("/-/ready", gateway.ready_check, methods=["GET", "HEAD"]),
         Route("/metrics", gateway.metrics_page, methods=["GET"]),

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from metricvault.durations import MAX_TS_MS, MIN_TS_MS
 from metricvault.errors import ConfigError
-from metricvault.model import MAX_TS_MS, MIN_TS_MS
 
 # Physical constants of an H100 SXM 80GB; the simulator uses them whatever `model_name` says.
 FB_TOTAL_MIB = 81559

@@ -18,11 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from metricvault.durations import MAX_TS_MS, MIN_TS_MS
 from metricvault.errors import InputError, LabelError, SeriesCollisionError, ValueRangeError
 from metricvault.model import (
     KINDS,
-    MAX_TS_MS,
-    MIN_TS_MS,
     SAMPLE_SCHEMA,
     Series,
     kind_from_name,

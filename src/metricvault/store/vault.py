@@ -90,7 +90,9 @@ class Vault:
         ``buffer_name`` gives a writer process its own ingest buffer file (gateway workers);
         maintenance flushes every buffer file it finds, so none is ever left behind.
 
-        A path ending in ``.parquet`` opens an experiment snapshot (``metricvault archive
+        ``influxdb://[user:pass@]host:port/db`` (or ``influxdbs://``) opens an InfluxDB 1.x
+        database set up with ``metricvault influx setup``. A path ending in ``.parquet`` opens
+        an experiment snapshot (``metricvault archive
         export``) read-only, with the same ``query``, ``series``, ``sql`` and ``stats``.
 
         Keyword overrides are settings (see ``metricvault config``), e.g.
@@ -98,6 +100,12 @@ class Vault:
         """
         settings = (settings or Settings.load()).with_overrides(**overrides)
         uri = uri or settings.data
+        from metricvault.store.backends import is_influx_uri
+
+        if is_influx_uri(uri):  # InfluxDB 1.x: the same API, see docs/influxdb.md
+            from metricvault.store.backends.influxdb import InfluxVault
+
+            return cast(Vault, InfluxVault.open(uri, settings))
         if uri.endswith(".parquet"):  # a frozen experiment snapshot: same query API, read-only
             from metricvault.archive.opened import SnapshotVault
 

@@ -62,6 +62,7 @@ from math import isfinite
 
 import pyarrow as pa
 
+from metricvault.durations import MAX_TS_MS, MIN_TS_MS
 from metricvault.errors import (
     InputError,
     LabelError,
@@ -72,8 +73,6 @@ from metricvault.errors import (
 from metricvault.model import (
     MAX_LABEL_VALUE_BYTES,
     MAX_LABELS,
-    MAX_TS_MS,
-    MIN_TS_MS,
     RESERVED_COLUMNS,
 )
 
