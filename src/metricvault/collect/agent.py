@@ -158,6 +158,7 @@ class Agent:
         self.server.start()
         if self.opts.push_url:
             self._start_push()
+        _release_startup_memory()
         log.info("metricvault agent: %s (GPU source: %s)", self.server.url, self.gpu_kind)
 
     def stop(self) -> None:
@@ -231,6 +232,23 @@ class Agent:
 
     def fast_readings(self) -> Sequence[FastReading]:
         return []
+
+
+def _release_startup_memory() -> None:
+    """Hand the heap pages freed after start-up (imports, the simulator's warm-up) back to the
+    OS: the agent lives for months on every GPU host within a small memory budget."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:  # not glibc: nothing to trim with
+        pass
 
 
 def _host_load() -> float:
