@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,3 +25,20 @@ def _no_metricvault_env() -> Iterator[None]:
         del os.environ[key]
     yield
     os.environ.update(saved)
+
+
+@pytest.fixture
+def self_signed_cert(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate and key for 127.0.0.1, valid one day (TLS tests; needs openssl)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+         "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+         "-out", str(cert)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+    return cert, key

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import shutil
 import ssl
 import subprocess
 import sys
@@ -22,36 +21,6 @@ pytestmark = pytest.mark.e2e
 T0 = 1_767_225_600_000
 
 
-def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    return cert, key
-
-
 def _request(
     url: str, context: ssl.SSLContext | None, data: bytes | None = None, token: str | None = None
 ) -> int:
@@ -65,8 +34,10 @@ def _request(
         return int(exc.code)
 
 
-def test_https_with_bearer_token_and_tenant(tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)
+def test_https_with_bearer_token_and_tenant(
+    tmp_path: Path, self_signed_cert: tuple[Path, Path]
+) -> None:
+    cert, key = self_signed_cert
     digest = hashlib.sha256(b"t0ken").hexdigest()
     config = tmp_path / "mv.toml"
     config.write_text(

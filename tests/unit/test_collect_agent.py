@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import base64
-import shutil
 import ssl
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -164,32 +162,8 @@ def test_metrics_server_basic_auth(registry):
         server.stop()
 
 
-def test_metrics_server_tls(registry, tmp_path):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
+def test_metrics_server_tls(registry, self_signed_cert):
+    cert, key = self_signed_cert
     server = MetricsServer(registry, "127.0.0.1", 0, tls_cert=str(cert), tls_key=str(key))
     server.start()
     try:

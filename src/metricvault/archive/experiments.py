@@ -171,6 +171,24 @@ def check(exp: Experiment) -> Experiment:
     return exp
 
 
+def apply_changes(exp: Experiment, changes: Mapping[str, Any]) -> Experiment:
+    """``exp`` with the editable fields in ``changes`` replaced (times in any accepted form),
+    validated; the registries of every backend update through this."""
+    bad = sorted(set(changes) - set(EDITABLE))
+    if bad:
+        raise InputError(
+            f"cannot update {', '.join(bad)} of an experiment; editable: {', '.join(EDITABLE)}"
+        )
+    values: dict[str, Any] = {k: v for k, v in changes.items() if k not in ("start", "end")}
+    if "tags" in values:
+        values["tags"] = tuple(values["tags"])
+    if changes.get("start") is not None:
+        values["start_ms"] = parse_time_ms(changes["start"])
+    if "end" in changes:
+        values["end_ms"] = None if changes["end"] is None else parse_time_ms(changes["end"])
+    return check(replace(exp, **values))
+
+
 class Experiments:
     """The registry of one vault. ``vault.experiments.create("run3", '{job="run3"}')``."""
 
@@ -209,21 +227,8 @@ class Experiments:
 
     def update(self, experiment_id: str, **changes: Any) -> Experiment:
         """Change fields of an experiment (the id never changes). Times take the usual forms."""
-        bad = sorted(set(changes) - set(EDITABLE))
-        if bad:
-            raise InputError(
-                f"cannot update {', '.join(bad)} of an experiment; editable: {', '.join(EDITABLE)}"
-            )
-        exp = self.get(experiment_id)
-        values: dict[str, Any] = {k: v for k, v in changes.items() if k not in ("start", "end")}
-        if "tags" in values:
-            values["tags"] = tuple(values["tags"])
-        if changes.get("start") is not None:
-            values["start_ms"] = parse_time_ms(changes["start"])
-        if "end" in changes:
-            values["end_ms"] = None if changes["end"] is None else parse_time_ms(changes["end"])
-        updated = check(replace(exp, **values))
-        self.location.replace_file(self._path(exp.id), _encode(updated))
+        updated = apply_changes(self.get(experiment_id), changes)
+        self.location.replace_file(self._path(updated.id), _encode(updated))
         return updated
 
     def end(self, experiment_id: str, at: TimeLike = "now") -> Experiment:

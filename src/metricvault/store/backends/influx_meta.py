@@ -20,17 +20,16 @@ import difflib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from metricvault.archive.experiments import (
-    EDITABLE,
     Experiment,
-    check,
+    apply_changes,
     make_experiment,
     validate_id,
 )
-from metricvault.durations import TimeLike, parse_time_ms
+from metricvault.durations import TimeLike
 from metricvault.errors import ConflictError, InputError, NotFoundError
 from metricvault.store.backends.influx_client import InfluxClient, ident, literal
 from metricvault.store.backends.influx_lines import escape_tag, string_field
@@ -82,20 +81,7 @@ class InfluxExperiments:
 
     def update(self, experiment_id: str, **changes: Any) -> Experiment:
         """Change fields of an experiment (the id never changes). Times take the usual forms."""
-        bad = sorted(set(changes) - set(EDITABLE))
-        if bad:
-            raise InputError(
-                f"cannot update {', '.join(bad)} of an experiment; editable: {', '.join(EDITABLE)}"
-            )
-        exp = self.get(experiment_id)
-        values: dict[str, Any] = {k: v for k, v in changes.items() if k not in ("start", "end")}
-        if "tags" in values:
-            values["tags"] = tuple(values["tags"])
-        if changes.get("start") is not None:
-            values["start_ms"] = parse_time_ms(changes["start"])
-        if "end" in changes:
-            values["end_ms"] = None if changes["end"] is None else parse_time_ms(changes["end"])
-        updated = check(replace(exp, **values))
+        updated = apply_changes(self.get(experiment_id), changes)
         self._put(updated)
         return updated
 
