@@ -4,6 +4,7 @@ frozen, versioned snapshots of an experiment's metrics."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -495,7 +496,7 @@ def archive_verify(
         table.add_column(col)
     for r in results:
         colour = "green" if r.status == "ok" else ("yellow" if r.ok else "red")
-        table.add_row(str(r.path), f"[{colour}]{r.status}[/]", r.detail)
+        table.add_row(os.path.relpath(r.path), f"[{colour}]{r.status}[/]", r.detail)
     console.print(table)
     if not results:
         err.print("no snapshots found (looked for *.parquet.dvc in the repository)")
@@ -532,11 +533,13 @@ def archive_list(
             "bytes": s.bytes,
             "local": "present" if s.present else "absent",
             "remote": {None: "", True: "pushed", False: "NOT PUSHED"}[s.in_remote],
-            "pointer": str(s.pointer),
+            "pointer": os.path.relpath(s.pointer),
         }
         for s in list_snapshots(
             repo, remote=remote, check_remote=check_remote, tag_prefix=settings.archive_tag_prefix
         )
     ]
     columns = ["experiment", "tag", "tier", "rows", "bytes", "local", "remote", "pointer"]
+    if fmt == "table" and output is None:  # the pointer path is for files; a screen lacks room
+        columns.remove("pointer")
     emit(pd.DataFrame(rows, columns=columns), fmt, output, title="snapshots")

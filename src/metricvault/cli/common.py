@@ -94,7 +94,14 @@ def _rich_table(frame: pd.DataFrame, title: str, limit: int = 200) -> Table:
     table = Table(title=title or None, show_lines=False)
     for col in frame.columns:
         numeric = frame[col].dtype.kind in "fiu"
-        table.add_column(str(col), justify="right" if numeric else "left", no_wrap=not numeric)
+        # a narrow terminal folds long text (labels, paths) rather than squeezing columns away
+        table.add_column(
+            str(col),
+            justify="right" if numeric else "left",
+            no_wrap=numeric,
+            overflow="fold",
+            min_width=min(len(str(col)), 8),
+        )
     for row in frame.head(limit).itertuples(index=False):
         table.add_row(*(_cell(v) for v in row))
     if len(frame) > limit:
