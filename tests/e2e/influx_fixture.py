@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import socket
 import ssl
 import subprocess
 import time
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .conftest import free_port, stop_process
 
 INFLUXD = Path("/usr/bin/influxd")
 READY_TIMEOUT_S = 30.0
@@ -124,12 +125,6 @@ class InfluxServer:
             return "(no log)"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _wait_ping(server: InfluxServer, proc: subprocess.Popen[bytes]) -> None:
     """Bounded wait until ``GET /ping`` answers 204."""
     url, log_path = server.url, server.log_path
@@ -151,18 +146,6 @@ def _wait_ping(server: InfluxServer, proc: subprocess.Popen[bytes]) -> None:
             last = repr(exc)
         time.sleep(0.05)
     pytest.fail(f"influxd did not answer {url}/ping within {READY_TIMEOUT_S:.0f} s ({last})")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to this PID, SIGKILL if it does not exit in time."""
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=STOP_TIMEOUT_S)
 
 
 def _self_signed(root: Path) -> tuple[Path, Path]:
@@ -218,7 +201,7 @@ def _start(
     try:
         _wait_ping(server, proc)
     except BaseException:
-        _stop(proc)
+        stop_process(proc, timeout=STOP_TIMEOUT_S)
         raise
     return proc, server
 
@@ -230,7 +213,7 @@ def influxd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InfluxServer]:
     try:
         yield server
     finally:
-        _stop(proc)
+        stop_process(proc, timeout=STOP_TIMEOUT_S)
 
 
 @pytest.fixture(scope="session")
@@ -253,7 +236,7 @@ def influxd_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InfluxSer
             ADMIN_PASSWORD,
         )
     finally:
-        _stop(proc)
+        stop_process(proc, timeout=STOP_TIMEOUT_S)
 
 
 @pytest.fixture(scope="session")
@@ -263,4 +246,4 @@ def influxd_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InfluxServ
     try:
         yield server
     finally:
-        _stop(proc)
+        stop_process(proc, timeout=STOP_TIMEOUT_S)
