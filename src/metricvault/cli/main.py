@@ -54,7 +54,6 @@ app = typer.Typer(
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(archive_app, name="archive")
 app.add_typer(influx_app, name="influx")
-app.command()(agent)
 
 
 @app.command()
@@ -409,6 +408,9 @@ def hash_secret_cmd(
     from metricvault.ingest.auth import hash_secret
 
     print(hash_secret(secret))
+
+
+app.command()(agent)  # listed after serve: the collector side
 
 
 def main() -> None:
