@@ -14,6 +14,7 @@ Timestamps are near now: InfluxDB refuses points older than the raw policy's 30 
 from __future__ import annotations
 
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -624,3 +625,52 @@ def test_behaviour_experiments_and_errors(vault):
         vault.query("x", "now", "-1h")
     with pytest.raises(InputError):
         vault.query("x", "-1h", "now", step="1m", aggs=("median",))
+
+
+def test_metricvault_serve_stores_into_influxdb(influxd, tmp_path):
+    """`metricvault serve --data influxdb://...` (two workers, the default) takes remote_write
+    and the samples land in InfluxDB, read back through the same API."""
+    import subprocess
+    import sys
+
+    from metricvault.collect.push import encode_write_request
+
+    from .conftest import free_port, stop_process, wait_http_ok
+
+    uri = influxd.uri(new_db())
+    setup(uri, SETTINGS)
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    command = [
+        sys.executable, "-m", "metricvault.cli", "serve", "--data", uri,
+        "--listen", f"127.0.0.1:{port}", "--set", "gateway_maintain=false",
+    ]  # fmt: skip
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    t0 = (int(time.time()) - 300) * 1000
+    samples = [
+        ("gpu_power", {"gpu": str(g), "Hostname": "node01"}, t0 + i * 5000, 100.0 + g + i / 4)
+        for g in range(2)
+        for i in range(30)
+    ]
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/-/ready", proc, log_path, "metricvault serve")
+        for first in range(0, len(samples), 10):  # several requests: both workers serve some
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/api/v1/write",
+                data=encode_write_request(samples[first : first + 10]),
+                headers={
+                    "Content-Encoding": "snappy",
+                    "Content-Type": "application/x-protobuf",
+                    "X-Prometheus-Remote-Write-Version": "0.1.0",
+                },
+                method="POST",
+            )
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                assert reply.status == 204
+    finally:
+        stop_process(proc)
+    with Vault.open(uri) as vault:
+        frame = vault.query('gpu_power{gpu="1"}', t0, t0 + 30 * 5000)
+        assert frame["value"].tolist() == [101.0 + i / 4 for i in range(30)]
+        assert len(vault.series("gpu_power")) == 2
