@@ -218,3 +218,28 @@ def test_openmetrics_output_parses_with_dcgm_counter_names(tmp_path):
         assert families["DCGM_FI_DEV_GPU_UTIL"].type == "gauge"
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    ("given", "used"),
+    [
+        ("http://gw:9201", "http://gw:9201/api/v1/write"),
+        ("https://gw:9201/", "https://gw:9201/api/v1/write"),
+        ("http://gw:9201/api/v1/write", "http://gw:9201/api/v1/write"),
+        ("http://vm:8428/api/v1/write", "http://vm:8428/api/v1/write"),
+        ("http://gw/prefix/receive", "http://gw/prefix/receive"),
+    ],
+)
+def test_push_endpoint(given, used):
+    from metricvault.collect.agent import push_endpoint
+
+    assert push_endpoint(given) == used
+
+
+@pytest.mark.parametrize("bad", ["gw:9201", "ftp://gw/x", "http://"])
+def test_push_endpoint_refuses_what_is_not_an_http_url(bad):
+    from metricvault.collect.agent import push_endpoint
+    from metricvault.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not an http"):
+        push_endpoint(bad)

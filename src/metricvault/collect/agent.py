@@ -24,6 +24,7 @@ from metricvault import __version__
 from metricvault.collect.sampler import FastSampler, window_families
 from metricvault.collect.sources import FastReading, Source
 from metricvault.config import Settings
+from metricvault.errors import ConfigError
 
 if TYPE_CHECKING:
     from metricvault.collect.exposition import MetricsServer
@@ -94,6 +95,8 @@ class Agent:
         sources: Sequence[Source] | None = None,
     ) -> None:
         self.opts = opts
+        if opts.push_url:
+            push_endpoint(opts.push_url)  # refuse a bad URL before starting anything
         self.settings = settings
         self.state_dir = Path(opts.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -232,6 +235,20 @@ class Agent:
 
     def fast_readings(self) -> Sequence[FastReading]:
         return []
+
+
+def push_endpoint(url: str) -> str:
+    """The remote_write URL: a bare gateway address (``http://gw:9201``) gets the gateway's
+    ``/api/v1/write``; anything else is taken as given (another receiver's path)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(
+            f"--push {url!r} is not an http(s) URL: give the gateway's address, e.g. "
+            "http://gateway:9201 (its /api/v1/write is used) or a full remote_write URL"
+        )
+    return url.rstrip("/") + "/api/v1/write" if parts.path in ("", "/") else url
 
 
 def _release_startup_memory() -> None:
