@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import ssl
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -243,3 +245,39 @@ def test_push_endpoint_refuses_what_is_not_an_http_url(bad):
 
     with pytest.raises(ConfigError, match="not an http"):
         push_endpoint(bad)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--watch-log", "train.log"], "needs at least one --pattern"),
+        (["--pattern", "x=y"], "needs a --watch-log"),
+        (["--watch-log", "t.log", "--pattern", "nameless"], "NAME=REGEX"),
+        (["--gpu", "tpu"], "invalid choice"),
+        (["--set", "oops"], "NAME=VALUE"),
+    ],
+)
+def test_agent_command_line_refuses_clearly(argv, message, capsys):
+    from metricvault.collect.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_agent_process_imports_neither_typer_nor_pyarrow(tmp_path):
+    """The agent runs on every GPU host within 60 MB: `metricvault agent` skips the heavy CLI."""
+    code = (
+        "import sys\n"
+        "from metricvault.collect.cli import _make_agent, build_parser\n"
+        "parser = build_parser()\n"
+        f"args = parser.parse_args(['--simulate-gpus', '2', '--state-dir', {str(tmp_path)!r}])\n"
+        "agent = _make_agent(args, parser)\n"
+        "import metricvault.cli\n"
+        "heavy = ('typer', 'rich', 'pyarrow', 'pandas', 'duckdb')\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert out.strip() == "[]"

@@ -1,5 +1,5 @@
 """``python -m metricvault.cli``."""
 
-from metricvault.cli.main import main
+from metricvault.cli import main
 
 main()

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from metricvault.cli.agent import agent
+from metricvault.cli.agent import AGENT_CONTEXT, agent
 from metricvault.cli.archive import archive_app, experiment_app
 from metricvault.cli.common import (
     ConfigOpt,
@@ -410,7 +410,8 @@ def hash_secret_cmd(
     print(hash_secret(secret))
 
 
-app.command()(agent)  # listed after serve: the collector side
+# listed after serve (the collector side); its options are the agent's own (argparse)
+app.command(context_settings=AGENT_CONTEXT, add_help_option=False)(agent)
 
 
 def main() -> None:

@@ -1,0 +1,196 @@
+"""``metricvault agent``'s command line, with the standard library's argparse.
+
+The rest of the CLI uses typer and rich; the agent runs on every GPU host under a 60 MB budget,
+and those two cost its process ~13 MB, so ``metricvault agent ...`` is dispatched here before
+they are imported (see ``metricvault.cli.main``'s entry point). One parser, one help page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from metricvault.collect.agent import Agent
+
+DESCRIPTION = """\
+Collect GPU (NVML, under dcgm-exporter's names), host and log metrics of this machine.
+
+Serves /metrics (Prometheus text or OpenMetrics) for Prometheus to scrape, and with --push URL
+also sends remote_write to a gateway, spooling to disk while it is unreachable. GPU utilisation
+and power are sampled at --sample-hz and exported with their mean and max over the scrape
+window. Basic auth / bearer tokens: the auth_* tables of --config.
+
+example: metricvault agent --simulate-gpus 8 --watch-log train.log --pattern 'cuda=CUDA error'
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="metricvault agent",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = p.add_argument
+    add("--listen", "-l", default="127.0.0.1:9400", help="HOST:PORT for /metrics.")
+    add(
+        "--simulate-gpus",
+        type=int,
+        default=0,
+        metavar="N",
+        help='Simulate N GPUs (series labelled simulated="true").',
+    )
+    add(
+        "--gpu",
+        choices=("auto", "nvml", "none"),
+        default="auto",
+        help="GPU source: auto (NVML if present), nvml, none.",
+    )
+    add("--seed", type=int, default=0, help="Seed of the simulated GPUs.")
+    add("--hostname", default=None, help="Host label value (default: this host's name).")
+    add(
+        "--hostname-label",
+        default="Hostname",
+        help="Host label name: Hostname (dcgm-exporter 3+) or hostname.",
+    )
+    add("--sample-hz", type=float, default=10.0, help="Internal GPU sampling rate.")
+    add("--min-sample-hz", type=float, default=1.0, help="Lowest rate under host load.")
+    add("--load-high", type=float, default=0.9, help="Back off above this 1-min load per CPU.")
+    add("--load-low", type=float, default=0.6, help="Recover below this load per CPU.")
+    add(
+        "--push",
+        default=None,
+        metavar="URL",
+        help="Gateway address (http://gw:9201) or remote_write URL: push mode.",
+    )
+    add("--push-interval", type=float, default=15.0, help="Seconds between pushes.")
+    add(
+        "--spool-max-bytes",
+        type=int,
+        default=256 * 1024 * 1024,
+        help="On-disk spool bound while the gateway is unreachable.",
+    )
+    add(
+        "--clock-bound",
+        type=float,
+        default=0.5,
+        help="Correct pushed timestamps when the clock offset surely exceeds this (s).",
+    )
+    add(
+        "--state-dir",
+        type=Path,
+        default=Path(".metricvault-agent"),
+        help="Spool and persisted counters.",
+    )
+    add(
+        "--watch-log",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="Training log to tail (repeatable).",
+    )
+    add(
+        "--pattern",
+        action="append",
+        default=[],
+        metavar="NAME=REGEX",
+        help="Regex counted in watched logs (repeatable).",
+    )
+    add("--no-host", action="store_true", help="Skip host metrics.")
+    add("--tls-cert", default="", help="PEM certificate: serve HTTPS.")
+    add("--tls-key", default="", help="PEM key for --tls-cert.")
+    add("--config", "-c", type=Path, default=None, help="TOML settings file (auth tables).")
+    add(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="Override a setting for this run (repeatable).",
+    )
+    return p  # fmt: skip
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the agent until SIGTERM/SIGINT; 2 on a bad command line or setting."""
+    from metricvault.errors import MetricVaultError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        agent = _make_agent(args, parser)
+        agent.start()
+    except MetricVaultError as exc:
+        print(f"error ({type(exc).__name__}): {exc.message}", file=sys.stderr)
+        return 2
+    assert agent.server is not None
+    print(
+        f"metricvault agent on {agent.server.url} (GPU source: {agent.gpu_kind})", file=sys.stderr
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    agent.stop()
+    return 0
+
+
+def _make_agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Agent:
+    from metricvault.collect.agent import Agent, AgentOptions
+    from metricvault.config import Settings
+
+    if args.watch_log and not args.pattern:
+        parser.error("--watch-log needs at least one --pattern NAME=REGEX")
+    if args.pattern and not args.watch_log:
+        parser.error("--pattern needs a --watch-log PATH to apply to")
+    flags = {}
+    for item in args.overrides:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--set {item!r}: write NAME=VALUE, e.g. --set tls_cert=cert.pem")
+        flags[name.strip()] = value.strip()
+    settings = Settings.load(config_file=args.config, **flags)
+    opts = AgentOptions(
+        listen=args.listen,
+        hostname_label=args.hostname_label,
+        gpu=args.gpu,
+        simulate_gpus=args.simulate_gpus,
+        seed=args.seed,
+        sample_hz=args.sample_hz,
+        min_sample_hz=args.min_sample_hz,
+        load_high=args.load_high,
+        load_low=args.load_low,
+        push_url=args.push or "",
+        push_interval_s=args.push_interval,
+        spool_max_bytes=args.spool_max_bytes,
+        clock_bound_s=args.clock_bound,
+        state_dir=args.state_dir,
+        watch_logs=_watched(args.watch_log, args.pattern, parser),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        host_metrics=not args.no_host,
+    )
+    if args.hostname:
+        opts.hostname = args.hostname
+    secured = settings if settings.auth_basic_users or settings.auth_bearer_tokens else None
+    return Agent(opts, secured)
+
+
+def _watched(
+    paths: list[Path], patterns: list[str], parser: argparse.ArgumentParser
+) -> list[tuple[Path, dict[str, str]]]:
+    from metricvault.collect.logwatch import parse_patterns
+
+    try:
+        parsed = parse_patterns(patterns) if patterns else {}
+    except ValueError as exc:
+        parser.error(str(exc))
+    return [(p, dict(parsed)) for p in paths]
