@@ -133,6 +133,35 @@ def measure(name: str, command: list[str], url: str, duration: float, every: flo
     )
 
 
+IMPORTS = (  # what the agent's memory is made of, and what it avoids
+    ("the interpreter alone", "sys"),
+    ("prometheus-client (loads ssl)", "prometheus_client.exposition"),
+    ("numpy (simulated GPUs)", "numpy"),
+    ("psutil (host metrics)", "psutil"),
+    ("the agent's modules, all of the above", "metricvault.collect.cli, metricvault.collect.agent, "
+     "metricvault.collect.sources.host, metricvault.collect.sources.simulated, "
+     "metricvault.collect.exposition"),
+    ("not loaded by the agent: typer + rich", "typer, rich.console, rich.table"),
+    ("not loaded by the agent: the store (pyarrow, DuckDB, pandas)", "metricvault.store.vault"),
+)  # fmt: skip
+
+
+def import_costs() -> list[tuple[str, float]]:
+    """RSS (MB) of a fresh interpreter after each import, one process per line."""
+    costs = []
+    for label, modules in IMPORTS:
+        code = (
+            f"import {modules}\n"
+            "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])"
+        )
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+        )
+        costs.append((label, int(out.stdout.strip()) / 1024))
+    return costs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=120.0)
@@ -187,6 +216,9 @@ def main() -> None:
             )
         )
     report(results, args, duration)
+    print("\n| imported in a fresh interpreter | RSS MB |\n|---|---:|")
+    for label, mb in import_costs():
+        print(f"| {label} | {mb:.1f} |")
 
 
 def report(results: list[Result], args: argparse.Namespace, duration: float) -> None:

@@ -236,15 +236,19 @@ class Experiments:
         return self.update(experiment_id, end=at)
 
     def _unknown(self, experiment_id: str) -> str:
-        known = self.ids()
-        close = difflib.get_close_matches(experiment_id, known, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        listing = f" (known: {', '.join(known[:10])}{' ...' if len(known) > 10 else ''})"
-        return (
-            f"no experiment {experiment_id!r} in vault {self.location.uri}{hint}"
-            f"{listing if known and not close else ''}. Register it with "
-            f"`metricvault experiment create {experiment_id} --selector ...`"
-        )
+        return unknown_message(experiment_id, self.ids(), self.location.uri)
+
+
+def unknown_message(experiment_id: str, known: list[str], where: str) -> str:
+    """What NotFoundError says for an unknown id: close matches, else the known ids."""
+    close = difflib.get_close_matches(experiment_id, known, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    listing = f" (known: {', '.join(known[:10])}{' ...' if len(known) > 10 else ''})"
+    return (
+        f"no experiment {experiment_id!r} in vault {where}{hint}"
+        f"{listing if known and not close else ''}. Register it with "
+        f"`metricvault experiment create {experiment_id} --selector ...`"
+    )
 
 
 def experiments_table(experiments: Iterable[Experiment]) -> pa.Table:

@@ -1,8 +1,8 @@
 """``metricvault agent``'s command line, with the standard library's argparse.
 
 The rest of the CLI uses typer and rich; the agent runs on every GPU host under a 60 MB budget,
-and those two cost its process ~13 MB, so ``metricvault agent ...`` is dispatched here before
-they are imported (see ``metricvault.cli.main``'s entry point). One parser, one help page.
+and those two cost ~10 MB (`bench/agent.py` prints the import costs), so ``metricvault agent``
+is dispatched here before they are imported (see ``metricvault.cli``). One parser, one help.
 """
 
 from __future__ import annotations

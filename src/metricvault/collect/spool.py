@@ -12,7 +12,7 @@ sent (snappy-compressed protobuf). Files, not SQLite, because:
 
 The sequence number orders the entries (zero-padded, so names sort like numbers); the sample
 count in the name lets the spool count what it drops without reading a body. Leftover
-``*.tmp`` files (a crash mid-append) are deleted on open. ``dropped.json`` keeps the dropped
+``*.tmp*`` files (a crash mid-append) are deleted on open. ``dropped.json`` keeps the dropped
 counters across restarts. An exclusive ``flock`` on ``spool.lock`` keeps a second agent off the
 same directory (two senders would deliver every entry twice and evict each other's entries).
 """
@@ -23,13 +23,14 @@ import contextlib
 import fcntl
 import json
 import logging
-import os
 import re
 import threading
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
+
+from metricvault.fsutil import write_atomically
 
 __all__ = ["Spool", "SpoolLockedError"]
 
@@ -168,7 +169,7 @@ class Spool:
             match = _ENTRY.fullmatch(path.name)
             if match:
                 found.append(_Entry(int(match[1]), int(match[2]), path.stat().st_size))
-            elif path.name.endswith(".tmp"):  # an append cut short by a crash: never queued
+            elif ".tmp" in path.name:  # an append cut short by a crash: never queued
                 _unlink(path)
         for entry in sorted(found, key=lambda e: e.seq):
             self._push(entry)
@@ -189,18 +190,9 @@ class Spool:
             self._count_dropped(evicted)
 
     def _write(self, entry: _Entry, body: bytes) -> None:
-        """Write-then-rename, fsynced, so an entry on disk is always whole."""
-        tmp = self.directory / f"{entry.name}.tmp"
-        try:
-            with open(tmp, "wb") as file:
-                file.write(body)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(tmp, self.directory / entry.name)
-        except OSError:  # e.g. the disk is full: the caller hears of it, no half entry stays
-            _unlink(tmp)
-            raise
-        _fsync_directory(self.directory)
+        """Write-then-rename, fsynced, so an entry on disk is always whole (a failure, e.g. a
+        full disk, reaches the caller and leaves no half entry)."""
+        write_atomically(self.directory / entry.name, body)
 
     def _push(self, entry: _Entry) -> None:
         self._entries.append(entry)
@@ -230,7 +222,7 @@ class Spool:
             "dropped_requests": self._dropped_requests,
             "dropped_samples": self._dropped_samples,
         }
-        _write_atomically(self.directory / _COUNTERS, json.dumps(counters).encode())
+        write_atomically(self.directory / _COUNTERS, json.dumps(counters).encode())
 
     def _load_counters(self) -> tuple[int, int]:
         path = self.directory / _COUNTERS
@@ -255,25 +247,6 @@ def _lock_directory(directory: Path) -> TextIO:
             f"each agent a spool directory of its own"
         ) from None
     return lock_file
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp, path)
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename or unlink durable (the directory entry is what changed)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unlink(path: Path) -> None:

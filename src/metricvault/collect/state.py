@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from metricvault.fsutil import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class CounterState:
                 self._dirty = False
                 self._last_save = time.monotonic()
             try:
-                _write_atomic(self.path, json.dumps(doc, sort_keys=True).encode())
+                write_atomically(self.path, json.dumps(doc, sort_keys=True).encode())
             except OSError as exc:
                 # Retried at the next save: the counters stay in memory meanwhile.
                 self._dirty = True
@@ -148,19 +149,3 @@ def _parse(doc: Any) -> tuple[dict[str, float], dict[str, tuple[int, int]]]:
             raise ValueError(f"offset {key!r} is not [inode, offset]: {value!r}")
         parsed_offsets[str(key)] = (value[0], value[1])
     return parsed_counters, parsed_offsets
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Readers see the old file or the new one, never a torn one, even after a power cut."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself must reach the disk
-    finally:
-        os.close(dir_fd)

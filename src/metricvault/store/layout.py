@@ -25,6 +25,7 @@ import pyarrow.fs as pafs
 
 from metricvault.config import Settings
 from metricvault.errors import ConfigError, NotFoundError, StorageError
+from metricvault.fsutil import durable_tmp, fsync_directory, write_atomically
 
 
 @dataclass
@@ -52,14 +53,14 @@ class Location:
     def write_bytes_exclusive(self, path: str, data: bytes) -> bool:
         """Create ``path`` with ``data`` unless it exists; False when someone else won."""
         if not self.remote:
-            tmp = _durable_tmp(path, data)
+            tmp = str(durable_tmp(path, data))
             try:
                 os.link(tmp, path)
             except FileExistsError:
                 return False
             finally:
                 os.unlink(tmp)
-            _fsync_dir(Path(path).parent)
+            fsync_directory(Path(path).parent)
             return True
         if self.exists(path):
             return False
@@ -79,8 +80,7 @@ class Location:
         if self.remote:  # an S3 PUT replaces the object atomically
             self.write_file(path, data)
             return
-        os.replace(_durable_tmp(path, data), path)
-        _fsync_dir(Path(path).parent)
+        write_atomically(path, data)
 
     def exists(self, path: str) -> bool:
         return bool(self.fs.get_file_info(path).type != pafs.FileType.NotFound)
@@ -99,25 +99,6 @@ class Location:
 
     def new_series_path(self, file_id: int) -> str:
         return self.path("series", f"part-{file_id:010d}-{uuid.uuid4().hex[:12]}.parquet")
-
-
-def _durable_tmp(path: str, data: bytes) -> str:
-    """Write ``data`` to a fsynced temporary file beside ``path``; return its name."""
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    Path(tmp).parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    return tmp
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def open_location(uri: str, settings: Settings, create: bool = True) -> Location:

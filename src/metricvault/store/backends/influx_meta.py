@@ -16,7 +16,6 @@ name can, so they never collide with data and are skipped when series are listed
 
 from __future__ import annotations
 
-import difflib
 import json
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from metricvault.archive.experiments import (
     Experiment,
     apply_changes,
     make_experiment,
+    unknown_message,
     validate_id,
 )
 from metricvault.durations import TimeLike
@@ -114,15 +114,7 @@ class InfluxExperiments:
         return found
 
     def _unknown(self, experiment_id: str) -> str:
-        known = self.ids()
-        close = difflib.get_close_matches(experiment_id, known, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        listing = f" (known: {', '.join(known[:10])}{' ...' if len(known) > 10 else ''})"
-        return (
-            f"no experiment {experiment_id!r} in vault {self.client.target.uri}{hint}"
-            f"{listing if known and not close else ''}. Register it with "
-            f"`metricvault experiment create {experiment_id} --selector ...`"
-        )
+        return unknown_message(experiment_id, self.ids(), self.client.target.uri)
 
 
 # --------------------------------------------------------------------------- metric kinds
