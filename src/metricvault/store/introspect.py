@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import duckdb
 import pyarrow as pa
-import pyarrow.dataset as ds
 
 from metricvault.archive.experiments import experiments_table
 from metricvault.durations import now_ms
@@ -100,6 +98,10 @@ _VIEW_SQL = {
 
 
 def run_sql(vault: Vault, statement: str, output: str) -> Any:
+    # imported here: pyarrow.dataset pulls in pandas (~0.2 s), which stats and series never need
+    import duckdb
+    import pyarrow.dataset as ds
+
     if vault.buffer.depth()[0]:
         vault.flush()
     snap = vault.snapshot()

@@ -14,11 +14,14 @@ tiers by summing counts/sums/increases, taking min/max, and the ``last`` of the 
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+if TYPE_CHECKING:  # imported on first use: `metricvault stats` and `series` never need DuckDB
+    import duckdb
 
 PARTIAL_COLUMNS = ("series_id", "ts", "count", "sum", "min", "max", "last", "last_ts", "increase")
 ROLLUP_COLUMNS = ("series_id", "ts", "count", "sum", "min", "max", "last", "increase")
@@ -30,6 +33,8 @@ def connection() -> duckdb.DuckDBPyConnection:
     """One in-memory DuckDB connection per thread (connections are not thread-safe)."""
     con = getattr(_local, "con", None)
     if con is None:
+        import duckdb
+
         con = duckdb.connect(config={"threads": 2})
         _local.con = con
     return con
