@@ -150,6 +150,23 @@ class Settings:
     gateway_maintain: bool = _setting(
         True, "Run maintenance (compaction, rollups, retention) inside metricvault serve."
     )
+    gateway_keep_alive: str = _setting(
+        "120s",
+        "How long the gateway keeps an idle keep-alive connection open. Keep it longer than any "
+        "sender's send interval (Prometheus: batch_send_deadline), or a send races the close "
+        "and is retried.",
+    )
+    gateway_header_timeout: str = _setting(
+        "10s",
+        "A connection that has not sent a complete request head (line and headers) this long "
+        "after its first byte (or after connecting) is closed: stalled clients (slowloris) "
+        "cannot hold connections.",
+    )
+    gateway_max_connections: int = _setting(
+        1000,
+        "Open connections per gateway worker above which requests are answered 503 at once "
+        "(uvicorn's limit_concurrency).",
+    )
 
     archive_dir: str = _setting(
         "artifacts/metrics",
@@ -166,7 +183,14 @@ class Settings:
     def __post_init__(self) -> None:
         for name in ("retention_raw", "retention_1m", "retention_1h"):
             _check(name, parse_retention_ms, getattr(self, name))
-        for name in ("flush_interval", "counter_lookback", "orphan_grace", "maintain_interval"):
+        for name in (
+            "flush_interval",
+            "counter_lookback",
+            "orphan_grace",
+            "maintain_interval",
+            "gateway_keep_alive",
+            "gateway_header_timeout",
+        ):
             _check(name, parse_duration_ms, getattr(self, name))
         for name in (
             "max_body_bytes",
@@ -178,6 +202,7 @@ class Settings:
             "compact_min_files",
             "compact_small_file_bytes",
             "cache_bytes",
+            "gateway_max_connections",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name} must be at least 1, got {getattr(self, name)}")
