@@ -16,9 +16,12 @@ translated at the boundary (``raise X(...) from exc``).
     ├── ConflictError (409)          an experiment id or archive tag that exists with other content
     ├── ArchiveError (409)           git/DVC refused or is not set up (not a repo, no remote, dirty)
     ├── ConfigError (400)            a settings file or override that is invalid
+    ├── MissingDependencyError (500) an optional extra (e.g. polars) is not installed
     ├── SeriesCollisionError (500)   two label sets hashed to one series id (never silently merged)
     ├── BackpressureError (503)      buffer over its limit; retry after ``retry_after_s``
     └── StorageError (503)           the store could not be read or written (retryable)
+        ├── DiskFullError            the disk is full; retry after ``retry_after_s``
+        └── CorruptionError          a vault file fails its checksum or does not parse
 """
 
 from __future__ import annotations
@@ -78,6 +81,10 @@ class ConfigError(MetricVaultError):
     status = 400
 
 
+class MissingDependencyError(MetricVaultError):
+    """The message names the extra to install (``pip install 'metricvault[polars]'``)."""
+
+
 class SeriesCollisionError(MetricVaultError):
     status = 500
 
@@ -92,3 +99,13 @@ class BackpressureError(MetricVaultError):
 
 class StorageError(MetricVaultError):
     status = 503
+
+
+class DiskFullError(StorageError):
+    def __init__(self, message: str, retry_after_s: int = 30) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class CorruptionError(StorageError):
+    """Retrying will not help until ``metricvault check --repair`` (or a restore) has run."""

@@ -31,12 +31,19 @@ from starlette.routing import Route
 
 from metricvault.config import Settings
 from metricvault.durations import parse_duration_ms
-from metricvault.errors import BackpressureError, InputError, MetricVaultError, TooLargeError
+from metricvault.errors import (
+    BackpressureError,
+    DiskFullError,
+    InputError,
+    MetricVaultError,
+    TooLargeError,
+)
 from metricvault.ingest.auth import Principal, authenticate
 from metricvault.ingest.limits import CardinalityError, NewSeriesLimiter
 from metricvault.ingest.metrics import GatewayMetrics
 from metricvault.ingest.protocols.influx_line import decode_line_protocol
 from metricvault.ingest.protocols.remote_write import decode_remote_write
+from metricvault.store.buffer import quarantined_batches
 from metricvault.store.vault import Vault
 
 SERVER_TIME_HEADER = "X-Metricvault-Server-Time-Ms"
@@ -98,7 +105,7 @@ class Gateway:
     def refuse(self, exc: MetricVaultError) -> Response:
         self.metrics.rejected.labels(type(exc).__name__).inc()
         headers = {}
-        if isinstance(exc, BackpressureError | CardinalityError):
+        if isinstance(exc, BackpressureError | CardinalityError | DiskFullError):
             headers["Retry-After"] = str(exc.retry_after_s)
         if exc.status == 401:
             headers["WWW-Authenticate"] = 'Bearer realm="metricvault", Basic realm="metricvault"'
@@ -262,6 +269,7 @@ class Gateway:
         self.metrics.buffer_samples.set(samples)
         self.metrics.buffer_bytes.set(size)
         self.metrics.series.set(len(self.vault.index))
+        self.metrics.quarantined.set(quarantined_batches(self.vault.location.state_dir))
 
     # ------------------------------------------------------------------ background
     async def flusher(self) -> None:

@@ -104,6 +104,13 @@ class GatewayMetrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        # vault-wide too: the files under <state>/quarantine, which every worker counts alike
+        self.quarantined: Gauge = Gauge(
+            "metricvault_buffer_quarantined_batches",
+            "Corrupt ingest-buffer batches moved to <state>/quarantine (docs/operations.md)",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
 
     @classmethod
     def for_worker(cls, state_dir: Path) -> GatewayMetrics:

@@ -9,6 +9,8 @@ crashed after it finds its batches at or below the watermark and deletes them: e
 
 from __future__ import annotations
 
+import logging
+import shutil
 import sqlite3
 import threading
 import uuid
@@ -19,8 +21,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from metricvault.errors import StorageError
+from metricvault.errors import DiskFullError, StorageError
+from metricvault.fsutil import write_atomically
 from metricvault.model import SAMPLE_SCHEMA, SERIES_SCHEMA
+
+log = logging.getLogger("metricvault")
+QUARANTINE_DIR = "quarantine"  # beside the buffer files, in the vault's state directory
+DISK_FULL_RETRY_S = 30  # freeing disk space takes a person or a cleanup job, not a moment
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -91,9 +98,29 @@ class IngestBuffer:
                 )
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
-                self._db.execute("ROLLBACK")
-                raise StorageError(f"cannot append to ingest buffer {self.path}: {exc}") from exc
+                self._rollback()
+                raise self._append_error(exc) from exc
         return seq
+
+    def _rollback(self) -> None:
+        """Undo a failed append. On a full disk SQLite may already have rolled back by itself
+        (and ROLLBACK then fails too): that second error must not hide the first."""
+        if self._db.in_transaction:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                log.warning("ROLLBACK after a failed buffer append failed too", exc_info=True)
+
+    def _append_error(self, exc: sqlite3.Error) -> StorageError:
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(exc):
+            free = shutil.disk_usage(self.path.parent).free
+            return DiskFullError(
+                f"the disk holding the ingest buffer {self.path} is full ({free} bytes free): "
+                "nothing was stored. Free space on that disk (or point state_dir at a bigger "
+                "one); writers should retry",
+                retry_after_s=DISK_FULL_RETRY_S,
+            )
+        return StorageError(f"cannot append to ingest buffer {self.path}: {exc}")
 
     def last_seq(self) -> int:
         with self._lock:
@@ -108,13 +135,21 @@ class IngestBuffer:
                 (after_seq, up_to if up_to is not None else 2**62),
             )
             tables: list[pa.Table] = []
+            corrupt: list[tuple[int, object, str]] = []
             total, max_seq = 0, after_seq
             for seq, count, payload in rows:
                 if tables and total + count > max_samples:
                     break
-                tables.append(_from_ipc(payload))
-                total += count
+                try:
+                    table = _from_ipc(payload)
+                except CorruptBatch as exc:
+                    corrupt.append((int(seq), payload, str(exc)))
+                    continue
+                tables.append(table)
+                total += table.num_rows
                 max_seq = int(seq)
+            for seq, payload, reason in corrupt:
+                self._quarantine(seq, payload, reason)
             if not tables:
                 return None
             series = self._series_between(after_seq, max_seq)
@@ -122,6 +157,33 @@ class IngestBuffer:
             max_seq=max_seq,
             samples=pa.concat_tables(tables),
             series=series,
+        )
+
+    def _quarantine(self, seq: int, payload: object, reason: str) -> None:
+        """Move a batch that cannot be decoded out of the way, into a file of its own: one
+        damaged row must not block every flush (and so every command and the gateway) behind
+        it. Its bytes are kept for inspection; it counts in ``quarantined_batches``."""
+        data = payload if isinstance(payload, bytes) else str(payload).encode()
+        target = quarantine_dir(self.path.parent) / (
+            f"{self.path.stem}-{self.buffer_id[:12]}-seq{seq:012d}.arrows"
+        )
+        target.parent.mkdir(exist_ok=True)
+        try:
+            write_atomically(target, data)
+        except OSError as exc:
+            raise StorageError(
+                f"batch {seq} of ingest buffer {self.path} is corrupt ({reason}) and cannot be "
+                f"moved to {target}: {exc}. Free space there; it is retried on the next flush"
+            ) from exc
+        self._db.execute("DELETE FROM batches WHERE seq = ?", (seq,))
+        log.error(
+            "batch %d of ingest buffer %s is corrupt (%s, %d bytes): moved to %s and skipped; "
+            "its samples are not in the vault",
+            seq,
+            self.path,
+            reason,
+            len(data),
+            target,
         )
 
     def _series_between(self, lo: int, hi: int) -> pa.Table:
@@ -178,5 +240,28 @@ def _to_ipc(table: pa.Table) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-def _from_ipc(payload: bytes) -> pa.Table:
-    return ipc.open_stream(pa.py_buffer(payload)).read_all()
+class CorruptBatch(Exception):
+    """A buffer row whose payload is not a sample batch (damaged on disk, or not ours)."""
+
+
+def _from_ipc(payload: object) -> pa.Table:
+    if not isinstance(payload, bytes):
+        raise CorruptBatch(f"payload is {type(payload).__name__}, not bytes")
+    try:
+        table = ipc.open_stream(pa.py_buffer(payload)).read_all()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise CorruptBatch(f"not an Arrow IPC stream: {exc}") from exc
+    if not table.schema.equals(SAMPLE_SCHEMA):
+        raise CorruptBatch(f"schema {table.schema} is not the sample schema")
+    return table
+
+
+def quarantine_dir(state_dir: Path) -> Path:
+    return state_dir / QUARANTINE_DIR
+
+
+def quarantined_batches(state_dir: Path) -> int:
+    """Corrupt batches moved out of the buffers (files under ``<state>/quarantine``); the count
+    falls back to 0 once someone has looked at them and deleted the files."""
+    found = quarantine_dir(state_dir)
+    return sum(1 for p in found.glob("*.arrows")) if found.is_dir() else 0

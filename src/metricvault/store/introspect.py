@@ -12,6 +12,7 @@ from metricvault.errors import InputError
 from metricvault.model import TIERS
 from metricvault.selector import parse_selectors
 from metricvault.store import query as q
+from metricvault.store.buffer import quarantined_batches
 from metricvault.store.rollup import ROLLUP_SCHEMA, fetch_arrow
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ def stats(vault: Vault, now: int | None = None) -> dict[str, Any]:
             "bytes": pending_bytes,
             "file_bytes": buffer_files,
             "last_flush_error": vault.last_flush_error,
+            # corrupt batches moved aside by a flush (docs/operations.md)
+            "quarantined_batches": quarantined_batches(vault.location.state_dir),
         },
         # everything under the vault, including files that old snapshots still reference
         # (deleted by maintain once expired and older than orphan_grace)

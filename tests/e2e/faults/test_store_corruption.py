@@ -1,0 +1,288 @@
+"""Issue 10: a damaged or full store — corrupt buffer batches, truncated series files, bit
+flips in data files, and a full disk — gets a clear error or a repair, never a wrong answer.
+
+Everything here is real: a real SQLite buffer row holding garbage, real files truncated or
+with a byte flipped inside a Parquet data page, a real tmpfs filled to the last block, and
+``metricvault`` commands and ``metricvault serve`` as subprocesses.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from metricvault.store.vault import Vault
+
+from ..conftest import GatewayProcess, http_get, metric_sum, parse_exposition
+
+pytestmark = pytest.mark.e2e
+
+CLI_TIMEOUT_S = 60
+DAY_MS = 86_400_000
+T0 = (int(time.time() * 1000) // DAY_MS - 3) * DAY_MS  # a day start within raw retention
+LOAD_PATH = Path(__file__).resolve().parents[2] / "gateway_load.py"
+_spec = importlib.util.spec_from_file_location("gateway_load", LOAD_PATH)
+assert _spec is not None and _spec.loader is not None
+load = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(load)
+
+
+def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METRICVAULT_")}
+    env["COLUMNS"] = "200"  # rich wraps at 80 columns otherwise, splitting the paths we look for
+    result = subprocess.run(
+        [sys.executable, "-m", "metricvault.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        env=env,
+    )
+    if check and result.returncode != 0:
+        pytest.fail(
+            f"metricvault {' '.join(args)} exited {result.returncode}:\n"
+            f"{result.stdout}\n{result.stderr}"
+        )
+    return result
+
+
+def frame(metric: str, series: dict[str, float], n: int, t0: int = T0) -> pd.DataFrame:
+    """``n`` samples 5 s apart per ``series`` label value, noisy floats around a level."""
+    rng = np.random.default_rng(len(series) * 1000 + n)
+    rows = []
+    for name, level in series.items():
+        values = level + rng.normal(0, 1, n)
+        for i in range(n):
+            rows.append((t0 + i * 5000, metric, name, float(values[i])))
+    return pd.DataFrame(rows, columns=["timestamp", "metric", "gpu", "value"])
+
+
+def stats(vault_dir: Path) -> dict[str, Any]:
+    return json.loads(cli("stats", "--json", "--data", str(vault_dir)).stdout)
+
+
+def query_values(vault_dir: Path, selector: str) -> pd.DataFrame:
+    with Vault.open(str(vault_dir), create=False) as vault:
+        return vault.query(selector, T0, T0 + 86_400_000)
+
+
+def catalog_versions(vault_dir: Path) -> list[str]:
+    return sorted(p.name for p in (vault_dir / "catalog").glob("v*.json"))
+
+
+# ------------------------------------------------------------------ corrupt buffer batch
+def test_issue10_corrupt_buffer_batch_is_quarantined_and_counted(
+    tmp_path: Path, gateway: Any
+) -> None:
+    vault_dir = tmp_path / "vault"
+    vault = Vault.open(str(vault_dir))
+    vault.write(frame("gpu_util", {"0": 50.0}, 100))
+    garbage = os.urandom(3000)
+    with sqlite3.connect(vault_dir / "state" / "buffer.sqlite") as db:
+        db.execute("INSERT INTO batches (samples, payload) VALUES (?, ?)", (77, garbage))
+    vault.write(frame("gpu_util", {"1": 60.0}, 100))
+    vault.buffer.close()  # like a crash: nothing flushed
+
+    stats(vault_dir)  # used to fail in close()'s flush, as did every other command
+    cli("maintain", "--data", str(vault_dir))
+    info = stats(vault_dir)
+    assert info["buffer"]["quarantined_batches"] == 1
+    quarantined = list((vault_dir / "state" / "quarantine").iterdir())
+    assert len(quarantined) == 1 and quarantined[0].read_bytes() == garbage
+    assert info["tiers"]["raw"]["rows"] == 200  # both good batches, before and after it
+    got = query_values(vault_dir, "gpu_util")
+    assert sorted(got.groupby("gpu").size().to_dict().items()) == [("0", 100), ("1", 100)]
+
+    # a gateway started on a buffer with a corrupt batch serves, flushes and counts it
+    with sqlite3.connect(vault_dir / "state" / "buffer.sqlite") as db:
+        db.execute("INSERT INTO batches (samples, payload) VALUES (?, ?)", (5, b"\x00" * 40))
+    gw = gateway(data_dir=vault_dir)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        scraped = parse_exposition(http_get(f"{gw.url}/metrics")[1].decode())
+        if metric_sum(scraped, "metricvault_buffer_quarantined_batches") == 2:
+            break
+        time.sleep(0.2)
+    assert metric_sum(scraped, "metricvault_buffer_quarantined_batches") == 2, gw.log_tail()
+    assert len(list((vault_dir / "state" / "quarantine").iterdir())) == 2
+
+
+# ------------------------------------------------------------------ truncated series file
+def test_issue10_truncated_series_file_names_it_and_check_repair_rebuilds(
+    tmp_path: Path,
+) -> None:
+    vault_dir = tmp_path / "vault"
+    with Vault.open(str(vault_dir)) as vault:
+        vault.write(frame("gpu_util", {"0": 50.0, "1": 60.0}, 50))
+    # a second writer (another gateway worker's buffer) also knows gpu 0: its labels are in
+    # a second series file, so they survive the loss of the first one
+    with Vault.open(str(vault_dir), buffer_name="buffer-other") as other:
+        other.write(frame("gpu_util", {"0": 50.0}, 50, t0=T0 + 3_600_000))
+    first = json.loads((vault_dir / "catalog" / catalog_versions(vault_dir)[-1]).read_text())
+    broken = first["series_files"][0]["path"]
+    data = Path(broken).read_bytes()
+    Path(broken).write_bytes(data[: len(data) // 2])
+
+    failed = cli("stats", "--data", str(vault_dir), check=False)
+    assert failed.returncode != 0
+    assert Path(broken).name in failed.stderr and "metricvault check --repair" in failed.stderr
+
+    before = catalog_versions(vault_dir)
+    plan = cli("check", "--data", str(vault_dir), check=False)
+    assert plan.returncode == 1, plan.stdout + plan.stderr
+    assert Path(broken).name in plan.stdout
+    assert "1 series recovered" in plan.stdout and "1 series lost" in plan.stdout, plan.stdout
+    assert catalog_versions(vault_dir) == before  # without --repair nothing changes
+
+    repaired = cli("check", "--repair", "--data", str(vault_dir), check=False)
+    assert repaired.returncode == 1 and "repaired" in repaired.stdout, repaired.stdout
+    assert len(catalog_versions(vault_dir)) == len(before) + 1
+    assert cli("check", "--data", str(vault_dir)).returncode == 0
+    assert stats(vault_dir)["series"] == 1
+    assert len(query_values(vault_dir, 'gpu_util{gpu="0"}')) == 100
+    # the lost series' samples are still in the data files: written again, it is whole again
+    with Vault.open(str(vault_dir)) as vault:
+        vault.write(frame("gpu_util", {"1": 60.0}, 1, t0=T0 + 7_200_000))
+    assert len(query_values(vault_dir, 'gpu_util{gpu="1"}')) == 51
+
+
+# ------------------------------------------------------------------ bit flips
+def flip_inside_data_page(path: Path, column: str) -> None:
+    """Flip one bit in the middle of ``column``'s first data page (past its page header)."""
+    meta = pq.read_metadata(path).row_group(0)
+    chunk = next(
+        meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema == column
+    )
+    at = chunk.data_page_offset + chunk.total_compressed_size // 2
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_issue10_bit_flip_in_data_file_fails_loudly_and_check_names_it(tmp_path: Path) -> None:
+    vault_dir = tmp_path / "vault"
+    with Vault.open(str(vault_dir)) as vault:
+        vault.write(frame("gpu_util", {"0": 50.0, "1": 60.0}, 2000))
+        vault.write(frame("gpu_util", {"0": 50.0}, 10, t0=T0 + 86_400_000))  # next day's file
+    snap = json.loads((vault_dir / "catalog" / catalog_versions(vault_dir)[-1]).read_text())
+    day1 = next(f for f in snap["files"] if f["min_ts"] == T0)
+    flip_inside_data_page(Path(day1["path"]), "value_f")
+    name = Path(day1["path"]).name
+
+    failed = cli(
+        "query",
+        "gpu_util",
+        f"--start={T0}",
+        f"--end={T0 + 86_400_000}",
+        "--data",
+        str(vault_dir),
+        check=False,
+    )
+    assert failed.returncode != 0 and name in failed.stderr, failed.stdout + failed.stderr
+    assert "checksum" in failed.stderr and "metricvault check" in failed.stderr
+    sql = cli("sql", "SELECT sum(value) FROM raw", "--data", str(vault_dir), check=False)
+    assert sql.returncode != 0 and "checksum" in sql.stderr, sql.stdout + sql.stderr
+
+    plan = cli("check", "--data", str(vault_dir), check=False)
+    assert plan.returncode == 1 and name in plan.stdout, plan.stdout + plan.stderr
+    assert "4,000 samples" in plan.stdout and "2 series" in plan.stdout, plan.stdout
+    repaired = cli("check", "--repair", "--data", str(vault_dir), check=False)
+    assert repaired.returncode == 1 and "repaired" in repaired.stdout, repaired.stdout
+    assert cli("check", "--data", str(vault_dir)).returncode == 0
+    with Vault.open(str(vault_dir), create=False) as vault:
+        left = vault.query("gpu_util", T0, T0 + 2 * 86_400_000)
+    assert len(left) == 10  # the other day's file; the lost day was named in the plan
+
+
+# ------------------------------------------------------------------ full disk
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 4 MiB tmpfs (the tests run as root here and in CI)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill (needs root): {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=10)
+
+
+def fill(directory: Path) -> None:
+    """Write a filler file until the filesystem says ENOSPC."""
+    with open(directory / "filler", "wb") as out:
+        try:
+            while True:
+                out.write(b"\xff" * 4096)
+                out.flush()
+        except OSError:
+            pass
+
+
+def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_issue10_full_disk_writes_answer_503_and_reads_keep_working(
+    small_disk: Path, gateway: Any
+) -> None:
+    vault_dir = small_disk / "vault"
+    gw: GatewayProcess = gateway(data_dir=vault_dir)
+    line = "gpu,gpu=0 util=50 {}\n"
+    status, _, body = post(f"{gw.url}/write?precision=ms", line.format(T0).encode(), {})
+    assert status == 204, body
+    deadline = time.monotonic() + 20
+    while stats(vault_dir)["tiers"]["raw"]["rows"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+    fill(small_disk)
+    for _ in range(3):  # the gateway keeps answering 503, not 500, while the disk is full
+        lines = "".join(line.format(T0 + 1000 * (i + 1)) for i in range(2000)).encode()
+        status, headers, body = post(f"{gw.url}/write?precision=ms", lines, {})
+        assert status == 503 and "Retry-After" in headers, (status, body, gw.log_tail())
+        assert b"disk" in body.lower(), body
+    status, headers, body = post(
+        f"{gw.url}/api/v1/write", load.payload(T0 + 10_000, 0, 200), load.HEADERS
+    )
+    assert status == 503 and "Retry-After" in headers, (status, body)
+
+    assert stats(vault_dir)["tiers"]["raw"]["rows"] == 1
+    out = cli(
+        "query",
+        "gpu_util",
+        f"--start={T0}",
+        f"--end={T0 + 60_000}",
+        "-f",
+        "csv",
+        "--data",
+        str(vault_dir),
+    )
+    assert "50" in out.stdout
+    (small_disk / "filler").unlink()
+    status, _, body = post(f"{gw.url}/write?precision=ms", line.format(T0 + 5).encode(), {})
+    assert status == 204, body
