@@ -23,6 +23,11 @@ METRIC_NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 MAX_LABEL_VALUE_BYTES = 4096
 MAX_LABELS = 64
+# Control characters refused in label values: Unicode category Cc (C0, DEL, C1) except tab,
+# line feed and carriage return, which real text (and Prometheus' text format, escaped) holds.
+# Prometheus itself only requires valid UTF-8; we refuse these because no sender means them
+# (they come from binary data or bugs), and they make values unreadable in every UI.
+CONTROL_CHARACTERS_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 # Columns of the long shape that are not labels; a label may not take one of these names.
 RESERVED_COLUMNS = frozenset({"metric", "timestamp", "value", "ts"})
 
@@ -92,10 +97,13 @@ def validate_labels(labels: Mapping[str, str], metric: str = "") -> dict[str, st
                 f"label {name!r} on metric {metric!r} has a {type(value).__name__} value "
                 f"{value!r}; label values must be strings"
             )
-        if "\x00" in value:
+        control = CONTROL_CHARACTERS_RE.search(value)
+        if control:
             raise LabelError(
-                f"label {name!r} on metric {metric!r} contains a NUL character; label values "
-                "are text: remove it"
+                f"series {_shown(metric, labels)}: label {name!r} contains the control "
+                f"character U+{ord(control.group()):04X} at position {control.start()}; label "
+                "values are text and may not hold control characters other than tab, LF and "
+                "CR: remove it (or escape binary data, e.g. as hex)"
             )
         if len(value.encode("utf-8", "surrogatepass")) > MAX_LABEL_VALUE_BYTES:
             raise LabelError(
@@ -105,6 +113,12 @@ def validate_labels(labels: Mapping[str, str], metric: str = "") -> dict[str, st
         if value:
             clean[name] = value
     return clean
+
+
+def _shown(metric: str, labels: Mapping[str, str]) -> str:
+    """The series as PromQL shows it, values escaped, for error messages."""
+    inner = ",".join(f"{k}={json.dumps(str(v)[:60])}" for k, v in labels.items() if v)
+    return f"{metric}{{{inner}}}"
 
 
 @dataclass(frozen=True, slots=True)

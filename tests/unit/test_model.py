@@ -51,7 +51,10 @@ def test_canonical_string_is_prometheus_like_and_escaped():
         ("m", {"__name__": "x"}, "invalid label name"),
         ("m", {"timestamp": "x"}, "reserved"),
         ("m", {"a": 5}, "must be strings"),
-        ("m", {"a": "x\x00y"}, "NUL character"),
+        ("m", {"a": "x\x00y"}, r"control character U\+0000 at position 1"),
+        ("m", {"a": "\x1e"}, r"control character U\+001E"),
+        ("m", {"a": "x\x7f"}, r"control character U\+007F"),
+        ("m", {"a": "x\x85"}, r"control character U\+0085"),
         ("m", {"a": "x" * 5000}, "limit is 4096 bytes"),
         ("m", {f"l{i}": "v" for i in range(70)}, "the limit is 64"),
     ],
@@ -83,3 +86,16 @@ def test_series_index_detects_collisions():
     with pytest.raises(SeriesCollisionError, match="hashes to the same 64-bit id"):
         index.add(42, "m", '{"a": "2"}', "gauge")
     assert index.get(42).labels == {"a": "1"}
+
+
+@pytest.mark.parametrize("value", ["tab\there", "two\nlines", "cr\r", "ünïcödé ✓", "\u2028"])
+def test_issue10_label_values_may_hold_tab_newline_and_any_printable_unicode(value):
+    assert Series.make("m", {"a": value}).label_dict() == {"a": value}
+
+
+def test_issue10_control_character_error_names_the_series_and_the_label():
+    with pytest.raises(LabelError) as refused:
+        Series.make("gpu_util", {"gpu": "0", "mig": "\x00\x1e"})
+    message = str(refused.value)
+    assert 'gpu_util{gpu="0",mig="\\u0000\\u001e"}' in message
+    assert "label 'mig'" in message

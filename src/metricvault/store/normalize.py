@@ -27,8 +27,7 @@ from metricvault.model import (
     kind_from_name,
 )
 
-_SEP = "\x00\x1f"
-_NULL = "\x00\x1e"
+_ABSENT = "-"  # a null cell in a series key; a present cell starts with its length's digits
 TIME_COLUMNS = ("timestamp", "ts")
 
 
@@ -77,10 +76,7 @@ def _from_table(table: pa.Table, kinds: Mapping[str, str]) -> Batch:
     labels = {c: _strings(table.column(c), c, allow_null=True) for c in label_cols}
     if metric.null_count:
         raise InputError(f"column 'metric' has {metric.null_count} null(s); every row needs one")
-    key = pc.binary_join_element_wise(
-        metric, *labels.values(), _SEP, null_handling="replace", null_replacement=_NULL
-    )
-    encoded = pc.dictionary_encode(key).combine_chunks()
+    encoded = pc.dictionary_encode(_series_keys(metric, labels)).combine_chunks()
     keys = encoded.dictionary.to_pylist()
     columns = tuple(labels)
     found = [_SERIES_CACHE.get((columns, k)) for k in keys]
@@ -115,16 +111,53 @@ def _resolve(
     """Validate and hash the series not seen before (all of them, or none, are cached)."""
     first_rows = _first_occurrence(encoded.indices.to_numpy(), len(keys)).take(pa.array(missing))
     names = metric.take(first_rows).to_pylist()
-    values = {c: col.take(first_rows).to_pylist() for c, col in labels.items()}
     resolved = []
-    for j, name in enumerate(names):
-        s = Series.make(name, {c: v[j] for c, v in values.items() if v[j]})
+    for name, series_labels in zip(names, _sparse_labels(labels, first_rows), strict=True):
+        s = Series.make(name, series_labels)
         resolved.append((s.series_id, s.metric, s.labels_json))
     if len(_SERIES_CACHE) + len(resolved) > _SERIES_CACHE_MAX:
         _SERIES_CACHE.clear()
     for i, entry in zip(missing, resolved, strict=True):
         found[i] = entry
         _SERIES_CACHE[(columns, keys[i])] = entry
+
+
+def _series_keys(metric: pa.ChunkedArray, labels: dict[str, pa.ChunkedArray]) -> pa.ChunkedArray:
+    """One string per row that differs exactly when the row's series differs.
+
+    Each cell is written as ``<length in bytes>:<value>`` and a null cell as ``-``, so the key
+    reads back unambiguously whatever a value holds: joining raw values with separator bytes let
+    ``mig="\\x00\\x1e"`` pass for an absent ``mig`` and merged two series (issue 10). Because the
+    key is injective, a cache hit is a series validated before, so the rules hold on every write.
+    """
+    cells = [_length_prefixed(metric)]
+    cells += [_length_prefixed(column) for column in labels.values()]
+    return pc.binary_join_element_wise(
+        *cells, "", null_handling="replace", null_replacement=_ABSENT
+    )
+
+
+def _length_prefixed(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    lengths = pc.cast(pc.binary_length(column), pa.string())
+    return pc.binary_join_element_wise(lengths, column, ":")
+
+
+def _sparse_labels(labels: dict[str, pa.ChunkedArray], rows: pa.Array) -> list[dict[str, str]]:
+    """The non-empty labels of each of ``rows``, touching only the cells that hold a value.
+
+    A request may combine many series with many distinct label names, most cells empty; going
+    cell by cell in Python cost series x label names (1,000 x 33,000 took 9 s and 1 GB).
+    """
+    per_row: list[dict[str, str]] = [{} for _ in range(len(rows))]
+    for name, column in labels.items():
+        taken = column.take(rows)
+        if taken.null_count == len(taken):
+            continue
+        present = np.flatnonzero(pc.fill_null(pc.not_equal(taken, ""), False).to_numpy())
+        values = taken.take(pa.array(present)).to_pylist()
+        for row, value in zip(present.tolist(), values, strict=True):
+            per_row[row][name] = value
+    return per_row
 
 
 def _first_occurrence(indices: np.ndarray, n: int) -> pa.Array:
