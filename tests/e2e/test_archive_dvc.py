@@ -160,6 +160,21 @@ def test_restore_an_older_tag_after_a_new_version(vault, tmp_path):
         restore("r9", repo)
 
 
+def test_issue11_restore_works_when_the_remote_was_set_up_but_not_committed(vault, tmp_path):
+    """`dvc init && dvc remote add -d ...` as docs/archive.md shows, without a git commit: the
+    tag's commit must still carry the remote, or `dvc get --rev TAG` finds no storage."""
+    repo = make_repo(tmp_path / "paper", with_dvc=False)
+    dvc(repo, "init", "-q")
+    dvc(repo, "remote", "add", "-d", "store", str(tmp_path / "remote"))
+    info = export_snapshot(vault, "r3", repo / "artifacts" / "metrics")
+    digest = sha256(info.path)
+    done = publish(info)
+    assert ".dvc/config" in git(repo, "show", "--name-only", done.commit)
+    info.path.unlink()
+    shutil.rmtree(repo / ".dvc" / "cache", ignore_errors=True)
+    assert sha256(restore("r3@metrics/r3", repo, out=tmp_path / "old.parquet")) == digest
+
+
 # --------------------------------------------------------------------------- refusals
 def test_refuses_outside_a_git_repository(vault, tmp_path):
     info = export_snapshot(vault, "r3", tmp_path / "plain")

@@ -66,7 +66,7 @@ def publish(
     rel = _inside(root, snapshot)
     pointer_rel = rel + ".dvc"
     tag = check_ref_name(tag or f"{tag_prefix}{info.experiment.id}")
-    initialised = _ensure_dvc(root, init)
+    _ensure_dvc(root, init)
     if remote_url:
         remote = _add_remote(root, remote_url, remote_endpoint)
     remote_name = _choose_remote(root, remote)
@@ -79,9 +79,12 @@ def publish(
         return Published(snapshot, pointer, tag, commit, md5, remote_name, created=False)
     pointer = dvc.add(root, snapshot)
     dvc.push(root, pointer, remote_name)  # data first: no commit names data the remote lacks
+    # DVC's own files go into the commit whenever they are new or changed (not only after
+    # --init): `dvc get --rev TAG` reads the remote from the tag's commit, so a remote added by
+    # hand and never committed would leave the snapshot unrestorable. Credentials live in
+    # config.local, which is never committed.
     paths = [pointer_rel, str(Path(rel).parent / ".gitignore")]
-    if initialised or remote_url:
-        paths += [p for p in _INIT_FILES if (root / p).exists()]
+    paths += [p for p in _INIT_FILES if (root / p).exists()]
     _commit(root, paths, f"metrics: snapshot of experiment {info.experiment.id} ({info.tier})")
     summary = _summary(info, rel, md5, remote_name)
     git(root, "tag", "-a", tag, "-m", summary)
