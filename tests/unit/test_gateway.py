@@ -293,3 +293,147 @@ def test_one_worker_keeps_an_in_process_registry(make_client):
     page = client.get("/metrics").text
     assert 'metricvault_samples_stored_total{protocol="influx"} 1.0' in page
     assert "metricvault_buffer_samples" in page and "metricvault_series 1.0" in page
+
+
+# --------------------------------------------------------------------------- issue 10
+TOKEN_A, TOKEN_B = "token-of-team-a", "token-of-team-b"
+AUTH_A = {"Authorization": f"Bearer {TOKEN_A}"}
+AUTH_B = {"Authorization": f"Bearer {TOKEN_B}"}
+BODY_METHODS = {"POST", "PUT", "PATCH"}
+LIMIT = 1000
+
+
+def _tenant_client(make_client, **overrides):
+    return make_client(
+        auth_bearer_tokens=(
+            BearerToken(hash_secret(TOKEN_A), "team-a"),
+            BearerToken(hash_secret(TOKEN_B), "team-b"),
+        ),
+        **overrides,
+    )
+
+
+def _route_calls(client):
+    """(method, concrete path, route path) for every method of every route in the app."""
+    from starlette.routing import Route
+
+    for route in client.app.routes:
+        assert isinstance(route, Route), route
+        path = route.path.replace("{experiment_id}", "some-id")
+        for method in sorted(route.methods or ()):
+            yield method, path, route.path
+
+
+def test_issue10_every_route_authenticates_or_is_declared_public(make_client):
+    from metricvault.ingest.app import PUBLIC_ROUTES
+
+    client, _ = _tenant_client(make_client)
+    checked = 0
+    for method, path, route in _route_calls(client):
+        r = client.request(method, path, content=b"{}")
+        if route in PUBLIC_ROUTES:
+            # public routes read no body: they may only be GET/HEAD
+            assert method in ("GET", "HEAD"), (method, route)
+            assert r.status_code < 400, (method, path, r.status_code)
+        else:
+            assert r.status_code == 401, (method, path, r.status_code, r.text)
+            assert "WWW-Authenticate" in r.headers
+            checked += 1
+    assert checked >= 7  # the write, query and experiments routes
+
+
+def test_issue10_every_route_that_reads_a_body_refuses_one_over_max_body_bytes(make_client):
+    client, vault = _tenant_client(make_client, max_body_bytes=LIMIT)
+    big = b"x" * (LIMIT + 1)
+    body_routes = 0
+    for method, path, _ in _route_calls(client):
+        if method not in BODY_METHODS:
+            continue
+        body_routes += 1
+        declared = client.request(method, path, content=big, headers=AUTH_A)
+        assert declared.status_code == 413, (method, path, declared.text)
+        assert "max_body_bytes" in declared.text and str(LIMIT) in declared.text
+
+        def chunks():  # no Content-Length: refused while streaming, not after
+            for _ in range(LIMIT // 100 + 2):
+                yield b"y" * 100
+
+        streamed = client.request(method, path, content=chunks(), headers=AUTH_A)
+        assert streamed.status_code == 413, (method, path, streamed.text)
+    assert body_routes >= 5
+    assert vault.buffer.depth() == (0, 0) and vault.experiments.ids() == []
+
+
+def test_issue10_experiments_are_scoped_to_the_callers_tenant(make_client):
+    client, vault = _tenant_client(make_client)
+    new = {"id": "run-a", "selector": '{job="train"} or gpu_util{node="n1"}'}
+    created = client.post("/api/v1/experiments", json=new, headers=AUTH_A)
+    assert created.status_code == 201, created.text
+    record = created.json()
+    assert record["tenant"] == "team-a"
+    assert record["selector"] == (
+        '{job="train", tenant="team-a"} or {__name__="gpu_util", node="n1", tenant="team-a"}'
+    )
+    # tenant B sees nothing of it: not listed, not readable, not changeable; the answer is
+    # the one for an id that does not exist (nothing tells B that A has "run-a")
+    assert client.get("/api/v1/experiments", headers=AUTH_B).json() == []
+    unknown = client.get("/api/v1/experiments/run-x", headers=AUTH_B)
+    assert unknown.status_code == 404
+    for method in ("GET", "PATCH"):
+        r = client.request(method, "/api/v1/experiments/run-a", json={}, headers=AUTH_B)
+        assert (r.status_code, r.text) == (404, unknown.text.replace("run-x", "run-a"))
+    # tenant A's PATCH of the selector stays confined too
+    patched = client.patch(
+        "/api/v1/experiments/run-a", json={"selector": '{job="other"}'}, headers=AUTH_A
+    )
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["selector"] == '{job="other", tenant="team-a"}'
+    assert [e["id"] for e in client.get("/api/v1/experiments", headers=AUTH_A).json()] == ["run-a"]
+    # and the confined selector cannot reach team-b's series
+    for token, value in ((AUTH_A, 1), (AUTH_B, 2)):
+        line = f"m,job=other v={value} {T0}"
+        assert client.post("/write?precision=ms", content=line, headers=token).status_code == 204
+    got = vault.query(vault.experiments.get("run-a").selector, T0, T0 + 10)
+    assert got["value"].tolist() == [1.0]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "field"),
+    [
+        ("POST", "/api/v1/experiments", {"id": "r", "selector": "m", "now": 0}, "now"),
+        (
+            "POST",
+            "/api/v1/experiments",
+            {"id": "r", "selector": "m", "created_ms": 1},
+            "created_ms",
+        ),
+        ("POST", "/api/v1/experiments", {"id": "r", "selector": "m", "tenant": "b"}, "tenant"),
+        ("POST", "/api/v1/experiments", {"id": "r", "selector": 5}, "selector"),
+        ("POST", "/api/v1/experiments", {"id": "r", "selector": "m", "tags": "a,b"}, "tags"),
+        ("POST", "/api/v1/experiments", {"id": "r", "selector": "m", "start": True}, "start"),
+        ("POST", "/api/v1/experiments", {"id": "r", "selector": "m", "params": []}, "params"),
+        ("PATCH", "/api/v1/experiments/r0", {"id": "other"}, "id"),
+        ("PATCH", "/api/v1/experiments/r0", {"created_ms": 0}, "created_ms"),
+        ("PATCH", "/api/v1/experiments/r0", {"notes": ["x"]}, "notes"),
+    ],
+)
+def test_issue10_experiment_fields_are_typed_and_unknown_ones_are_400(
+    make_client, method, path, body, field
+):
+    client, vault = _tenant_client(make_client)
+    seed = {"id": "r0", "selector": "m"}
+    assert client.post("/api/v1/experiments", json=seed, headers=AUTH_A).status_code == 201
+    before = vault.experiments.get("r0")
+    r = client.request(method, path, json=body, headers=AUTH_A)
+    assert r.status_code == 400, r.text
+    assert repr(field) in r.text, r.text
+    assert vault.experiments.ids() == ["r0"] and vault.experiments.get("r0") == before
+
+
+def test_issue10_query_route_needs_auth_and_bounds_its_body(make_client):
+    client, _ = _tenant_client(make_client, max_body_bytes=LIMIT)
+    assert client.post("/query", data={"q": "CREATE DATABASE x"}).status_code == 401
+    ok = client.post("/query", data={"q": "CREATE DATABASE x"}, headers=AUTH_A)
+    assert ok.status_code == 200, ok.text
+    big = client.post("/query", content=b"q=" + b"x" * LIMIT, headers=AUTH_A)
+    assert big.status_code == 413

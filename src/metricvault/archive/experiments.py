@@ -78,10 +78,13 @@ class Experiment:
     notes: str = ""
     params: Mapping[str, Any] = field(default_factory=dict)
     created_ms: int = 0
+    tenant: str = ""  # set by a gateway for a tenant's credential: only that tenant sees it
 
     def to_record(self) -> dict[str, Any]:
         """The JSON form (sorted keys, ISO times), as stored and embedded in snapshots."""
         record = asdict(self)
+        if not self.tenant:  # records (and snapshot bytes) of tenant-less runs stay as they were
+            del record["tenant"]
         record["tags"] = list(self.tags)
         record["params"] = dict(self.params)
         record["start"] = _iso(self.start_ms)
@@ -121,6 +124,7 @@ def make_experiment(
     notes: str = "",
     params: Mapping[str, Any] | None = None,
     now: int | None = None,
+    tenant: str = "",
 ) -> Experiment:
     """Validate every field and build the record (``start`` defaults to now)."""
     now = now if now is not None else now_ms()
@@ -137,6 +141,7 @@ def make_experiment(
         notes=notes,
         params=dict(params or {}),
         created_ms=now,
+        tenant=tenant,
     )
     return check(exp)
 

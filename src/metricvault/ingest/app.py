@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from metricvault.archive.experiments import Experiment, unknown_message
 from metricvault.config import Settings
 from metricvault.durations import parse_duration_ms
 from metricvault.errors import (
@@ -36,13 +37,24 @@ from metricvault.errors import (
     DiskFullError,
     InputError,
     MetricVaultError,
+    NotFoundError,
     TooLargeError,
 )
 from metricvault.ingest.auth import Principal, authenticate
+from metricvault.ingest.connections import quiet_accept_errors
+from metricvault.ingest.experiments_api import (
+    CREATE_FIELDS,
+    UPDATE_FIELDS,
+    checked_fields,
+    confine,
+    visible,
+)
 from metricvault.ingest.limits import CardinalityError, NewSeriesLimiter
 from metricvault.ingest.metrics import GatewayMetrics
 from metricvault.ingest.protocols.influx_line import decode_line_protocol
 from metricvault.ingest.protocols.remote_write import decode_remote_write
+from metricvault.redact import redact_logs
+from metricvault.redact import remember as remember_secrets
 from metricvault.store.buffer import quarantined_batches
 from metricvault.store.vault import Vault
 
@@ -188,24 +200,32 @@ class Gateway:
         Errors answer with the registry's own status and message."""
 
         async def work(req: Request, who: Principal) -> Response:
-            registry = self.vault.experiments
+            registry, tenant = self.vault.experiments, who.tenant
             experiment_id = req.path_params.get("experiment_id")
-            if req.method == "GET":
-                if experiment_id is None:
-                    records = [e.to_record() for e in await run_in_threadpool(registry.list)]
-                    return JSONResponse(records)
-                exp = await run_in_threadpool(registry.get, experiment_id)
-                return JSONResponse(exp.to_record())
-            fields = await self.json_body(req)
+            if req.method == "GET" and experiment_id is None:
+                records = visible(await run_in_threadpool(registry.list), tenant)
+                return JSONResponse([e.to_record() for e in records])
             if req.method == "POST":
+                fields = checked_fields(await self.json_body(req), CREATE_FIELDS)
                 new_id, selector = fields.pop("id", None), fields.pop("selector", None)
-                if not isinstance(selector, str):
+                if new_id is None or selector is None:
                     raise InputError("a new experiment needs 'id' and 'selector' (strings)")
+                selector = confine(selector, self.settings.tenant_label, tenant)
                 exp = await run_in_threadpool(
-                    lambda: registry.create(str(new_id or ""), selector, **fields)
+                    lambda: registry.create(new_id, selector, tenant=tenant, **fields)
                 )
                 return JSONResponse(exp.to_record(), status_code=201)
-            exp = await run_in_threadpool(lambda: registry.update(str(experiment_id), **fields))
+            # the body first: an oversized one is 413 whoever owns the id
+            changes = {} if req.method == "GET" else await self.json_body(req)
+            exp = await run_in_threadpool(self.owned_experiment, str(experiment_id), tenant)
+            if req.method == "GET":
+                return JSONResponse(exp.to_record())
+            changes = checked_fields(changes, UPDATE_FIELDS)
+            if "selector" in changes:
+                changes["selector"] = confine(
+                    changes["selector"], self.settings.tenant_label, tenant
+                )
+            exp = await run_in_threadpool(lambda: registry.update(exp.id, **changes))
             return JSONResponse(exp.to_record())
 
         return await self.handle(request, "/api/v1/experiments", work)
@@ -217,9 +237,20 @@ class Gateway:
             raise InputError(f"the request body is not JSON: {exc}") from exc
         if not isinstance(fields, dict):
             raise InputError("the request body must be a JSON object of experiment fields")
-        if "tags" in fields and isinstance(fields["tags"], list):
-            fields["tags"] = tuple(fields["tags"])
         return fields
+
+    def owned_experiment(self, experiment_id: str, tenant: str) -> Experiment:
+        """The experiment if ``tenant`` owns it; another tenant's answers 404 exactly as an
+        unknown id does, listing only the caller's ids (blocking)."""
+        registry = self.vault.experiments
+        try:
+            exp = registry.get(experiment_id)
+            if exp.tenant == tenant:
+                return exp
+        except NotFoundError:
+            pass
+        ids = [e.id for e in visible(registry.list(), tenant)]
+        raise NotFoundError(unknown_message(experiment_id, ids, "this gateway"))
 
     async def influx_ping(self, request: Request) -> Response:
         """InfluxDB clients (the `influx` CLI, Telegraf) ping before writing."""
@@ -228,21 +259,26 @@ class Gateway:
     async def influx_query(self, request: Request) -> Response:
         """Accept the DDL InfluxDB clients send before writing (CREATE DATABASE / RETENTION
         POLICY) as no-ops; metricvault has no databases. Anything else is refused clearly."""
-        form = parse_qs((await request.body()).decode(errors="replace"))
-        text = (request.query_params.get("q") or (form.get("q") or [""])[0]).strip()
-        statements = [part.strip() for part in text.split(";") if part.strip()]
-        if statements and all(_is_ddl(stmt) for stmt in statements):
-            results = [{"statement_id": i} for i in range(len(statements))]
+
+        async def work(req: Request, who: Principal) -> Response:
+            form = parse_qs((await self.body(req)).decode(errors="replace"))
+            text = (req.query_params.get("q") or (form.get("q") or [""])[0]).strip()
+            statements = [part.strip() for part in text.split(";") if part.strip()]
+            if statements and all(_is_ddl(stmt) for stmt in statements):
+                results = [{"statement_id": i} for i in range(len(statements))]
+                return JSONResponse(
+                    {"results": results}, headers={"X-Influxdb-Version": INFLUX_VERSION}
+                )
             return JSONResponse(
-                {"results": results}, headers={"X-Influxdb-Version": INFLUX_VERSION}
+                {
+                    "error": "the metricvault gateway only accepts writes (and CREATE DATABASE/"
+                    "RETENTION POLICY as no-ops); read data with 'metricvault query' or "
+                    "Vault.query"
+                },
+                status_code=400,
             )
-        return JSONResponse(
-            {
-                "error": "the metricvault gateway only accepts writes (and CREATE DATABASE/"
-                "RETENTION POLICY as no-ops); read data with 'metricvault query' or Vault.query"
-            },
-            status_code=400,
-        )
+
+        return await self.handle(request, "/query", work)
 
     async def healthy(self, request: Request) -> Response:
         # The server's clock in ms: agents estimate their clock offset from it (round trip);
@@ -339,6 +375,9 @@ def _with_tenant(table: pa.Table, label: str, tenant: str) -> pa.Table:
 
 
 SETTINGS_ENV = "METRICVAULT_GATEWAY_SETTINGS_JSON"
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+# liveness and readiness for orchestrators, Influx clients' ping, the self-metrics scrape
+PUBLIC_ROUTES = frozenset({"/ping", "/-/healthy", "/-/ready", "/metrics"})
 
 
 def app_from_environment() -> Starlette:
@@ -384,6 +423,11 @@ def create_app(
             tasks.append(asyncio.create_task(gateway.maintainer()))
         if gateway.metrics.multiprocess_dir is not None:
             tasks.append(asyncio.create_task(gateway.gauge_updater()))
+        quiet_accept_errors()  # in this worker's loop: one line per burst, not a traceback each
+        if not logging.getLogger().handlers:  # a spawned worker: log as the serve process does
+            logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
+        remember_secrets(settings)
+        redact_logs()
         gateway.ready = True
         try:
             yield
@@ -396,6 +440,8 @@ def create_app(
             finally:
                 gateway.metrics.close()
 
+    # Every route authenticates (Gateway.handle) except these, which read no body and
+    # answer GET/HEAD only (a test walks the route table and checks both)
     routes = [
         Route("/api/v1/write", gateway.remote_write, methods=["POST"]),
         Route("/write", gateway.influx_write, methods=["POST"]),
@@ -408,6 +454,7 @@ def create_app(
         Route("/-/ready", gateway.ready_check, methods=["GET", "HEAD"]),
         Route("/metrics", gateway.metrics_page, methods=["GET"]),
     ]
+    assert {r.path for r in routes} >= PUBLIC_ROUTES
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.gateway = gateway
     return app

@@ -10,10 +10,11 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 from dataclasses import dataclass
 
 from metricvault.config import Settings
-from metricvault.errors import MetricVaultError
+from metricvault.errors import ConfigError, MetricVaultError
 
 
 class AuthError(MetricVaultError):
@@ -75,3 +76,33 @@ def _basic(settings: Settings, value: str) -> Principal:
     if found is None:
         raise AuthError("unknown user or wrong password")
     return found
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def check_listener(settings: Settings, insecure_no_auth: bool) -> str | None:
+    """Refuse (ConfigError) a non-loopback listener without credentials unless
+    ``insecure_no_auth``; then the warning to print. None when nothing is wrong."""
+    host = settings.listen.rpartition(":")[0]
+    if is_loopback(host) or settings.auth_bearer_tokens or settings.auth_basic_users:
+        return None
+    exposure = (
+        f"listen={settings.listen!r} is reachable from other machines and no credential is "
+        "configured (auth_bearer_tokens, auth_basic_users): anyone who reaches the port could "
+        "write series and read and change experiments"
+    )
+    if not insecure_no_auth:
+        raise ConfigError(
+            f"refusing to start: {exposure}. Configure a credential (docs/gateway.md, Security; "
+            "'metricvault hash-secret' makes the digest), listen on 127.0.0.1, or pass "
+            "--insecure-no-auth if the network itself is trusted"
+        )
+    return f"{exposure} (--insecure-no-auth)"

@@ -1,0 +1,141 @@
+"""Connection-level guards of the gateway's HTTP server (below the ASGI app).
+
+uvicorn's h11 protocol waits forever for a request head: a client that connects and sends
+nothing, or half a header, holds a connection (and a file descriptor) for good, and a few
+thousand of them (slowloris) exhaust the process's file limit, after which every accept fails
+and asyncio logs a traceback for each failure. :class:`GuardedH11Protocol` closes a connection
+whose request head is not complete ``header_timeout_s`` after its first byte (or after it
+connected); :func:`quiet_accept_errors` turns the accept-failure tracebacks into one line per
+burst; :func:`raise_open_file_limit` lifts the soft file limit to the hard one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import resource
+import time
+from typing import TYPE_CHECKING, Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from metricvault.durations import parse_duration_ms
+
+if TYPE_CHECKING:
+    from metricvault.config import Settings
+
+log = logging.getLogger("metricvault.gateway")
+ACCEPT_LOG_INTERVAL_S = 60.0
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol plus a deadline for each request head. Idle keep-alive time
+    between requests stays uvicorn's ``timeout_keep_alive``; the deadline starts with the
+    first byte of the next request."""
+
+    def __init__(self, *args: Any, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.header_timeout_s = header_timeout_s
+        self.header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self.header_timer is None and self._awaiting_head():
+            self._arm()
+        super().data_received(data)
+        if not self._awaiting_head():
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _awaiting_head(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def _arm(self) -> None:
+        self._disarm()
+        self.header_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
+
+    def _disarm(self) -> None:
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
+
+    def _head_too_slow(self) -> None:
+        self.header_timer = None
+        if self._awaiting_head() and not self.transport.is_closing():
+            # no answer: a stalled client is not reading, and a 408 would only fill buffers
+            self.transport.close()
+
+
+class AcceptErrorLog:
+    """An asyncio exception handler: a failed ``accept()`` (EMFILE, ENFILE, ENOBUFS) is logged
+    as one line per ``interval_s`` with the count since the last line; anything else goes to
+    asyncio's default handler."""
+
+    def __init__(self, interval_s: float = ACCEPT_LOG_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self.last_logged = float("-inf")
+        self.suppressed = 0
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if "accept" not in str(context.get("message", "")):
+            loop.default_exception_handler(context)
+            return
+        now = time.monotonic()
+        if now - self.last_logged < self.interval_s:
+            self.suppressed += 1
+            return
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        log.error(
+            "cannot accept connections: %s (%d more failures since the last report); the file "
+            "limit is %d open files (ulimit -n): too many open connections, e.g. stalled clients; "
+            "they are closed after gateway_header_timeout. Raise the limit or lower "
+            "gateway_max_connections",
+            context.get("exception") or context.get("message"),
+            self.suppressed,
+            soft,
+        )
+        self.last_logged, self.suppressed = now, 0
+
+
+def quiet_accept_errors() -> None:
+    """Install :class:`AcceptErrorLog` on the running loop (a worker's, at app start)."""
+    asyncio.get_running_loop().set_exception_handler(AcceptErrorLog())
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (workers inherit it); (soft, hard)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # e.g. an unlimited hard limit some kernels refuse
+            pass
+    return soft, hard
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """``uvicorn.run`` keyword arguments for the gateway (one worker or several)."""
+    host, _, port = settings.listen.rpartition(":")
+    header_timeout_s = parse_duration_ms(settings.gateway_header_timeout) / 1000
+    return {
+        "host": host.strip("[]"),
+        "port": int(port),
+        "log_level": "warning",
+        "timeout_graceful_shutdown": 30,
+        "ssl_certfile": settings.tls_cert or None,
+        "ssl_keyfile": settings.tls_key or None,
+        # longer than any sender's send interval: closing a connection a sender is about to
+        # reuse makes its next request fail (reset, broken pipe) and be retried
+        "timeout_keep_alive": parse_duration_ms(settings.gateway_keep_alive) / 1000,
+        "limit_concurrency": settings.gateway_max_connections,
+        # a partial of an importable class: it pickles into spawned worker processes
+        "http": functools.partial(GuardedH11Protocol, header_timeout_s=header_timeout_s),
+    }
