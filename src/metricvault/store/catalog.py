@@ -6,21 +6,36 @@ new snapshot, never half of a flush or a compaction. Each snapshot records the d
 their tier, day, row count and time range, the series files, the per-buffer watermarks that make
 flushes exactly-once, and the hours whose rollups must be recomputed ("dirty" hours).
 
+Paths are stored relative to the vault root (format 2) and resolved against wherever the vault
+is opened, so a moved or copied vault names its own files; in memory they are full paths. Each
+snapshot also carries the vault's id and, for every file a commit removed, when it was replaced:
+maintenance deletes a file only after ``orphan_grace`` from that moment, so a reader holding an
+older snapshot keeps its files. A format-1 catalog (absolute paths) is read as if relative and
+upgraded by :meth:`Catalog.upgrade` when a vault opens it.
+
+A newest version that does not parse (truncated, empty) is skipped with a warning naming it: the
+newest readable one is used, the next commit gets a number above every version on disk (never
+reusing the damaged one's), and the damaged file is never deleted.
+
 Why not Iceberg: see docs/decisions/0001-catalog.md.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
+import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from metricvault.errors import StorageError
 from metricvault.store.layout import Location
 
-FORMAT = 1
+FORMAT = 2
+LEGACY_FORMAT = 1  # absolute paths, no vault id, no replacement times
+log = logging.getLogger("metricvault")
 _VERSION_RE = re.compile(r"v(\d{12})\.json$")
 HOUR_MS = 3_600_000
 
@@ -45,6 +60,14 @@ class SeriesFile:
 
 
 @dataclass(frozen=True)
+class Replaced:
+    """A file a commit took out of the vault (compaction, rollup, retention), and when."""
+
+    path: str
+    replaced_ms: int
+
+
+@dataclass(frozen=True)
 class Snapshot:
     version: int = 0
     committed_ms: int = 0
@@ -55,34 +78,55 @@ class Snapshot:
     dirty_hours: tuple[int, ...] = ()  # epoch hour numbers whose rollups are stale
     raw_horizon_ms: int = 0  # retention has dropped raw data before this time
     metric_kinds: dict[str, str] = field(default_factory=dict)  # from exposition metadata
+    vault_id: str = ""  # "" only before the first commit and in format-1 catalogs
+    replaced: tuple[Replaced, ...] = ()  # removed files not deleted yet
 
     def tier_files(self, tier: str) -> list[DataFile]:
         return [f for f in self.files if f.tier == tier]
+
+    def paths(self) -> set[str]:
+        """Every data and series file this snapshot references."""
+        return {f.path for f in self.files} | {s.path for s in self.series_files}
 
     def rollup_watermark_ms(self) -> int | None:
         """Rollups are complete for all time before this (None: no stale hours)."""
         return min(self.dirty_hours) * HOUR_MS if self.dirty_hours else None
 
-    def to_json(self) -> bytes:
+    def to_json(self, loc: Location) -> bytes:
         body = asdict(self)
         body["format"] = FORMAT
+        for entry in [*body["files"], *body["series_files"], *body["replaced"]]:
+            entry["path"] = loc.relative(entry["path"])
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> Snapshot:
+    def from_json(cls, data: bytes, loc: Location) -> Snapshot:
+        """Parse a snapshot, resolving its paths under ``loc``. ``ValueError``, ``KeyError``,
+        ``TypeError`` or ``AttributeError`` mean a damaged file; StorageError a newer format."""
         body: dict[str, Any] = json.loads(data)
-        if body.pop("format", None) != FORMAT:
-            raise StorageError("catalog snapshot has an unknown format; upgrade metricvault")
+        fmt = body.pop("format", None)
+        if fmt not in (FORMAT, LEGACY_FORMAT):
+            raise StorageError(
+                f"catalog snapshot has format {fmt!r}, this metricvault reads {LEGACY_FORMAT} "
+                f"and {FORMAT}: upgrade metricvault"
+            )
         return cls(
             version=body["version"],
             committed_ms=body["committed_ms"],
             next_file_id=body["next_file_id"],
-            files=tuple(DataFile(**f) for f in body["files"]),
-            series_files=tuple(SeriesFile(**f) for f in body["series_files"]),
+            files=tuple(DataFile(**{**f, "path": loc.resolve(f["path"])}) for f in body["files"]),
+            series_files=tuple(
+                SeriesFile(**{**f, "path": loc.resolve(f["path"])}) for f in body["series_files"]
+            ),
             buffers=dict(body["buffers"]),
             dirty_hours=tuple(body["dirty_hours"]),
             raw_horizon_ms=body.get("raw_horizon_ms", 0),
             metric_kinds=dict(body.get("metric_kinds", {})),
+            vault_id=str(body.get("vault_id", "")),
+            replaced=tuple(
+                Replaced(loc.resolve(r["path"]), int(r["replaced_ms"]))
+                for r in body.get("replaced", [])
+            ),
         )
 
 
@@ -100,15 +144,28 @@ class Change:
     file_ids_used: int = 0
     raw_horizon_ms: int = 0
     metric_kinds: dict[str, str] = field(default_factory=dict)
+    forget: set[str] = field(default_factory=set)  # replaced files maintenance has deleted
 
-    def apply(self, base: Snapshot) -> Snapshot:
+    def apply(self, base: Snapshot, version: int | None = None) -> Snapshot:
+        """The snapshot after this change, numbered ``version`` (default: the base's + 1)."""
+        committed_ms = int(time.time() * 1000)
         files = [f for f in base.files if f.path not in self.remove] + self.add
         series = [s for s in base.series_files if s.path not in self.remove_series]
         dirty = (set(base.dirty_hours) - self.dirty_remove) | self.dirty_add
+        still = {f.path for f in files} | {s.path for s in series}
+        replaced = [r for r in base.replaced if r.path not in self.forget]
+        known = {r.path for r in replaced}
+        replaced += [
+            Replaced(p, committed_ms)
+            for p in sorted(self.remove | self.remove_series)
+            if p not in still and p not in known
+        ]
         return replace(
             base,
-            version=base.version + 1,
-            committed_ms=int(time.time() * 1000),
+            version=base.version + 1 if version is None else version,
+            committed_ms=committed_ms,
+            vault_id=base.vault_id or uuid.uuid4().hex,
+            replaced=tuple(replaced),
             next_file_id=base.next_file_id + self.file_ids_used,
             files=tuple(sorted(files, key=lambda f: (f.tier, f.day, f.file_id))),
             series_files=tuple(series + self.add_series),
@@ -123,6 +180,8 @@ class Catalog:
     def __init__(self, location: Location) -> None:
         self.loc = location
         self._cached: Snapshot | None = None
+        self._unreadable: dict[int, str] = {}  # version -> why it could not be read
+        self._newest_on_disk = 0  # readable or not: the next commit must be above it
 
     def _versions(self) -> list[int]:
         found = []
@@ -135,32 +194,97 @@ class Catalog:
     def _path(self, version: int) -> str:
         return self.loc.path("catalog", f"v{version:012d}.json")
 
+    def _load(self, version: int) -> Snapshot | None:
+        """The snapshot of ``version``, or None (warned once) when its file is damaged."""
+        if version in self._unreadable:
+            return None
+        try:
+            return Snapshot.from_json(self.loc.read_bytes(self._path(version)), self.loc)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self._unreadable[version] = f"{type(exc).__name__}: {exc}"
+            log.warning(
+                "catalog file %s is unreadable (%s): it is skipped, and an older version is "
+                "used. Files only it names are kept (maintain deletes no unreferenced file "
+                "while a damaged version exists). Restore it from a backup if you have one, "
+                "else move it out of catalog/ once you no longer need what it named",
+                self._path(version),
+                self._unreadable[version],
+            )
+            return None
+
     def current(self) -> Snapshot:
         versions = self._versions()
         if not versions:
             return Snapshot()
-        latest = versions[-1]
-        if self._cached is None or self._cached.version != latest:
-            self._cached = Snapshot.from_json(self.loc.read_bytes(self._path(latest)))
-        return self._cached
+        self._newest_on_disk = max(self._newest_on_disk, versions[-1])
+        for version in reversed(versions):
+            if self._cached is not None and self._cached.version == version:
+                return self._cached
+            snap = self._load(version)
+            if snap is not None:
+                self._cached = snap
+                return snap
+        raise StorageError(
+            f"no catalog version of vault {self.loc.uri} is readable ({len(versions)} damaged, "
+            f"newest {self._path(versions[-1])}): restore catalog/ from a backup"
+        )
+
+    def history(self) -> list[Snapshot]:
+        """Every readable snapshot still on disk, oldest first (damaged ones are warned of)."""
+        return [s for v in self._versions() if (s := self._load(v)) is not None]
+
+    def unreadable(self) -> dict[int, str]:
+        """Damaged catalog versions seen so far (version -> reason)."""
+        return dict(self._unreadable)
 
     def commit(self, change: Change) -> Snapshot:
         """Apply ``change`` to the current snapshot (caller holds the writer lock)."""
         base = self.current()
-        new = change.apply(base)
-        if not self.loc.write_bytes_exclusive(self._path(new.version), new.to_json()):
+        new = change.apply(base, version=max(base.version, self._newest_on_disk) + 1)
+        if not self.loc.write_bytes_exclusive(self._path(new.version), new.to_json(self.loc)):
             raise StorageError(
                 f"catalog version {new.version} was committed by another writer; "
                 "two writers without a shared lock use this vault — give each gateway its own"
             )
         self._cached = new
+        self._newest_on_disk = new.version
+        return new
+
+    def owner(self) -> str:
+        """This vault's id, for the names of files about to be written (caller holds the
+        writer lock). A new vault commits an empty first version to get one, so that even the
+        files of a flush that crashes before its commit carry it."""
+        snap = self.current()
+        if not snap.vault_id:
+            snap = self.upgrade() if snap.version else self.commit(Change())
+        return snap.vault_id
+
+    def upgrade(self) -> Snapshot:
+        """Rewrite a format-1 catalog as a new version with relative paths and a vault id
+        (caller holds the writer lock). Files that older snapshots named and the current one
+        does not are recorded as replaced now: they are provably this vault's own."""
+        snap = self.current()
+        if snap.vault_id or not snap.version:
+            return snap
+        history = set().union(*(old.paths() for old in self.history()))
+        new = self.commit(Change(remove=history - snap.paths()))
+        log.info(
+            "catalog of %s upgraded to format %d (paths relative to the vault) as version %d",
+            self.loc.uri,
+            FORMAT,
+            new.version,
+        )
         return new
 
     def expire(self, keep: int) -> tuple[list[Snapshot], int]:
-        """Delete all but the newest ``keep`` snapshots; returns the kept ones and the count."""
+        """Delete all but the newest ``keep`` snapshots; returns the kept ones and the count.
+        A damaged version is never deleted: it may name files no readable version does."""
         versions = self._versions()
         doomed = versions[:-keep] if keep < len(versions) else []
+        removed = 0
         for v in doomed:
-            self.loc.delete(self._path(v))
-        kept = [Snapshot.from_json(self.loc.read_bytes(self._path(v))) for v in versions[-keep:]]
-        return kept, len(doomed)
+            if self._load(v) is not None:
+                self.loc.delete(self._path(v))
+                removed += 1
+        kept = [s for v in versions[-keep:] if (s := self._load(v)) is not None]
+        return kept, removed

@@ -1,13 +1,18 @@
 """Where things live in a vault, on local disk or object storage (through ``pyarrow.fs``).
 
     <root>/catalog/v000000000042.json          catalog snapshots (the highest version is current)
-    <root>/series/part-<id>.parquet            the series table (id -> metric, labels, kind)
-    <root>/data/<tier>/day=YYYY-MM-DD/part-<id>-<uuid>.parquet
+    <root>/series/part-<id>-<owner>-<uuid>.parquet   the series table (id -> metric, labels, kind)
+    <root>/data/<tier>/day=YYYY-MM-DD/part-<id>-<owner>-<uuid>.parquet
     <root>/experiments/<id>.json               the experiment registry (one file each)
     <state>/buffer.sqlite                      the durable ingest buffer (always local disk)
     <state>/vault.lock                         serialises catalog commits between processes
 
 A local vault keeps ``<state>`` inside ``<root>``; an ``s3://`` vault keeps it in ``state_dir``.
+
+The catalog names files relative to ``<root>`` (so a vault still works after ``mv``, ``cp -a``,
+``rsync``, a new mount point or a copy to another S3 prefix); ``<owner>`` is the first 16 hex
+digits of the vault's id (kept in the catalog), which lets maintenance prove that a file nobody
+references was written by this vault (a crashed flush) before it deletes it.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +31,11 @@ import pyarrow.fs as pafs
 
 from metricvault.config import Settings
 from metricvault.errors import ConfigError, NotFoundError, StorageError
-from metricvault.fsutil import durable_tmp, fsync_directory, write_atomically
+from metricvault.fsutil import durable_tmp, durable_tmp_at, fsync_directory, write_atomically
+
+OWNER_CHARS = 16
+# a catalog path of any vault, old or new: what follows the root, whatever the root was
+_VAULT_TAIL_RE = re.compile(r"(?:^|/)((?:data/[^/]+/day=[^/]+|series)/[^/]+\.parquet)$")
 
 
 @dataclass
@@ -41,6 +51,30 @@ class Location:
     def path(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
 
+    def relative(self, path: str) -> str:
+        """``path`` as the catalog stores it: relative to the root."""
+        prefix = self.root.rstrip("/") + "/"
+        if not path.startswith(prefix):
+            raise StorageError(f"{path} is not inside vault {self.uri}: a file outside the vault")
+        return path[len(prefix) :]
+
+    def resolve(self, stored: str) -> str:
+        """A catalog path back to a full path under this root. Catalogs written before paths
+        were relative hold absolute paths, possibly under a root the vault had before it was
+        moved: those keep only their part from ``data/`` or ``series/`` on."""
+        if stored.startswith(("data/", "series/")):
+            return self.path(stored)
+        prefix = self.root.rstrip("/") + "/"
+        if stored.startswith(prefix):
+            return stored
+        tail = _VAULT_TAIL_RE.search(stored)
+        if tail is None:
+            raise StorageError(
+                f"catalog names {stored!r}, which is not a vault data or series file path: "
+                "the catalog is damaged; restore it from a backup"
+            )
+        return self.path(tail.group(1))
+
     def read_bytes(self, path: str) -> bytes:
         try:
             with self.fs.open_input_stream(path) as stream:
@@ -53,6 +87,9 @@ class Location:
     def write_bytes_exclusive(self, path: str, data: bytes) -> bool:
         """Create ``path`` with ``data`` unless it exists; False when someone else won."""
         if not self.remote:
+            created = self._make_dirs(Path(path).parent)
+            for directory in created:
+                fsync_directory(directory.parent)
             tmp = str(durable_tmp(path, data))
             try:
                 os.link(tmp, path)
@@ -69,11 +106,30 @@ class Location:
         return True
 
     def write_file(self, path: str, data: bytes) -> None:
-        """Write a new immutable file (it becomes visible only once a catalog commit names it,
-        so a crash mid-write leaves an orphan that expiry deletes, never a half-read file)."""
-        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        with self.fs.open_output_stream(path) as out:
-            out.write(data)
+        """Write a new immutable file, durably: when this returns the bytes and the directory
+        entries leading to them survive a power cut, so the catalog commit that names the file
+        next can never point at an empty or missing file. On S3 the completed PUT is that point.
+        The file becomes visible only once a commit names it; a crash before leaves an orphan."""
+        if self.remote:
+            self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            with self.fs.open_output_stream(path) as out:
+                out.write(data)
+            return
+        created = self._make_dirs(Path(path).parent)
+        durable_tmp_at(Path(path), data)
+        fsync_directory(Path(path).parent)
+        for directory in created:  # a new directory is itself an entry in its parent
+            fsync_directory(directory.parent)
+
+    def _make_dirs(self, directory: Path) -> list[Path]:
+        """Create ``directory`` and missing parents; returns those created, deepest first."""
+        missing = []
+        while not directory.exists():
+            missing.append(directory)
+            directory = directory.parent
+        for d in reversed(missing):
+            d.mkdir(exist_ok=True)
+        return missing
 
     def replace_file(self, path: str, data: bytes) -> None:
         """Write or overwrite a small file atomically (readers see the old or the new bytes)."""
@@ -93,12 +149,29 @@ class Location:
         with contextlib.suppress(FileNotFoundError):
             self.fs.delete_file(path)
 
-    def new_data_path(self, tier: str, day: str, file_id: int) -> str:
-        name = f"part-{file_id:010d}-{uuid.uuid4().hex[:12]}.parquet"
-        return self.path("data", tier, f"day={day}", name)
+    def new_data_path(self, tier: str, day: str, file_id: int, owner: str = "") -> str:
+        return self.path("data", tier, f"day={day}", _file_name(file_id, owner))
 
-    def new_series_path(self, file_id: int) -> str:
-        return self.path("series", f"part-{file_id:010d}-{uuid.uuid4().hex[:12]}.parquet")
+    def new_series_path(self, file_id: int, owner: str = "") -> str:
+        return self.path("series", _file_name(file_id, owner))
+
+
+def _file_name(file_id: int, owner: str) -> str:
+    """``owner`` is the vault id (``Catalog.owner()``); without it the file is named as before
+    vault ids, and maintenance never deletes it unless a commit replaced it."""
+    tag = f"-{owner[:OWNER_CHARS]}" if owner else ""
+    return f"part-{file_id:010d}{tag}-{uuid.uuid4().hex[:12]}.parquet"
+
+
+def written_by(path: str, owner: str) -> bool:
+    """Whether ``path`` is named like a data or series file that vault ``owner`` wrote."""
+    if len(owner) < OWNER_CHARS:
+        return False
+    name = path.rsplit("/", 1)[-1]
+    return (
+        re.fullmatch(rf"part-\d{{10}}-{owner[:OWNER_CHARS]}-[0-9a-f]{{12}}\.parquet", name)
+        is not None
+    )
 
 
 def open_location(uri: str, settings: Settings, create: bool = True) -> Location:

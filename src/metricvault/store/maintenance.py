@@ -25,6 +25,7 @@ from metricvault.selector import parse_selector
 from metricvault.store import files as fmt
 from metricvault.store import rollup
 from metricvault.store.catalog import Change, DataFile
+from metricvault.store.layout import written_by
 from metricvault.store.reader import float_columns
 
 if TYPE_CHECKING:
@@ -108,10 +109,8 @@ def _compactable(vault: Vault, files: list[DataFile], day: str, now: int) -> lis
 def _read_all(vault: Vault, files: list[DataFile]) -> pa.Table:
     """Every row of ``files``, deduplicated with later files winning."""
     tables = [
-        fmt.decode(
-            pq.read_table(f.path, filesystem=vault.location.fs, partitioning=None),
-            float_columns(f.tier),
-        )
+        # verified: compaction must not launder a damaged page into a new, valid file
+        fmt.decode(fmt.read_table(f.path, vault.location.fs), float_columns(f.tier))
         for f in sorted(files, key=lambda f: f.file_id)
     ]
     return fmt.sort_dedup(pa.concat_tables(tables))
@@ -258,7 +257,11 @@ def _expire_day(
         pa.concat_arrays(
             [
                 pq.read_table(
-                    f.path, columns=["series_id"], filesystem=vault.location.fs, partitioning=None
+                    f.path,
+                    columns=["series_id"],
+                    filesystem=vault.location.fs,
+                    partitioning=None,
+                    **fmt.VERIFY,
                 )["series_id"].combine_chunks()
                 for f in files
             ]
@@ -300,18 +303,70 @@ def _expired(
 
 # ---------------------------------------------------------------- expiry
 def expire(vault: Vault, now: int) -> dict[str, int]:
-    """Keep the newest snapshots; delete files no kept snapshot references (after a grace)."""
+    """Keep the newest snapshots; delete files that left the vault over ``orphan_grace`` ago.
+
+    A file is deleted only when this vault's own history proves it is garbage: a commit of
+    this vault replaced it (compaction, rollup, retention) at least ``orphan_grace`` ago and no
+    kept snapshot references it, or its name carries this vault's id (a flush that crashed
+    before its commit) and it is older than the grace. Anything else unreferenced (a file
+    copied in from another vault, written before vault ids, or while a damaged catalog version
+    exists) is kept and counted in ``unproven``. ``now`` is the data clock (tests move it);
+    the grace is real time, because a reader holding a snapshot lives in real time.
+    """
     grace = parse_duration_ms(vault.settings.orphan_grace)
+    keep = vault.settings.keep_snapshots
     with vault.writer_lock():
-        kept, removed = vault.catalog.expire(vault.settings.keep_snapshots)
-        referenced = {f.path for s in kept for f in s.files}
-        referenced |= {f.path for s in kept for f in s.series_files}
-        deleted = 0
-        for info in [*vault.location.list_files("data"), *vault.location.list_files("series")]:
-            if info.path in referenced or not info.path.endswith(".parquet"):
-                continue
-            mtime = info.mtime.timestamp() * 1000 if info.mtime else now_ms()
-            if now_ms() - mtime >= grace:
-                vault.location.delete(info.path)
-                deleted += 1
-    return {"snapshots": removed, "files": deleted}
+        kept, removed = vault.catalog.expire(keep)
+        current = vault.snapshot()
+        in_use = set().union(*(s.paths() for s in [current, *kept]))
+        on_disk = {
+            i.path: i
+            for i in [*vault.location.list_files("data"), *vault.location.list_files("series")]
+            if i.path.endswith(".parquet")
+        }
+        wall = now_ms()
+        due = {
+            r.path
+            for r in current.replaced
+            if wall - r.replaced_ms >= grace and r.path not in in_use
+        }
+        replaced = {r.path for r in current.replaced}
+        strays = [i for p, i in on_disk.items() if p not in in_use and p not in replaced]
+        crashed, unproven = _crash_orphans(vault, strays, current.vault_id, grace, wall)
+        for path in sorted(due | set(crashed)):
+            vault.location.delete(path)
+        if due:  # forget them, then keep the snapshot count at keep_snapshots
+            vault.catalog.commit(Change(forget=due))
+            removed += vault.catalog.expire(keep)[1]
+    deleted = len(due & on_disk.keys()) + len(crashed)
+    return {"snapshots": removed, "files": deleted, "unproven": unproven}
+
+
+def _crash_orphans(
+    vault: Vault, strays: list[Any], owner: str, grace: int, wall: int
+) -> tuple[list[str], int]:
+    """Unreferenced files of crashed writes that may go, and how many others are kept."""
+    damaged = vault.catalog.unreadable()
+    doomed: list[str] = []
+    unproven = 0
+    for info in strays:
+        if damaged or not written_by(info.path, owner):
+            unproven += 1
+            continue
+        mtime = info.mtime.timestamp() * 1000 if info.mtime else wall
+        if wall - mtime >= grace:  # younger: a writer without our lock may be committing it
+            doomed.append(info.path)
+    if unproven:
+        why = (
+            f"catalog version(s) {sorted(damaged)} are unreadable and may name them"
+            if damaged
+            else "they were not written by this vault (its id is not in their names)"
+        )
+        log.warning(
+            "%d unreferenced file(s) under %s are kept: %s. Delete them by hand once you know "
+            "they are not needed",
+            unproven,
+            vault.location.uri,
+            why,
+        )
+    return doomed, unproven

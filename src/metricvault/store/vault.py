@@ -71,6 +71,7 @@ class Vault:
         self._closed = threading.Event()
         self.last_flush_error: str | None = None  # shown by stats()
         self._pending_kinds: dict[str, str] = {}  # metadata to commit with the next flush
+        self._upgrade_catalog()
         self._load_series()
         self._pending_samples = self.buffer.depth()[0]
 
@@ -111,6 +112,13 @@ class Vault:
 
             return cast(Vault, SnapshotVault(uri, settings))
         return cls(open_location(uri, settings, create=create), settings, buffer_name)
+
+    def _upgrade_catalog(self) -> None:
+        """Rewrite a format-1 catalog (absolute paths) with relative ones, once, on open."""
+        snap = self.catalog.current()
+        if snap.version and not snap.vault_id:
+            with self.writer_lock():
+                self.catalog.upgrade()
 
     def _load_series(self) -> None:
         self._series_files: set[str] = set()
@@ -314,7 +322,7 @@ class Vault:
             change.add.append(self.write_data_file(part, "raw", int(day), file_id))
             file_id += 1
         if pending.series.num_rows:
-            path = self.location.new_series_path(file_id)
+            path = self.location.new_series_path(file_id, self.catalog.owner())
             data = fmt.write_plain_parquet(pending.series)
             self.location.write_file(path, data)
             change.add_series.append(SeriesFile(path, pending.series.num_rows, len(data)))
@@ -343,7 +351,7 @@ class Vault:
     def write_data_file(self, table: pa.Table, tier: str, day_no: int, file_id: int) -> DataFile:
         """Encode ``table`` (sorted by series_id, ts) as one Parquet file of ``tier``/day."""
         day = day_of(day_no * DAY_MS)
-        path = self.location.new_data_path(tier, day, file_id)
+        path = self.location.new_data_path(tier, day, file_id, self.catalog.owner())
         cols = fmt.RAW_FLOATS if tier == "raw" else fmt.ROLLUP_FLOATS
         data = fmt.write_parquet(table, cols)
         self.location.write_file(path, data)
