@@ -210,6 +210,30 @@ def maintain(
             time.sleep(interval)
 
 
+@app.command()
+def check(
+    repair: Annotated[
+        bool, typer.Option(help="Do the plan: drop damaged files in one new catalog commit.")
+    ] = False,
+    data: DataOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Verify every file the catalog names (page checksums, row counts, time ranges).
+
+    Prints each problem, what --repair would do and exactly what would be lost; without
+    --repair nothing changes. Exits 1 when problems were found (also after repairing them).
+    """
+    from metricvault.store.check import check as check_vault
+    from metricvault.store.layout import open_location
+
+    settings = load_settings(data, config, set_)
+    report = check_vault(open_location(settings.data, settings, create=False), repair)
+    print("\n".join(report.lines(repair)))
+    if not report.ok:
+        raise typer.Exit(1)
+
+
 def _report_line(report: dict[str, Any], seconds: float) -> str:
     return (
         f"flushed {report['flushed_samples']:,} samples, compacted "

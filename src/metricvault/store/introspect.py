@@ -8,9 +8,10 @@ import pyarrow as pa
 
 from metricvault.archive.experiments import experiments_table
 from metricvault.durations import now_ms
-from metricvault.errors import InputError
+from metricvault.errors import CorruptionError, InputError
 from metricvault.model import TIERS
 from metricvault.selector import parse_selectors
+from metricvault.store import files as fmt
 from metricvault.store import query as q
 from metricvault.store.buffer import quarantined_batches
 from metricvault.store.rollup import ROLLUP_SCHEMA, fetch_arrow
@@ -103,7 +104,6 @@ _VIEW_SQL = {
 def run_sql(vault: Vault, statement: str, output: str) -> Any:
     # imported here: pyarrow.dataset pulls in pandas (~0.2 s), which stats and series never need
     import duckdb
-    import pyarrow.dataset as ds
 
     if vault.buffer.depth()[0]:
         vault.flush()
@@ -116,7 +116,8 @@ def run_sql(vault: Vault, statement: str, output: str) -> Any:
         view = "raw" if tier == "raw" else f"rollup_{tier}"
         files = [f.path for f in snap.tier_files(tier)]
         if files:
-            con.register(f"{view}_src", ds.dataset(files, filesystem=vault.location.fs))
+            # an Arrow dataset, not DuckDB's read_parquet: it verifies page checksums
+            con.register(f"{view}_src", fmt.dataset(files, vault.location.fs))
             sql = _VIEW_SQL["raw" if tier == "raw" else "rollup"].format(src=f"{view}_src")
         else:
             con.register(f"{view}_src", _empty(tier))
@@ -125,6 +126,12 @@ def run_sql(vault: Vault, statement: str, output: str) -> Any:
     try:
         result = fetch_arrow(con, statement)
     except duckdb.Error as exc:
+        if "checksum" in str(exc).lower():
+            raise CorruptionError(
+                f"a data file of this vault is damaged ({exc}): nothing was answered. Run "
+                "'metricvault check' to find which file and what it holds, and 'metricvault "
+                "check --repair' to fix it"
+            ) from exc
         raise InputError(f"SQL failed: {exc}") from exc
     finally:
         con.close()

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from metricvault.errors import StorageError
+from metricvault.errors import CorruptionError, StorageError
 from metricvault.model import SAMPLE_SCHEMA
 from metricvault.store import files as fmt
 from metricvault.store.catalog import DataFile
@@ -132,9 +132,10 @@ class Reader:
             found = self._footers.get(f.path)
         if found is None:
             try:
-                metadata = pq.read_metadata(f.path, filesystem=self.loc.fs)
+                with self.loc.fs.open_input_file(f.path) as handle:
+                    metadata = pq.ParquetFile(handle).metadata
             except (OSError, pa.ArrowException) as exc:
-                raise StorageError(f"cannot read data file {f.path}: {exc}") from exc
+                raise read_error(f.path, f"{f.tier} data file", exc) from exc
             found = (metadata, _row_groups(metadata, f))
             with self._footer_lock:
                 self._footers[f.path] = found
@@ -148,13 +149,38 @@ class Reader:
         if table is None:
             try:
                 with self.loc.fs.open_input_file(f.path) as handle:
-                    raw = pq.ParquetFile(handle, metadata=metadata).read_row_group(index)
+                    pf = pq.ParquetFile(handle, metadata=metadata, **fmt.VERIFY)
+                    raw = pf.read_row_group(index)
             except (OSError, pa.ArrowException) as exc:
-                raise StorageError(f"cannot read data file {f.path}: {exc}") from exc
+                raise read_error(f.path, f"{f.tier} data file", exc) from exc
             table = fmt.decode(raw, float_columns(f.tier))
             if use_cache:
                 self.cache.put(key, table)
         return table
+
+
+# What pyarrow says when a file's bytes are not what was written (as opposed to a file that
+# is missing or a store that cannot be reached, where retrying may help).
+_DAMAGE_HINTS = ("crc", "checksum", "magic bytes", "corrupt", "decompress", "invalid", "eof")
+
+
+def read_error(path: str, what: str, exc: BaseException) -> StorageError:
+    """The error for a vault file that cannot be read: damaged bytes name the file and the fix
+    (``metricvault check``); a missing file or a store error stays a retryable StorageError."""
+    text = str(exc)
+    if isinstance(exc, FileNotFoundError):
+        return CorruptionError(
+            f"{what} {path} is missing, but the catalog lists it: nothing was answered. Run "
+            "'metricvault check' to see what is affected and 'metricvault check --repair' to fix"
+        )
+    if isinstance(exc, pa.ArrowInvalid) or any(h in text.lower() for h in _DAMAGE_HINTS):
+        return CorruptionError(
+            f"{what} {path} is damaged ({text}): its bytes are not what was written (a page "
+            "checksum or the file structure does not match), so nothing was answered from it. "
+            "Run 'metricvault check' to see what is affected and 'metricvault check --repair' "
+            "to fix it"
+        )
+    return StorageError(f"cannot read {what} {path}: {text}")
 
 
 def _row_groups(metadata: pq.FileMetaData, f: DataFile) -> list[RowGroup]:

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from metricvault.config import Settings
 from metricvault.durations import (
@@ -36,7 +35,7 @@ from metricvault.store.buffer import IngestBuffer
 from metricvault.store.catalog import Catalog, Change, DataFile, SeriesFile, Snapshot
 from metricvault.store.layout import Location, open_location
 from metricvault.store.normalize import normalize
-from metricvault.store.reader import FileCache, Reader
+from metricvault.store.reader import FileCache, Reader, read_error
 from metricvault.store.rollup import empty_partials
 from metricvault.store.series_index import SeriesIndex
 
@@ -490,7 +489,9 @@ def dirty_hours(ts: np.ndarray, lookback_ms: int) -> set[int]:
 
 
 def _read_series(location: Location, path: str) -> pa.Table:
-    # ParquetFile, not pq.read_table: the latter imports pyarrow.dataset and with it pandas
-    # (~0.2 s on every command that opens a vault)
-    with location.fs.open_input_file(path) as handle:
-        return pq.ParquetFile(handle).read()
+    # fmt.read_table reads with ParquetFile, not pq.read_table: the latter imports
+    # pyarrow.dataset and with it pandas (~0.2 s on every command that opens a vault)
+    try:
+        return fmt.read_table(path, location.fs)
+    except (OSError, pa.ArrowException) as exc:
+        raise read_error(path, "series file", exc) from exc

@@ -126,14 +126,15 @@ def test_issue10_truncated_series_file_names_it_and_check_repair_rebuilds(
     tmp_path: Path,
 ) -> None:
     vault_dir = tmp_path / "vault"
-    with Vault.open(str(vault_dir)) as vault:
-        vault.write(frame("gpu_util", {"0": 50.0, "1": 60.0}, 50))
-    # a second writer (another gateway worker's buffer) also knows gpu 0: its labels are in
-    # a second series file, so they survive the loss of the first one
-    with Vault.open(str(vault_dir), buffer_name="buffer-other") as other:
-        other.write(frame("gpu_util", {"0": 50.0}, 50, t0=T0 + 3_600_000))
-    first = json.loads((vault_dir / "catalog" / catalog_versions(vault_dir)[-1]).read_text())
-    broken = first["series_files"][0]["path"]
+    # two writers (gateway workers) both see gpu 0 first; the second has not flushed yet, so
+    # its buffer still holds gpu 0's labels when the first writer's series file is damaged
+    vault = Vault.open(str(vault_dir))
+    other = Vault.open(str(vault_dir), buffer_name="buffer-other")
+    other.write(frame("gpu_util", {"0": 50.0}, 50, t0=T0 + 3_600_000))
+    other.buffer.close()
+    vault.write(frame("gpu_util", {"0": 50.0, "1": 60.0}, 50))
+    vault.close()
+    broken = vault.snapshot().series_files[0].path
     data = Path(broken).read_bytes()
     Path(broken).write_bytes(data[: len(data) // 2])
 
@@ -153,6 +154,7 @@ def test_issue10_truncated_series_file_names_it_and_check_repair_rebuilds(
     assert len(catalog_versions(vault_dir)) == len(before) + 1
     assert cli("check", "--data", str(vault_dir)).returncode == 0
     assert stats(vault_dir)["series"] == 1
+    cli("maintain", "--data", str(vault_dir))  # flushes the other writer's buffer too
     assert len(query_values(vault_dir, 'gpu_util{gpu="0"}')) == 100
     # the lost series' samples are still in the data files: written again, it is whole again
     with Vault.open(str(vault_dir)) as vault:
@@ -178,10 +180,9 @@ def test_issue10_bit_flip_in_data_file_fails_loudly_and_check_names_it(tmp_path:
     with Vault.open(str(vault_dir)) as vault:
         vault.write(frame("gpu_util", {"0": 50.0, "1": 60.0}, 2000))
         vault.write(frame("gpu_util", {"0": 50.0}, 10, t0=T0 + 86_400_000))  # next day's file
-    snap = json.loads((vault_dir / "catalog" / catalog_versions(vault_dir)[-1]).read_text())
-    day1 = next(f for f in snap["files"] if f["min_ts"] == T0)
-    flip_inside_data_page(Path(day1["path"]), "value_f")
-    name = Path(day1["path"]).name
+    day1 = next(f for f in vault.snapshot().files if f.min_ts == T0)
+    flip_inside_data_page(Path(day1.path), "value_f")
+    name = Path(day1.path).name
 
     failed = cli(
         "query",
