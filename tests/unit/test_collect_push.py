@@ -6,6 +6,7 @@ the real gateway is in tests/e2e/test_agent_push.py. Every wait is bounded.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import email.utils
 import logging
@@ -78,20 +79,35 @@ def request_ids(bodies: list[bytes]) -> list[int]:
     return [decode(body)[0][2] for body in bodies]
 
 
+def metric_values(client: PushClient) -> dict[str, float]:
+    """Every sample of the client's self-metrics as ``{'name{k=v,...}': value}``."""
+    out = {}
+    for family in client.collect():
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return out
+
+
 # --------------------------------------------------------------------------- fake gateway
 class FakeGateway:
     """POST /api/v1/write answered from ``script`` ((status, headers, text), then 204 when it
-    runs out), recording each body; GET /-/healthy with ``skew_s`` added to the server time
-    in SERVER_TIME_HEADER (None: no such header, only Date)."""
+    runs out), recording each body; empty requests (the client's endpoint probes) are answered
+    from ``probe_script`` (then 204) and recorded in ``probes`` instead; GET /-/healthy with
+    ``skew_s`` added to the server time in SERVER_TIME_HEADER (None: no such header, only
+    Date)."""
 
     def __init__(self, port: int = 0, skew_s: float | None = 0.0) -> None:
         self.script: list[tuple[int, dict[str, str], str]] = []
+        self.probe_script: list[tuple[int, dict[str, str], str]] = []
+        self.probes: list[dict[str, str]] = []  # the headers of each empty request
         self.bodies: list[bytes] = []  # every POST body, in arrival order
         self.stored: list[bytes] = []  # those answered 2xx
         self.headers: list[dict[str, str]] = []
         self.times: list[float] = []
         self.skew_s = skew_s
         self.close_after_response = False  # drop keep-alive connections without saying so
+        self.require_auth: str | None = None  # the Authorization header to accept (else 401)
         self.lock = threading.Lock()
         self.connections: list[socket.socket] = []
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
@@ -136,6 +152,18 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         fake = self.fake
+        if fake.require_auth is not None and self.headers.get("Authorization") != fake.require_auth:
+            with fake.lock:
+                fake.bodies.append(body)
+                fake.headers.append(dict(self.headers.items()))
+            self.answer(401, {}, "unknown bearer token")
+            return
+        if body == push.EMPTY_REQUEST:
+            with fake.lock:
+                fake.probes.append(dict(self.headers.items()))
+                answer = fake.probe_script.pop(0) if fake.probe_script else (204, {}, "")
+            self.answer(*answer)
+            return
         with fake.lock:
             status, headers, text = fake.script.pop(0) if fake.script else (204, {}, "")
             fake.bodies.append(body)
@@ -368,11 +396,11 @@ def test_push_delivers_in_order_with_the_remote_write_headers(
     assert headers["Authorization"] == "Bearer s3cret" and headers["X-A"] == "1"
     assert (client.sent_samples, client.failed_attempts, client.rejected_requests) == (18, 0, 0)
     assert client.stop(flush_timeout_s=1) and client.spool.count == 0
-    metrics = {family.name: family.samples[0].value for family in client.collect()}
-    assert metrics["metricvault_agent_push_sent_samples"] == 18
-    assert metrics["metricvault_agent_push_sent_requests"] == 6
+    metrics = metric_values(client)
+    assert metrics["metricvault_agent_push_sent_samples_total"] == 18
+    assert metrics["metricvault_agent_push_sent_requests_total"] == 6
     assert metrics["metricvault_agent_push_spool_requests"] == 0
-    assert metrics["metricvault_agent_spool_dropped_samples"] == 0
+    assert metrics["metricvault_agent_spool_dropped_samples_total"] == 0
     assert "metricvault_agent_clock_offset_seconds" not in metrics  # never estimated
 
 
@@ -406,8 +434,8 @@ def test_400_is_dropped_logged_and_counted(
     assert (client.rejected_requests, client.rejected_samples, client.failed_attempts) == (1, 4, 0)
     [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert "HTTP 400" in record.getMessage() and "comes after 'c'" in record.getMessage()
-    metrics = {family.name: family.samples[0].value for family in client.collect()}
-    assert metrics["metricvault_agent_push_rejected_requests"] == 1
+    metrics = metric_values(client)
+    assert metrics["metricvault_agent_push_rejected_requests_total"] == 1
 
 
 def test_gateway_down_then_back_delivers_everything_in_order(
@@ -535,5 +563,167 @@ def test_push_client_corrects_a_clock_that_is_far_off(
         assert client.clock_correction_s == pytest.approx(ts / 1000 - 1_000)
     else:
         assert ts == 1_000_000 and client.clock_correction_s == 0
-    metrics = {family.name: family.samples[0].value for family in client.collect()}
+    metrics = metric_values(client)
     assert abs(metrics["metricvault_agent_clock_offset_seconds"] - skew_s) < 0.05
+
+
+# --------------------------------------------------------------------------- issue 10
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def errors_logged(caplog: Any) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("code", [401, 403, 404, 405, 415, 418])
+def test_issue10_config_errors_keep_the_data_spooled_log_once_and_are_exported(
+    fake: FakeGateway, clients: list[PushClient], tmp_path: Path, caplog: Any, code: int
+) -> None:
+    fake.script = [(code, {}, "no")] * 10_000
+    fake.probe_script = [(code, {}, "no")]
+    client = new_client(clients, fake.url, tmp_path)
+    client.submit(batch(0, n=4))
+    with caplog.at_level(logging.ERROR, logger="metricvault.agent.push"):
+        client.start()
+        wait_for(lambda: len(fake.bodies) >= 5, "five attempts")
+        assert client.config_error == code and client.spool.count == 1
+        metrics = metric_values(client)
+        assert metrics[f"metricvault_agent_push_config_error{{code={code}}}"] == 1
+        assert metrics["metricvault_agent_push_rejected_requests_total"] == 0
+        assert metrics["metricvault_agent_spool_dropped_samples_total"] == 0
+        with fake.lock:
+            fake.script.clear()  # the operator fixed it
+        wait_for(lambda: client.sent_requests == 1, "the kept request delivered")
+    [message] = errors_logged(caplog)  # once, however often it was refused
+    assert f"HTTP {code}" in message and "Nothing is dropped" in message
+    assert client.config_error is None and client.sent_samples == 4
+    assert not any(
+        k.startswith("metricvault_agent_push_config_error") for k in metric_values(client)
+    )
+
+
+def test_issue10_400_drops_the_request_only_when_an_empty_request_passes(
+    fake: FakeGateway, clients: list[PushClient], tmp_path: Path
+) -> None:
+    fake.script = [(400, {}, "series #0: bad label")]
+    client = new_client(clients, fake.url, tmp_path)
+    client.submit(batch(0, n=4))
+    client.submit(batch(1))
+    client.start()
+    wait_for(lambda: client.sent_requests == 1, "the second request delivered")
+    assert request_ids(fake.stored) == [1]
+    metrics = metric_values(client)
+    assert metrics["metricvault_agent_push_dropped_samples_total{reason=http_400}"] == 4
+    assert metrics["metricvault_agent_push_dropped_requests_total{reason=http_400}"] == 1
+    assert metrics["metricvault_agent_push_dropped_samples_total{reason=spool_full}"] == 0
+
+
+def test_issue10_a_400_that_an_empty_request_gets_too_keeps_the_data(
+    fake: FakeGateway, clients: list[PushClient], tmp_path: Path
+) -> None:
+    proxy = (400, {}, "The plain HTTP request was sent to HTTPS port")
+    fake.script = [proxy] * 3
+    fake.probe_script = [proxy] * 4  # the start-up check and one after each 400
+    client = new_client(clients, fake.url, tmp_path)
+    client.submit(batch(0, n=4))
+    client.start()
+    wait_for(lambda: client.sent_requests == 1, "delivered once the proxy is fixed")
+    assert request_ids(fake.stored) == [0] and client.rejected_requests == 0
+    assert client.dropped().get("http_400") is None
+
+
+def test_issue10_bearer_token_file_is_sent_and_reread_on_401(
+    fake: FakeGateway, clients: list[PushClient], tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("wrong-token\n")
+    fake.require_auth = "Bearer right-token"
+    auth = push.PushAuth(bearer_token_file=token_file)
+    client = new_client(clients, fake.url, tmp_path / "spool", auth=auth)
+    client.submit(batch(0))
+    client.start()
+    wait_for(lambda: client.config_error == 401, "the wrong token refused")
+    assert client.spool.count == 1 and client.rejected_requests == 0
+    token_file.write_text("  right-token \n")  # rotated: no restart needed
+    wait_for(lambda: client.sent_requests == 1, "delivered with the re-read token")
+    assert fake.headers[-1]["Authorization"] == "Bearer right-token"
+    assert "right-token" not in repr(auth) and str(token_file) in repr(auth)
+
+
+def test_issue10_url_userinfo_is_basic_auth_and_never_logged_or_exported(
+    fake: FakeGateway, clients: list[PushClient], tmp_path: Path, caplog: Any
+) -> None:
+    fake.require_auth = basic("alice", "p@ss:word")
+    url = f"http://alice:p%40ss%3Aword@127.0.0.1:{fake.port}/api/v1/write"
+    wrong = f"http://alice:wr0ng-secret@127.0.0.1:{fake.port}/api/v1/write"
+    with caplog.at_level(logging.DEBUG, logger="metricvault.agent"):
+        refused = new_client(clients, wrong, tmp_path / "a")
+        refused.submit(batch(0))
+        refused.start()
+        wait_for(lambda: refused.config_error == 401, "the wrong password refused")
+        client = new_client(clients, url, tmp_path / "b")
+        client.submit(batch(0))
+        client.start()
+        wait_for(lambda: client.sent_requests == 1, "delivered with basic auth")
+    assert client.url == fake.url and refused.url == fake.url
+    exported = repr(metric_values(client)) + repr(metric_values(refused))
+    assert f"url={fake.url}" in exported and "auth=basic" in exported
+    for secret in ("p@ss", "p%40ss", "wr0ng-secret", basic("alice", "p@ss:word")[6:]):
+        assert secret not in caplog.text and secret not in exported
+
+
+def test_issue10_basic_auth_file_holds_user_colon_password(
+    fake: FakeGateway, clients: list[PushClient], tmp_path: Path
+) -> None:
+    secret = tmp_path / "basic"
+    secret.write_text("bob:pa:ss\n")
+    fake.require_auth = basic("bob", "pa:ss")
+    auth = push.PushAuth(basic_auth_file=secret)
+    client = new_client(clients, fake.url, tmp_path / "spool", auth=auth)
+    client.submit(batch(0))
+    client.start()
+    wait_for(lambda: client.sent_requests == 1, "delivered with the file's basic auth")
+
+
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [("", "is empty"), ("  \n", "is empty"), ("no-colon\n", "user:password")],
+)
+def test_issue10_a_bad_credential_file_is_refused_at_start(
+    tmp_path: Path, content: str, error: str
+) -> None:
+    path = tmp_path / "secret"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=error):
+        push.PushAuth(basic_auth_file=path)
+    with pytest.raises(ValueError, match="cannot read"):
+        push.PushAuth(bearer_token_file=tmp_path / "missing")
+    with pytest.raises(ValueError, match="give exactly one"):
+        push.PushAuth(bearer_token="t", basic_auth=("u", "p"))
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://u:secret@gw:9201/x", "http://u:***@gw:9201/x"),
+        ("https://tok@gw", "https://***@gw"),
+        ("http://gw:9201", "http://gw:9201"),
+    ],
+)
+def test_issue10_redact_url(url: str, shown: str) -> None:
+    assert push.redact_url(url) == shown
+
+
+def test_issue10_start_up_check_reports_a_wrong_endpoint_and_keeps_running(
+    fake: FakeGateway, clients: list[PushClient], tmp_path: Path, caplog: Any
+) -> None:
+    fake.probe_script = [(404, {}, "Not Found")]
+    client = new_client(clients, fake.base + "/", tmp_path)
+    with caplog.at_level(logging.ERROR, logger="metricvault.agent.push"):
+        client.start()
+        wait_for(lambda: client.config_error == 404, "the start-up check")
+    [message] = errors_logged(caplog)
+    assert "nothing receives remote_write" in message and "http://gateway:9201" in message
+    client.submit(batch(0))
+    wait_for(lambda: client.sent_requests == 1, "delivered once the endpoint answers")

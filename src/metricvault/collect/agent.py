@@ -28,7 +28,7 @@ from metricvault.errors import ConfigError
 
 if TYPE_CHECKING:
     from metricvault.collect.exposition import MetricsServer
-    from metricvault.collect.push import PushClient
+    from metricvault.collect.push import PushAuth, PushClient
 
 log = logging.getLogger("metricvault.agent")
 
@@ -50,6 +50,8 @@ class AgentOptions:
     first_window_s: float = 15.0
     max_window_s: float = 300.0
     push_url: str = ""
+    push_bearer_token_file: Path | None = None
+    push_basic_auth_file: Path | None = None
     push_interval_s: float = 15.0
     spool_max_bytes: int = 256 * 1024 * 1024
     clock_bound_s: float = 0.5
@@ -95,8 +97,9 @@ class Agent:
         sources: Sequence[Source] | None = None,
     ) -> None:
         self.opts = opts
-        if opts.push_url:
-            push_endpoint(opts.push_url)  # refuse a bad URL before starting anything
+        # a bad URL or credential file stops the agent before anything starts
+        self.push_url = push_endpoint(opts.push_url) if opts.push_url else ""
+        self.push_auth = push_auth(opts) if opts.push_url else None
         self.settings = settings
         self.state_dir = Path(opts.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -183,7 +186,10 @@ class Agent:
 
         spool = Spool(self.state_dir / "spool", self.opts.spool_max_bytes)
         self.pusher = PushClient(
-            self.opts.push_url, spool, correct_clock_above_s=self.opts.clock_bound_s
+            self.push_url,
+            spool,
+            auth=self.push_auth,
+            correct_clock_above_s=self.opts.clock_bound_s,
         )
         self.registry.register(self.pusher)
         self.pusher.start()
@@ -194,10 +200,20 @@ class Agent:
         from metricvault.collect.push import samples_from_registry
 
         labels = {self.opts.hostname_label: self.opts.hostname}
+        failing = False
         while not self._stop.wait(self.opts.push_interval_s):
             now_ms = time.time_ns() // 1_000_000
             assert self.pusher is not None
-            self.pusher.submit(samples_from_registry(self.registry, now_ms, labels))
+            samples = samples_from_registry(self.registry, now_ms, labels)
+            try:
+                self.pusher.submit(samples)
+            except Exception:  # one bad round must not end pushing for the agent's lifetime
+                self.pusher.count_dropped("submit_error", 1, len(samples))
+                if not failing:
+                    log.exception("a push round failed; its %d samples are dropped", len(samples))
+                failing = True
+                continue
+            failing = False
 
     # ------------------------------------------------------------------ own metrics
     def collect(self) -> Iterable[Metric]:
@@ -242,13 +258,40 @@ def push_endpoint(url: str) -> str:
     ``/api/v1/write``; anything else is taken as given (another receiver's path)."""
     from urllib.parse import urlsplit
 
+    from metricvault.collect.push import redact_url
+
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(
-            f"--push {url!r} is not an http(s) URL: give the gateway's address, e.g. "
-            "http://gateway:9201 (its /api/v1/write is used) or a full remote_write URL"
+            f"--push {redact_url(url)!r} is not an http(s) URL: give the gateway's address, "
+            "e.g. http://gateway:9201 (its /api/v1/write is used) or a full remote_write URL"
         )
     return url.rstrip("/") + "/api/v1/write" if parts.path in ("", "/") else url
+
+
+def push_auth(opts: AgentOptions) -> PushAuth | None:
+    """The push credentials: a token file, a basic-auth file or the URL's user:password (one
+    of them), else a bearer token from ``METRICVAULT_GATEWAY_TOKEN``, else none. None means
+    "the URL's userinfo" (the push client takes it out of the URL)."""
+    import os
+
+    from metricvault.collect.push import PushAuth, split_userinfo
+
+    _, userinfo = split_userinfo(opts.push_url)
+    files = [opts.push_bearer_token_file, opts.push_basic_auth_file]
+    if userinfo is not None and any(f is not None for f in files):
+        raise ConfigError(
+            "--push carries user:password and a credential file was given too: give one "
+            "(a file keeps the password out of the process list)"
+        )
+    if userinfo is not None:
+        return None
+    try:
+        if any(f is not None for f in files):
+            return PushAuth(bearer_token_file=files[0], basic_auth_file=files[1])
+        return PushAuth.from_environment(os.environ)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _release_startup_memory() -> None:

@@ -25,7 +25,9 @@ Collect GPU (NVML, under dcgm-exporter's names), host and log metrics of this ma
 Serves /metrics (Prometheus text or OpenMetrics) for Prometheus to scrape, and with --push URL
 also sends remote_write to a gateway, spooling to disk while it is unreachable. GPU utilisation
 and power are sampled at --sample-hz and exported with their mean and max over the scrape
-window. Basic auth / bearer tokens: the auth_* tables of --config.
+window. Push credentials: --push-bearer-token-file, --push-basic-auth-file or
+http://user:password@gw:9201 (else $METRICVAULT_GATEWAY_TOKEN). Auth of /metrics itself: the
+auth_* tables of --config.
 
 example: metricvault agent --simulate-gpus 8 --watch-log train.log --pattern 'cuda=CUDA error'
 """
@@ -68,6 +70,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="URL",
         help="Gateway address (http://gw:9201) or remote_write URL: push mode.",
+    )
+    add(
+        "--push-bearer-token-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="File holding the push bearer token (re-read on HTTP 401).",
+    )
+    add(
+        "--push-basic-auth-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="File holding user:password for push basic auth (re-read on HTTP 401).",
     )
     add("--push-interval", type=float, default=15.0, help="Seconds between pushes.")
     add(
@@ -151,6 +167,8 @@ def _make_agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ag
         parser.error("--watch-log needs at least one --pattern NAME=REGEX")
     if args.pattern and not args.watch_log:
         parser.error("--pattern needs a --watch-log PATH to apply to")
+    if (args.push_bearer_token_file or args.push_basic_auth_file) and not args.push:
+        parser.error("--push-bearer-token-file / --push-basic-auth-file need --push URL")
     flags = {}
     for item in args.overrides:
         name, sep, value = item.partition("=")
@@ -169,6 +187,8 @@ def _make_agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ag
         load_high=args.load_high,
         load_low=args.load_low,
         push_url=args.push or "",
+        push_bearer_token_file=args.push_bearer_token_file,
+        push_basic_auth_file=args.push_basic_auth_file,
         push_interval_s=args.push_interval,
         spool_max_bytes=args.spool_max_bytes,
         clock_bound_s=args.clock_bound,

@@ -31,14 +31,15 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import cramjam
 
 from metricvault import __version__
-from metricvault.collect.spool import Spool
+from metricvault.collect.spool import SPOOL_DROP_REASONS, Spool
 from metricvault.ingest.proto import messages
 
 if TYPE_CHECKING:
@@ -85,6 +86,11 @@ RETRY_AFTER_CAP_S = 300.0  # a Retry-After longer than this is taken as this
 MIN_REQUEST_TIMEOUT_S = 0.05
 JOIN_GRACE_S = 1.0
 MAX_SHOWN_MESSAGE = 300
+# Answers that say "later": retried with the same bytes.
+RETRY_STATUSES = frozenset({408, 425, 429})
+# Answers that may be about one request's content (checked with an empty request first).
+BATCH_STATUSES = frozenset({400, 413})
+EMPTY_REQUEST = b"\x00"  # a snappy-compressed empty WriteRequest: valid, stores nothing
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -293,29 +299,162 @@ def _ssl_context(verify_tls: bool | str) -> ssl.SSLContext:
     return context
 
 
-def _auth_headers(
-    headers: Mapping[str, str] | None,
-    bearer_token: str | None,
-    basic_auth: tuple[str, str] | None,
-) -> dict[str, str]:
-    if bearer_token is not None and basic_auth is not None:
-        raise ValueError("give bearer_token or basic_auth, not both")
-    out = dict(headers or {})
-    if bearer_token is not None:
-        out["Authorization"] = f"Bearer {bearer_token}"
-    elif basic_auth is not None:
-        user, password = basic_auth
-        token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
-        out["Authorization"] = f"Basic {token}"
-    return out
-
-
 def _base_url(write_url: str) -> str:
     """``https://gw:9201/prefix`` from ``https://gw:9201/prefix/api/v1/write``."""
     parts = urlsplit(write_url)
     path = parts.path.rstrip("/")
     base = path.removesuffix(WRITE_PATH) if path.endswith(WRITE_PATH) else ""
     return f"{parts.scheme}://{parts.netloc}{base}"
+
+
+# --------------------------------------------------------------------------- credentials
+GATEWAY_TOKEN_ENV = "METRICVAULT_GATEWAY_TOKEN"  # the same variable metricvault.track reads
+REDACTED = "***"
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password of its userinfo replaced by ``***`` (for logs and errors)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, sep, _ = userinfo.partition(":")
+    netloc = f"{user}:{REDACTED}@{hostport}" if sep else f"{REDACTED}@{hostport}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
+    """(``url`` without userinfo, (user, password) from it or None); percent-escapes decoded
+    (a ``@`` or ``:`` in a password is written ``%40`` / ``%3A``)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    return urlunsplit(parts._replace(netloc=hostport)), (unquote(user), unquote(password))
+
+
+class PushAuth:
+    """Where the push client's ``Authorization`` header comes from: nothing, a bearer token or
+    basic auth, each given directly or read from a file.
+
+    A token file holds the token (surrounding whitespace stripped); a basic-auth file holds
+    ``user:password`` on its first line (split at the first ``:``, so the password may hold
+    colons). Files are read at construction (a missing or empty one raises ValueError, so a
+    typo stops the agent at start-up) and again by :meth:`reload`, which the sender calls on a
+    401: a rotated token is picked up without a restart. The secret never appears in
+    ``repr``, logs or metrics; :attr:`description` says where it comes from.
+    """
+
+    def __init__(
+        self,
+        *,
+        bearer_token: str | None = None,
+        bearer_token_file: str | Path | None = None,
+        basic_auth: tuple[str, str] | None = None,
+        basic_auth_file: str | Path | None = None,
+    ) -> None:
+        given = [
+            name
+            for name, value in (
+                ("a bearer token", bearer_token),
+                ("a bearer token file", bearer_token_file),
+                ("basic auth", basic_auth),
+                ("a basic auth file", basic_auth_file),
+            )
+            if value is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(
+                f"push credentials: {' and '.join(given)} were given; give exactly one "
+                "(--push-bearer-token-file, --push-basic-auth-file or user:password@ in the URL)"
+            )
+        self._token_file = Path(bearer_token_file) if bearer_token_file is not None else None
+        self._basic_file = Path(basic_auth_file) if basic_auth_file is not None else None
+        self._header: str | None = None
+        if bearer_token is not None:
+            self._header = _bearer_header(bearer_token)
+        elif basic_auth is not None:
+            self._header = _basic_header(*basic_auth)
+        else:
+            self._header = self._read_files()
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str]) -> PushAuth:
+        """A bearer token from ``METRICVAULT_GATEWAY_TOKEN`` if set, else no credentials."""
+        token = env.get(GATEWAY_TOKEN_ENV, "").strip()
+        return cls(bearer_token=token) if token else cls()
+
+    @property
+    def kind(self) -> str:
+        """none, bearer or basic."""
+        if self._header is None:
+            return "none"
+        return "bearer" if self._header.startswith("Bearer ") else "basic"
+
+    @property
+    def description(self) -> str:
+        """Where the credential comes from, without the secret (for log lines)."""
+        if self._token_file is not None:
+            return f"the bearer token in {self._token_file}"
+        if self._basic_file is not None:
+            return f"the basic auth in {self._basic_file}"
+        return {"none": "no credentials", "bearer": "a bearer token", "basic": "basic auth"}[
+            self.kind
+        ]
+
+    def headers(self) -> dict[str, str]:
+        return {} if self._header is None else {"Authorization": self._header}
+
+    def reload(self) -> bool:
+        """Read the credential file again; True when what it holds changed. A file that has
+        become unreadable keeps the credential in use (and is logged)."""
+        if self._token_file is None and self._basic_file is None:
+            return False
+        try:
+            header = self._read_files()
+        except ValueError as exc:
+            log.warning("cannot re-read the push credentials: %s; keeping the ones in use", exc)
+            return False
+        changed = header != self._header
+        self._header = header
+        return changed
+
+    def __repr__(self) -> str:
+        return f"PushAuth({self.description})"
+
+    def _read_files(self) -> str | None:
+        if self._token_file is not None:
+            token = _read_secret(self._token_file, "bearer token file")
+            return _bearer_header(token)
+        if self._basic_file is not None:
+            first = _read_secret(self._basic_file, "basic auth file").splitlines()[0]
+            user, sep, password = first.partition(":")
+            if not sep or not user:
+                raise ValueError(
+                    f"basic auth file {self._basic_file} must hold user:password on its first line"
+                )
+            return _basic_header(user, password)
+        return None
+
+
+def _read_secret(path: Path, what: str) -> str:
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the {what} {path}: {exc}") from exc
+    if not text:
+        raise ValueError(f"the {what} {path} is empty: write the secret into it")
+    return text
+
+
+def _bearer_header(token: str) -> str:
+    return f"Bearer {token}"
+
+
+def _basic_header(user: str, password: str) -> str:
+    token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+    return f"Basic {token}"
 
 
 # --------------------------------------------------------------------------- clock
@@ -399,6 +538,25 @@ class PushClient:
     skew would be visible next to other hosts at the usual 1 s sampling. ``None`` disables the
     correction (the offset is still estimated and exported). ``clock_check_interval_s``: how
     often the offset is estimated (``None``: never).
+
+    Credentials: ``auth`` (a :class:`PushAuth`), or ``bearer_token`` / ``basic_auth``, or the
+    userinfo of ``url`` (``http://user:password@gw:9201/...``, taken out of the URL: the client's
+    ``url`` never holds it, so it is safe to log). Give one.
+
+    What the gateway answers decides what happens to the request at the head of the spool:
+
+    - 2xx: stored, removed from the spool;
+    - 408, 425, 429, 5xx, connection errors and timeouts: retried with the same bytes;
+    - 400 and 413 name the request itself only when the endpoint accepts an *empty* request
+      (a probe that stores nothing): then the request is dropped and counted under the reason
+      ``http_400`` / ``http_413``; otherwise (a proxy's 400, say) they are treated like:
+    - any other 4xx (401, 403, 404, 405, 415, ...): the configuration is wrong, not the data.
+      Nothing is dropped; the error is logged once, loudly, with the fix, exported as
+      ``metricvault_agent_push_config_error{code="..."} 1``, and the request is retried with
+      backoff (a 401 first re-reads the credential file) until the configuration is fixed.
+
+    ``check_endpoint_at_start``: the sender first sends the empty request and logs what is wrong
+    (never fatal: the gateway may come up later).
     """
 
     def __init__(
@@ -412,13 +570,29 @@ class PushClient:
         headers: Mapping[str, str] | None = None,
         bearer_token: str | None = None,
         basic_auth: tuple[str, str] | None = None,
+        auth: PushAuth | None = None,
         verify_tls: bool | str = True,
         correct_clock_above_s: float | None = 0.5,
         clock_check_interval_s: float | None = 300.0,
+        check_endpoint_at_start: bool = True,
     ) -> None:
         if not 0 < min_backoff_s <= max_backoff_s:
             raise ValueError("need 0 < min_backoff_s <= max_backoff_s")
-        self.url = url
+        url, userinfo = split_userinfo(url)
+        if userinfo is not None:
+            if basic_auth is not None or bearer_token is not None or auth is not None:
+                raise ValueError(
+                    f"the push URL {redact_url(url)} carries user:password and other "
+                    "credentials were given too: give one"
+                )
+            basic_auth = userinfo
+        if auth is None:
+            auth = PushAuth(bearer_token=bearer_token, basic_auth=basic_auth)
+        elif bearer_token is not None or basic_auth is not None:
+            raise ValueError("give auth, or bearer_token / basic_auth, not both")
+        self.url = url  # without userinfo: safe to log
+        self.auth = auth
+        self.check_endpoint_at_start = check_endpoint_at_start
         self.spool = spool
         self.timeout_s = timeout_s
         self.min_backoff_s, self.max_backoff_s = min_backoff_s, max_backoff_s
@@ -427,10 +601,11 @@ class PushClient:
         context = _ssl_context(verify_tls) if url.startswith("https:") else None
         self._http = _Http(url, context)
         self._tls_context = context
-        self._plain_headers = _auth_headers(headers, bearer_token, basic_auth)
-        self._headers = {**self._plain_headers, **PROTOCOL_HEADERS}
-        self._lock = threading.Lock()  # the counters and the clock estimate
+        self._extra_headers = dict(headers or {})
+        self._lock = threading.Lock()  # the counters, drops, config error and clock estimate
         self._counts = dict.fromkeys(_COUNTERS, 0)
+        self._drops: dict[str, list[int]] = {}  # reason -> [requests, samples], not the spool's
+        self._config_error: int | None = None  # the status of a refusal that is config's fault
         self._clock: tuple[float, float] | None = None
         self._shift_ms = 0
         self._work = threading.Event()  # something was submitted
@@ -485,11 +660,61 @@ class PushClient:
         http_ = _Http(_base_url(self.url) + "/-/healthy", self._tls_context)
         timeout = min(self.timeout_s, CLOCK_TIMEOUT_S)
         try:
-            offset, uncertainty = _estimate(http_, CLOCK_SAMPLES, timeout, self._plain_headers)
+            offset, uncertainty = _estimate(http_, CLOCK_SAMPLES, timeout, self._plain_headers())
         finally:
             http_.close()
         self._set_clock(offset, uncertainty)
         return offset, uncertainty
+
+    def check_endpoint(self) -> int | None:
+        """Send an empty remote_write request (it stores nothing) and log loudly what is wrong
+        with the URL or the credentials; the HTTP status, or None when the receiver cannot be
+        reached. Never raises for what the receiver answers: it may be fixed, or come up,
+        later. The sender thread calls it once before its first request."""
+        try:
+            response = self._post(EMPTY_REQUEST)
+        except _TRANSPORT_ERRORS as exc:
+            log.warning(
+                "push endpoint %s is not reachable yet (%s: %s); samples are spooled in %s "
+                "until it is",
+                self.url,
+                type(exc).__name__,
+                exc,
+                self.spool.directory,
+            )
+            return None
+        status = response.status
+        if 200 <= status < 300:
+            self._clear_config_error()
+            log.info("push endpoint %s accepts remote_write (%s)", self.url, self.auth.description)
+        elif status in RETRY_STATUSES or status >= 500:
+            log.warning("push endpoint %s answered HTTP %d: %s", self.url, status, response.message)
+        else:
+            self._note_config_error(response)
+        return status
+
+    def count_dropped(self, reason: str, requests: int, samples: int) -> None:
+        """Count data dropped before it reached the spool or at the gateway (exported under
+        ``metricvault_agent_push_dropped_*{reason}`` with the spool's own drops)."""
+        with self._lock:
+            counts = self._drops.setdefault(reason, [0, 0])
+            counts[0] += requests
+            counts[1] += samples
+
+    @property
+    def config_error(self) -> int | None:
+        """The HTTP status of a refusal that the configuration causes (401, 404, ...), while it
+        lasts; None when the last answer was fine."""
+        return self._config_error
+
+    def dropped(self) -> dict[str, tuple[int, int]]:
+        """(requests, samples) dropped by reason: the gateway's refusals and the spool's."""
+        with self._lock:
+            out = {reason: (r, n) for reason, (r, n) in self._drops.items()}
+        for reason, (r, n) in self.spool.drops().items():
+            before = out.get(reason, (0, 0))
+            out[reason] = (before[0] + r, before[1] + n)
+        return out
 
     # ------------------------------------------------------------------ counters
     @property
@@ -530,12 +755,40 @@ class PushClient:
 
     def collect(self) -> Iterator[Metric]:
         """The agent's push self-metrics (prometheus-client custom-collector protocol)."""
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            InfoMetricFamily,
+        )
 
         with self._lock:
-            counts, clock = dict(self._counts), self._clock
+            counts, clock, config_error = dict(self._counts), self._clock, self._config_error
         for key, (name, help_text) in _COUNTERS.items():
             yield CounterMetricFamily(name, help_text, value=counts[key])
+        info = InfoMetricFamily("metricvault_agent_push", "Where the agent pushes (no secrets)")
+        info.add_metric([], {"url": self.url, "auth": self.auth.kind})
+        yield info
+        refused = GaugeMetricFamily(
+            "metricvault_agent_push_config_error",
+            "1 while the receiver refuses every request for a configuration reason (HTTP "
+            "status in code: 401 credentials, 403 not allowed, 404/405 wrong URL, 415); the data "
+            "stays spooled",
+            labels=["code"],
+        )
+        if config_error is not None:
+            refused.add_metric([str(config_error)], 1)
+        yield refused
+        dropped = self.dropped()
+        for what, index in (("requests", 0), ("samples", 1)):
+            family = CounterMetricFamily(
+                f"metricvault_agent_push_dropped_{what}",
+                f"{what.capitalize()} dropped unsent, by reason (spool_full, disk_full, "
+                "larger_than_spool, unreadable, write_error, submit_error, http_400, http_413)",
+                labels=["reason"],
+            )
+            for reason in sorted({*SPOOL_DROP_REASONS, *dropped}):
+                family.add_metric([reason], dropped.get(reason, (0, 0))[index])
+            yield family
         spool = self.spool
         gauges = [
             ("metricvault_agent_push_spool_requests", "Requests waiting in the spool", spool.count),
@@ -565,12 +818,13 @@ class PushClient:
         for name, help_text, value in (
             (
                 "metricvault_agent_spool_dropped_samples",
-                "Samples dropped unsent because the spool was full",
+                "Samples the spool dropped unsent (full spool or full disk; by reason: "
+                "metricvault_agent_push_dropped_samples_total)",
                 spool.dropped_samples,
             ),
             (
                 "metricvault_agent_spool_dropped_requests",
-                "Requests dropped unsent because the spool was full",
+                "Requests the spool dropped unsent (full spool or full disk)",
                 spool.dropped_requests,
             ),
         ):
@@ -580,6 +834,8 @@ class PushClient:
     def _run(self) -> None:
         attempt = 0  # failed attempts at the entry at the head of the spool
         try:
+            if self.check_endpoint_at_start and not self._halt.is_set():
+                self.check_endpoint()
             while time.monotonic() < self._deadline:
                 self._check_clock_if_due()
                 self._work.clear()  # before peek: a submit after it wakes the wait below
@@ -601,35 +857,99 @@ class PushClient:
     def _deliver(self, seq: int, body: bytes, attempt: int) -> float | None:
         """One attempt; None when the entry is done with, else the delay before the next."""
         try:
-            response = self._http.request("POST", body, self._headers, self._request_timeout())
+            response = self._post(body)
         except _TRANSPORT_ERRORS as exc:
             return self._retry_later(attempt, f"{type(exc).__name__}: {exc}", None)
-        if 200 <= response.status < 300:
+        status = response.status
+        if 200 <= status < 300:
             self._delivered(seq, attempt)
             return None
-        if response.status == 429 or response.status >= 500:
-            reason = f"HTTP {response.status}: {response.message}"
+        if status in RETRY_STATUSES or status >= 500:
+            reason = f"HTTP {status}: {response.message}"
             return self._retry_later(attempt, reason, response.headers.get("Retry-After"))
-        self._refused(seq, response)
-        return None
+        if status in BATCH_STATUSES:
+            # A 400 from a proxy in front (plain HTTP to an HTTPS port, say) would refuse every
+            # request: only when an empty request passes is it this request's own fault.
+            try:
+                probe = self._post(EMPTY_REQUEST)
+            except _TRANSPORT_ERRORS as exc:
+                return self._retry_later(attempt, f"{type(exc).__name__}: {exc}", None)
+            if 200 <= probe.status < 300:
+                self._refused(seq, response)
+                return None
+        return self._misconfigured(response, attempt)
+
+    def _post(self, body: bytes) -> _Response:
+        headers = {**self._plain_headers(), **PROTOCOL_HEADERS}
+        return self._http.request("POST", body, headers, self._request_timeout())
+
+    def _plain_headers(self) -> dict[str, str]:
+        return {**self._extra_headers, **self.auth.headers()}
 
     def _delivered(self, seq: int, attempt: int) -> None:
         samples = self.spool.ack(seq)
         self._count(sent_samples=samples, sent_requests=1)
+        self._clear_config_error()
         if attempt:
             log.info("push to %s works again after %d failed attempts", self.url, attempt)
 
     def _refused(self, seq: int, response: _Response) -> None:
-        """A 4xx (not 429) will be refused again, however often it is sent: drop it."""
+        """A 400/413 for this request alone will come again however often it is sent: drop."""
         samples = self.spool.ack(seq)
         self._count(rejected_requests=1, rejected_samples=samples)
+        self.count_dropped(f"http_{response.status}", 1, samples)
         log.error(
-            "%s refused a request of %d samples with HTTP %d: %s; the request is dropped",
+            "%s refused a request of %d samples with HTTP %d: %s; the request is dropped "
+            "(an empty request is accepted, so it is this request's content)",
             self.url,
             samples,
             response.status,
             response.message,
         )
+
+    def _misconfigured(self, response: _Response, attempt: int) -> float:
+        """A refusal no request can get past: keep everything, say so once, retry slowly."""
+        self._count(failed_attempts=1)
+        if response.status == 401 and self.auth.reload():
+            log.warning(
+                "push to %s: HTTP 401; %s has changed: retrying with it",
+                self.url,
+                self.auth.description,
+            )
+            return 0.0
+        self._note_config_error(response)
+        return self._backoff(attempt)
+
+    def _note_config_error(self, response: _Response) -> None:
+        with self._lock:
+            first = self._config_error != response.status
+            self._config_error = response.status
+        if not first:
+            log.debug("push to %s still refused with HTTP %d", self.url, response.status)
+            return
+        hint = _CONFIG_HINTS.get(response.status, _OTHER_HINT).format(
+            url=self.url, auth=self.auth.description
+        )
+        log.error(
+            "push to %s refused with HTTP %d (%s): %s. Nothing is dropped: the %d spooled "
+            "requests (%d samples) stay in %s and are retried every %.0f s at most; "
+            'metricvault_agent_push_config_error{code="%d"} is 1 until this is fixed',
+            self.url,
+            response.status,
+            response.message or "no message",
+            hint,
+            self.spool.count,
+            self.spool.samples,
+            self.spool.directory,
+            self.max_backoff_s,
+            response.status,
+        )
+
+    def _clear_config_error(self) -> None:
+        with self._lock:
+            code, self._config_error = self._config_error, None
+        if code is not None:
+            log.warning("push to %s works again (it answered HTTP %d before)", self.url, code)
 
     def _retry_later(self, attempt: int, reason: str, retry_after: str | None) -> float:
         self._count(failed_attempts=1)
@@ -709,6 +1029,24 @@ _COUNTERS: dict[str, tuple[str, str]] = {
         "Samples in the requests the gateway refused for good",
     ),
 }
+
+
+_CONFIG_HINTS = {
+    401: "the receiver wants credentials it does not accept from this agent (sent: {auth}); "
+    "give --push-bearer-token-file, --push-basic-auth-file or user:password@ in the URL with "
+    "a secret the gateway accepts (its auth_bearer_tokens / auth_basic_users, made with "
+    "'metricvault hash-secret')",
+    403: "the credentials ({auth}) are not allowed to write to {url}: use ones that are",
+    404: "nothing receives remote_write at {url}: give a metricvault gateway's bare address "
+    "(http://gateway:9201, its /api/v1/write is used) or the receiver's full remote_write URL",
+    405: "{url} does not take POST, so it is not a remote_write endpoint: give the receiver's "
+    "remote_write URL",
+    415: "{url} does not take remote_write 1.0 (snappy-compressed protobuf): point --push at a "
+    "Prometheus remote_write receiver",
+}
+_OTHER_HINT = (
+    "{url} refuses even an empty remote_write request, so no request can pass: check --push"
+)
 
 
 def _retry_after_s(value: str | None) -> float | None:

@@ -13,13 +13,19 @@ sent (snappy-compressed protobuf). Files, not SQLite, because:
 The sequence number orders the entries (zero-padded, so names sort like numbers); the sample
 count in the name lets the spool count what it drops without reading a body. Leftover
 ``*.tmp*`` files (a crash mid-append) are deleted on open. ``dropped.json`` keeps the dropped
-counters across restarts. An exclusive ``flock`` on ``spool.lock`` keeps a second agent off the
+counters, by reason, across restarts.
+
+A full disk (ENOSPC, EDQUOT) is not fatal: an append that cannot be written deletes the oldest
+entry and tries again (the same rule as a full spool, counted as ``disk_full``), and when no
+entry is left to delete, the new body itself is dropped and counted. Appends work again as soon
+as space comes back. An exclusive ``flock`` on ``spool.lock`` keeps a second agent off the
 same directory (two senders would deliver every entry twice and evict each other's entries).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -32,13 +38,18 @@ from typing import TextIO
 
 from metricvault.fsutil import write_atomically
 
-__all__ = ["Spool", "SpoolLockedError"]
+__all__ = ["SPOOL_DROP_REASONS", "Spool", "SpoolLockedError"]
 
 log = logging.getLogger("metricvault.agent.spool")
 
 _ENTRY = re.compile(r"(\d{16})-(\d+)\.rw")
 _COUNTERS = "dropped.json"
 _LOCK = "spool.lock"
+SPOOL_FULL, DISK_FULL, TOO_LARGE = "spool_full", "disk_full", "larger_than_spool"
+UNREADABLE, WRITE_ERROR = "unreadable", "write_error"
+# Why the spool drops an entry (the reason label of metricvault_agent_push_dropped_*).
+SPOOL_DROP_REASONS = (SPOOL_FULL, DISK_FULL, TOO_LARGE, UNREADABLE, WRITE_ERROR)
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 class SpoolLockedError(RuntimeError):
@@ -75,14 +86,17 @@ class Spool:
         self._entries: deque[_Entry] = deque()
         self._bytes = 0
         self._samples = 0
-        self._dropped_requests, self._dropped_samples = self._load_counters()
+        self._drops = self._load_counters()  # reason -> [requests, samples]
+        self._counters_dirty = False  # a save failed (full disk): retried at the next drop
+        self._disk_full = False  # an append failed for space and none has worked since
         self._scan()
         self._next_seq = self._entries[-1].seq + 1 if self._entries else 1
 
     # ------------------------------------------------------------------ queue
     def append(self, body: bytes, samples: int = 0) -> int | None:
-        """Queue ``body`` (holding ``samples`` samples); its sequence number, or None when the
-        body alone is larger than ``max_bytes`` (then it is counted as dropped)."""
+        """Queue ``body`` (holding ``samples`` samples); its sequence number, or None when it
+        was dropped (counted): larger than ``max_bytes`` alone, no disk space even with the
+        spool emptied, or another write error. Never raises OSError."""
         with self._mutex:
             if len(body) > self.max_bytes:
                 log.error(
@@ -92,11 +106,12 @@ class Spool:
                     self.max_bytes,
                     samples,
                 )
-                self._count_dropped([_Entry(0, samples, len(body))])
+                self._count_dropped([_Entry(0, samples, len(body))], TOO_LARGE)
                 return None
             self._make_room(len(body))
             entry = _Entry(self._next_seq, samples, len(body))
-            self._write(entry, body)
+            if not self._write_making_space(entry, body):
+                return None
             self._next_seq += 1
             self._push(entry)
             return entry.seq
@@ -111,7 +126,7 @@ class Spool:
                 except OSError as exc:  # deleted or unreadable behind our back: skip it
                     log.error("spool entry %s cannot be read (%s); dropped", entry.name, exc)
                     self._pop()
-                    self._count_dropped([entry])
+                    self._count_dropped([entry], UNREADABLE)
             return None
 
     def ack(self, seq: int) -> int:
@@ -154,13 +169,20 @@ class Spool:
 
     @property
     def dropped_requests(self) -> int:
-        """Requests deleted unsent to keep the spool within ``max_bytes`` (ever, persisted)."""
-        return self._dropped_requests
+        """Requests dropped unsent, for every reason (ever, persisted)."""
+        with self._mutex:
+            return sum(r for r, _ in self._drops.values())
 
     @property
     def dropped_samples(self) -> int:
         """Samples in those requests."""
-        return self._dropped_samples
+        with self._mutex:
+            return sum(n for _, n in self._drops.values())
+
+    def drops(self) -> dict[str, tuple[int, int]]:
+        """(requests, samples) dropped by reason (see ``SPOOL_DROP_REASONS``)."""
+        with self._mutex:
+            return {reason: (r, n) for reason, (r, n) in self._drops.items()}
 
     # ------------------------------------------------------------------ internals
     def _scan(self) -> None:
@@ -187,7 +209,63 @@ class Spool:
                 len(evicted),
                 sum(e.samples for e in evicted),
             )
-            self._count_dropped(evicted)
+            self._count_dropped(evicted, SPOOL_FULL)
+
+    def _write_making_space(self, entry: _Entry, body: bytes) -> bool:
+        """Write ``entry``, deleting the oldest entries while the disk is full; False when it
+        was dropped instead (counted and logged)."""
+        evicted: list[_Entry] = []
+        while True:
+            try:
+                self._write(entry, body)
+                break
+            except OSError as exc:
+                if exc.errno not in _NO_SPACE:
+                    log.error(
+                        "cannot write spool entry %s in %s (%s); dropped %d samples",
+                        entry.name,
+                        self.directory,
+                        exc,
+                        entry.samples,
+                    )
+                    self._count_dropped([entry], WRITE_ERROR)
+                    return False
+                if not self._entries:
+                    self._disk_full_drop(entry, evicted)
+                    return False
+                oldest = self._pop()
+                _unlink(self.directory / oldest.name)
+                evicted.append(oldest)
+        if evicted:
+            self._count_dropped(evicted, DISK_FULL)
+            level = logging.DEBUG if self._disk_full else logging.WARNING  # once per episode
+            log.log(
+                level,
+                "disk full under the spool %s: dropped the %d oldest requests (%d samples) to "
+                "write the newest; free space there or lower --spool-max-bytes",
+                self.directory,
+                len(evicted),
+                sum(e.samples for e in evicted),
+            )
+        elif self._disk_full:
+            log.warning("the spool %s has disk space again", self.directory)
+        self._disk_full = bool(evicted)
+        return True
+
+    def _disk_full_drop(self, entry: _Entry, evicted: list[_Entry]) -> None:
+        self._count_dropped([*evicted, entry], DISK_FULL)
+        level = logging.DEBUG if self._disk_full else logging.ERROR  # once per episode
+        log.log(
+            level,
+            "disk full under the spool %s: even with the spool emptied (%d requests deleted) a "
+            "request of %d bytes (%d samples) cannot be written; dropped. Free space on that "
+            "file system: the agent recovers by itself",
+            self.directory,
+            len(evicted),
+            entry.size,
+            entry.samples,
+        )
+        self._disk_full = True
 
     def _write(self, entry: _Entry, body: bytes) -> None:
         """Write-then-rename, fsynced, so an entry on disk is always whole (a failure, e.g. a
@@ -215,25 +293,36 @@ class Spool:
                 return entry.samples
         return 0
 
-    def _count_dropped(self, entries: list[_Entry]) -> None:
-        self._dropped_requests += len(entries)
-        self._dropped_samples += sum(e.samples for e in entries)
-        counters = {
-            "dropped_requests": self._dropped_requests,
-            "dropped_samples": self._dropped_samples,
+    def _count_dropped(self, entries: list[_Entry], reason: str) -> None:
+        counts = self._drops.setdefault(reason, [0, 0])
+        counts[0] += len(entries)
+        counts[1] += sum(e.samples for e in entries)
+        doc = {
+            "dropped_requests": sum(r for r, _ in self._drops.values()),
+            "dropped_samples": sum(n for _, n in self._drops.values()),
+            "reasons": self._drops,
         }
-        write_atomically(self.directory / _COUNTERS, json.dumps(counters).encode())
+        try:
+            write_atomically(self.directory / _COUNTERS, json.dumps(doc).encode())
+        except OSError as exc:  # a full disk: the counts stay in memory, saved at the next drop
+            if not self._counters_dirty:
+                log.warning("cannot save the spool's drop counters (%s); retrying later", exc)
+            self._counters_dirty = True
+            return
+        self._counters_dirty = False
 
-    def _load_counters(self) -> tuple[int, int]:
+    def _load_counters(self) -> dict[str, list[int]]:
         path = self.directory / _COUNTERS
         try:
-            counters = json.loads(path.read_text())
-            return int(counters["dropped_requests"]), int(counters["dropped_samples"])
+            doc = json.loads(path.read_text())
+            if "reasons" not in doc:  # written before drops had reasons: all were spool_full
+                return {SPOOL_FULL: [int(doc["dropped_requests"]), int(doc["dropped_samples"])]}
+            return {str(k): [int(r), int(n)] for k, (r, n) in doc["reasons"].items()}
         except FileNotFoundError:
-            return 0, 0
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.error("spool counters %s unreadable (%s); counting from 0 again", path, exc)
-            return 0, 0
+            return {}
 
 
 def _lock_directory(directory: Path) -> TextIO:
