@@ -348,13 +348,15 @@ CRASHING_WRITER = textwrap.dedent(
     table = pa.ipc.open_file(data).read_all()
     acknowledged = vault.write(table)
     print(acknowledged, flush=True)
+    real_commit = vault.catalog.commit  # the flush's commit is the one adding files
     if crash == "before_commit":  # data files are on S3, the catalog never hears of them
-        vault.catalog.commit = lambda change: os._exit(17)
+        vault.catalog.commit = lambda change: os._exit(17) if change.add else real_commit(change)
     elif crash == "after_commit":  # committed, but the buffer still holds the batch
-        real_commit = vault.catalog.commit
         def commit_then_die(change):
-            real_commit(change)
-            os._exit(17)
+            snapshot = real_commit(change)
+            if change.add:
+                os._exit(17)
+            return snapshot
         vault.catalog.commit = commit_then_die
     if crash != "after_write":
         vault.flush()
@@ -387,9 +389,11 @@ def test_acknowledged_samples_survive_a_crash(
     keys = bucket_keys(s3_server, s3_bucket)
     has_catalog = any("/catalog/" in k for k in keys)
     has_data = any("/data/raw/" in k for k in keys)
+    # before_commit: the vault's first catalog version (which only holds its id) is committed
+    # before any file is written, so the crashed upload is named with that id (issue 10)
     assert (has_catalog, has_data) == {
         "after_write": (False, False),
-        "before_commit": (False, True),
+        "before_commit": (True, True),
         "after_commit": (True, True),
     }[crash]
 
@@ -404,6 +408,43 @@ def test_acknowledged_samples_survive_a_crash(
         assert parquet_keys(s3_server, s3_bucket) == referenced_keys(vault, s3_bucket)
     finally:
         vault.close()
+
+
+def test_issue10_vault_copied_to_another_prefix_opens_and_answers(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    samples = make_samples(T0, T0 + DAY, 30 * SECOND)
+    with open_vault(s3_server, s3_bucket, tmp_path / "original") as vault:
+        vault.write(to_arrow(samples.iloc[: len(samples) // 2]))
+        vault.flush()
+        vault.write(to_arrow(samples.iloc[len(samples) // 2 :]))
+        vault.maintain(now_ms=T0 + 2 * DAY)  # compaction and rollups: files were replaced
+        want = vault.query('{host="node01"}', T0, T0 + DAY, step="1h", aggs=AGGS)
+    client = s3_server.client()
+    copy_prefix = "backups/2026/vault"
+    for key in bucket_keys(s3_server, s3_bucket):
+        target = copy_prefix + key.removeprefix(PREFIX)
+        client.copy_object(Bucket=s3_bucket, Key=target, CopySource=f"{s3_bucket}/{key}")
+        client.delete_object(Bucket=s3_bucket, Key=key)  # the original prefix is gone
+    copy = Vault.open(
+        f"s3://{s3_bucket}/{copy_prefix}",
+        s3_endpoint=s3_server.endpoint,
+        state_dir=str(tmp_path / "copy-state"),
+        orphan_grace="1ms",
+        keep_snapshots=1,
+    )
+    try:
+        answer = copy.query('{host="node01"}', T0, T0 + DAY, step="1h", aggs=AGGS)
+        pd.testing.assert_frame_equal(answer, want)
+        assert_raw_equal(copy.query('{host="node01"}', T0, T0 + DAY), samples, T0, T0 + DAY)
+        time.sleep(0.01)
+        copy.maintain(now_ms=T0 + 2 * DAY)
+        keys = parquet_keys(s3_server, s3_bucket)
+        assert all(k.startswith(copy_prefix + "/") for k in keys)
+        assert referenced_keys(copy, s3_bucket) == keys, "maintain on the copy lost files"
+        assert_raw_equal(copy.query('{host="node01"}', T0, T0 + DAY), samples, T0, T0 + DAY)
+    finally:
+        copy.close()
 
 
 # ---------------------------------------------------------------- errors
