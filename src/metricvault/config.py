@@ -106,7 +106,9 @@ class Settings:
     )
     orphan_grace: str = _setting(
         "15m",
-        "Unreferenced data files younger than this are not deleted (a writer may be committing).",
+        "A file compaction, rollup or retention replaced is deleted this long after it was "
+        "replaced (readers of older snapshots keep their files); a crashed write's file this "
+        "long after it was written.",
     )
     maintain_interval: str = _setting(
         "60s", "Pause between rounds of 'metricvault maintain --loop'."
