@@ -437,3 +437,34 @@ def test_issue10_query_route_needs_auth_and_bounds_its_body(make_client):
     assert ok.status_code == 200, ok.text
     big = client.post("/query", content=b"q=" + b"x" * LIMIT, headers=AUTH_A)
     assert big.status_code == 413
+
+
+@pytest.mark.parametrize(
+    ("listen", "credentials", "insecure", "outcome"),
+    [
+        ("127.0.0.1:9201", False, False, None),
+        ("127.0.0.5:9201", False, False, None),
+        ("localhost:9201", False, False, None),
+        ("[::1]:9201", False, False, None),
+        ("0.0.0.0:9201", True, False, None),
+        ("0.0.0.0:9201", False, False, "refused"),
+        ("[::]:9201", False, False, "refused"),
+        ("gpu-gw.example:9201", False, False, "refused"),
+        ("0.0.0.0:9201", False, True, "warned"),
+    ],
+)
+def test_issue10_open_listener_needs_auth_or_the_insecure_flag(
+    listen, credentials, insecure, outcome
+):
+    from metricvault.errors import ConfigError
+    from metricvault.ingest.auth import check_listener
+
+    tokens = (BearerToken(hash_secret("t")),) if credentials else ()
+    settings = Settings.load(env={}, listen=listen, auth_bearer_tokens=tokens)
+    if outcome == "refused":
+        with pytest.raises(ConfigError, match="--insecure-no-auth") as info:
+            check_listener(settings, insecure)
+        assert "auth_bearer_tokens" in info.value.message and listen in info.value.message
+    else:
+        warning = check_listener(settings, insecure)
+        assert (warning is not None) == (outcome == "warned"), warning

@@ -43,6 +43,8 @@ from metricvault.durations import (
     parse_time_ms,
 )
 from metricvault.errors import MetricVaultError
+from metricvault.redact import redact, setting_for_display
+from metricvault.redact import remember as remember_secrets
 
 app = typer.Typer(
     name="metricvault",
@@ -295,11 +297,12 @@ def config(
             print(f"| `{name}` | `{default}` | {help_text.replace('|', '/')} |")
         return
     settings = load_settings(data, config_file, set_)
+    remember_secrets(settings)
     table = Table(title="settings (TOML key = METRICVAULT_<KEY> environment variable)")
     for col in ("setting", "value", "default", "meaning"):
         table.add_column(col, overflow="fold")
     for name, default, help_text in describe():
-        table.add_row(name, repr(getattr(settings, name)), default, help_text)
+        table.add_row(name, setting_for_display(name, getattr(settings, name)), default, help_text)
     console.print(table)
 
 
@@ -329,6 +332,14 @@ def serve(
     listen: Annotated[
         str | None, typer.Option("--listen", "-l", help="HOST:PORT (default 127.0.0.1:9201).")
     ] = None,
+    insecure_no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-no-auth",
+            help="Listen on a non-loopback address without any credential configured "
+            "(anyone who reaches the port can write).",
+        ),
+    ] = False,
     config: ConfigOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -337,33 +348,35 @@ def serve(
     Endpoints: `POST /api/v1/write` (remote_write 1.0 and 2.0), `POST /write` and
     `POST /api/v2/write` (line protocol), `GET /-/healthy`, `GET /-/ready`, `GET /metrics`.
     A 204 means the samples are durable. SIGTERM drains requests and flushes. Point Prometheus
-    at it with the fragment from `metricvault prometheus-config`.
+    at it with the fragment from `metricvault prometheus-config`. A non-loopback `--listen`
+    needs auth_bearer_tokens or auth_basic_users (or `--insecure-no-auth`).
     """
     import uvicorn
 
     from metricvault.ingest.app import SETTINGS_ENV, create_app
+    from metricvault.ingest.auth import check_listener
+    from metricvault.ingest.connections import raise_open_file_limit, uvicorn_options
 
     settings = load_settings(data, config, set_)
     if listen:
         settings = settings.with_overrides(listen=listen)
+    remember_secrets(settings)
+    warning = check_listener(settings, insecure_no_auth)
+    if warning:
+        err.print(f"[bold yellow]warning[/]: {warning}")
     from metricvault.store.vault import Vault
 
+    raise_open_file_limit()  # stalled clients must hit gateway_max_connections first
     host, _, port = settings.listen.rpartition(":")
-    options: dict[str, Any] = {
-        "host": host.strip("[]"),
-        "port": int(port),
-        "log_level": "warning",
-        "timeout_graceful_shutdown": 30,
-        "ssl_certfile": settings.tls_cert or None,
-        "ssl_keyfile": settings.tls_key or None,
-    }
+    options = uvicorn_options(settings)
     scheme = "https" if settings.tls_cert else "http"
+    where = redact(settings.data)
     if settings.gateway_workers > 1:
         Vault.open(settings.data, settings).close()  # fail fast on a bad vault
         os.environ[SETTINGS_ENV] = json.dumps(dataclasses.asdict(settings))
         err.print(
             f"metricvault gateway on {scheme}://{host}:{port}, "
-            f"{settings.gateway_workers} workers, storing into {settings.data}"
+            f"{settings.gateway_workers} workers, storing into {where}"
         )
         uvicorn.run(
             "metricvault.ingest.app:app_from_environment",
@@ -373,7 +386,9 @@ def serve(
         )
         return
     vault = Vault.open(settings.data, settings)
-    err.print(f"metricvault gateway on {scheme}://{host}:{port} storing into {vault.location.uri}")
+    err.print(
+        f"metricvault gateway on {scheme}://{host}:{port} storing into {redact(vault.location.uri)}"
+    )
     # uvicorn re-raises SIGTERM after its graceful shutdown (drain, then the app's lifespan
     # flush); exit through the finally below instead of dying with status 143
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -443,5 +458,5 @@ def main() -> None:
     try:
         app()
     except MetricVaultError as exc:
-        err.print(f"[bold red]error[/] ({type(exc).__name__}): {exc.message}")
+        err.print(f"[bold red]error[/] ({type(exc).__name__}): {redact(exc.message)}")
         sys.exit(2)

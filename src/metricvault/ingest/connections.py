@@ -41,6 +41,21 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        limit = open_connection_limit()
+        if len(self.connections) > limit:
+            # over the file limit's share for connections: close now, so the process keeps
+            # descriptors for its buffer, data files and imports (and accept() keeps working)
+            OVER_LIMIT_LOG.report(
+                "closing new connections: %d open, the limit is %d (the file limit %d less %d "
+                "kept for files); stalled clients are closed after gateway_header_timeout. "
+                "Raise ulimit -n if this is real load",
+                len(self.connections),
+                limit,
+                limit + FILES_RESERVE,
+                FILES_RESERVE,
+            )
+            transport.close()
+            return
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -73,35 +88,52 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
 
 
-class AcceptErrorLog:
-    """An asyncio exception handler: a failed ``accept()`` (EMFILE, ENFILE, ENOBUFS) is logged
-    as one line per ``interval_s`` with the count since the last line; anything else goes to
-    asyncio's default handler."""
+FILES_RESERVE = 64  # descriptors kept free of connections: buffer, data files, imports
+
+
+def open_connection_limit() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(soft - FILES_RESERVE, 1)
+
+
+class BurstLog:
+    """Log a recurring warning once per ``interval_s``, with how often it recurred since."""
 
     def __init__(self, interval_s: float = ACCEPT_LOG_INTERVAL_S) -> None:
         self.interval_s = interval_s
         self.last_logged = float("-inf")
         self.suppressed = 0
 
-    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if "accept" not in str(context.get("message", "")):
-            loop.default_exception_handler(context)
-            return
+    def report(self, message: str, *args: Any) -> None:
         now = time.monotonic()
         if now - self.last_logged < self.interval_s:
             self.suppressed += 1
             return
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        log.error(
-            "cannot accept connections: %s (%d more failures since the last report); the file "
-            "limit is %d open files (ulimit -n): too many open connections, e.g. stalled clients; "
-            "they are closed after gateway_header_timeout. Raise the limit or lower "
-            "gateway_max_connections",
-            context.get("exception") or context.get("message"),
-            self.suppressed,
-            soft,
-        )
+        log.error(message + " (%d more since the last report)", *args, self.suppressed)
         self.last_logged, self.suppressed = now, 0
+
+
+OVER_LIMIT_LOG = BurstLog()
+
+
+class AcceptErrorLog:
+    """An asyncio exception handler: a failed ``accept()`` (EMFILE, ENFILE, ENOBUFS) is logged
+    as one line per burst (:class:`BurstLog`), without a traceback; anything else goes to
+    asyncio's default handler."""
+
+    def __init__(self, interval_s: float = ACCEPT_LOG_INTERVAL_S) -> None:
+        self.burst = BurstLog(interval_s)
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if "accept" not in str(context.get("message", "")):
+            loop.default_exception_handler(context)
+            return
+        self.burst.report(
+            "cannot accept connections: %s; the file limit is %d open files (ulimit -n): too "
+            "many open connections or files. Raise the limit or lower gateway_max_connections",
+            context.get("exception") or context.get("message"),
+            resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        )
 
 
 def quiet_accept_errors() -> None:
