@@ -254,6 +254,8 @@ class Catalog:
         """This vault's id, for the names of files about to be written (caller holds the
         writer lock). A new vault commits an empty first version to get one, so that even the
         files of a flush that crashes before its commit carry it."""
+        if self._cached is not None and self._cached.vault_id:
+            return self._cached.vault_id  # never changes once committed: spare a listing
         snap = self.current()
         if not snap.vault_id:
             snap = self.upgrade() if snap.version else self.commit(Change())
