@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from metricvault.archive.compare import compare
+from metricvault.archive.compare import compare, display_table
 from metricvault.demo_archive import archive_first_job
 from metricvault.durations import DAY_MS, now_ms
 from metricvault.sim import ClusterSpec, generate, total_samples
@@ -46,10 +46,11 @@ def run_demo(
         stats = vault.stats()
         ids = register_jobs(vault, spec)
         jobs = compare(vault, ids)
+        archived = archive_first_job(vault, ids[0], path, fresh, console)
         from metricvault.report import write_report
 
-        write_report(vault, spec, ids, jobs, stats, report)
-        archived = archive_first_job(vault, ids[0], path, fresh, console)
+        took = time.monotonic() - began
+        write_report(vault, spec, ids, jobs, stats, report, archived=archived, took_s=took)
     console.print(_storage_table(stats, written))
     console.print(_jobs_table(jobs))
     console.print(
@@ -60,7 +61,7 @@ def run_demo(
         "--align step\n"
         f"  metricvault query 'mfu' -d {path} --start=-{days:g}d --step 1d --agg mean,max\n"
         f'  metricvault sql "SELECT count(*) FROM raw" -d {path}\n'
-        f"{archived}"
+        f"{archived.hint}"
     )
 
 
@@ -96,8 +97,10 @@ def _backfill(vault: Vault, spec: ClusterSpec, console: Console) -> int:
 
 
 def register_jobs(vault: Vault, spec: ClusterSpec) -> list[str]:
-    """One experiment per simulated job: its training series and its nodes' GPUs."""
+    """One experiment per simulated job: its training series and its nodes' GPUs, with the
+    commit of the metricvault checkout that simulated it (when it runs from one)."""
     ids = []
+    git = _simulator_commit()
     for job in spec.resolved_jobs():
         start = spec.start_ms + job.start_offset_s * 1000
         hosts = "|".join(hostname(n) for n in job.nodes)
@@ -106,7 +109,13 @@ def register_jobs(vault: Vault, spec: ClusterSpec) -> list[str]:
             "end": start + job.duration_s * 1000,
             "tags": ("simulated", "demo"),
             "notes": "simulated by metricvault demo (metricvault.sim), not a measurement",
-            "params": {"flops_per_token": job.flops_per_token, "gpus": len(job.nodes) * 8},
+            "params": {
+                "flops_per_token": job.flops_per_token,
+                "gpus": len(job.nodes) * spec.gpus_per_node,
+                "tokens_per_second_per_gpu": job.tokens_per_second_per_gpu,
+                "seed": spec.seed,
+            },
+            **git,
         }
         selector = f'{{job="{job.name}"}} or {{Hostname=~"{hosts}"}}'
         if job.name in vault.experiments:
@@ -115,6 +124,18 @@ def register_jobs(vault: Vault, spec: ClusterSpec) -> list[str]:
             vault.experiments.create(job.name, selector, **fields)
         ids.append(job.name)
     return ids
+
+
+def _simulator_commit() -> dict[str, str]:
+    """The git commit of the code that simulated the data; nothing outside a checkout."""
+    from metricvault.archive.git import head, repo_root
+    from metricvault.errors import ArchiveError
+
+    try:
+        sha, origin, _ = head(repo_root(Path(__file__).parent))
+    except ArchiveError:
+        return {}
+    return {"git_sha": sha, "git_repo": origin}
 
 
 def _storage_table(stats: dict[str, Any], written: int) -> Table:
@@ -135,18 +156,10 @@ def _storage_table(stats: dict[str, Any], written: int) -> Table:
 
 def _jobs_table(jobs: pd.DataFrame) -> Table:
     table = Table(title="training jobs side by side (metricvault experiment compare)")
-    table.add_column("experiment", no_wrap=True)
-    for col in ("GPUs", "hours", "GPU-h", "util %", "MFU", "kWh", "final loss"):
-        table.add_column(col, justify="right")
-    for j in jobs.itertuples(index=False):
-        table.add_row(
-            str(j.experiment),
-            str(j.gpus),
-            f"{j.duration_h:.1f}",
-            f"{j.gpu_hours:,.0f}",
-            f"{j.gpu_util_mean:.1f}",
-            f"{j.mfu_mean:.3f}",
-            f"{j.energy_kwh:,.1f}",
-            f"{j.final_loss:.3f}",
-        )
+    shown = display_table(jobs)
+    for col in shown.columns:
+        numeric = col != "experiment"
+        table.add_column(col, justify="right" if numeric else "left", no_wrap=not numeric)
+    for row in shown.itertuples(index=False):
+        table.add_row(*row)
     return table

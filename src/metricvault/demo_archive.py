@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -12,17 +13,30 @@ from rich.console import Console
 from metricvault.archive import dvc
 from metricvault.archive.git import git
 from metricvault.archive.repository import publish, restore, verify
-from metricvault.archive.snapshot import export_snapshot
+from metricvault.archive.snapshot import SnapshotInfo, export_snapshot
 from metricvault.errors import ArchiveError
 from metricvault.store.vault import Vault
 
 ARCHIVE_MARKER = "demo-archive.txt"
 
 
+@dataclass(frozen=True)
+class ArchiveOutcome:
+    """What the demo's archive step did, for the console and the report."""
+
+    snapshot: SnapshotInfo
+    tag: str = ""  # empty: not versioned (no DVC)
+    commit: str = ""
+    restored: bool | None = None  # restored by tag byte-identical; None: not tried
+    verified: str = ""  # `archive verify` statuses
+    note: str = ""  # why it was not versioned
+    hint: str = ""  # commands for the user to try
+
+
 def archive_first_job(
     vault: Vault, experiment_id: str, vault_path: Path, fresh: bool, console: Console
-) -> str:
-    """Export, archive and restore ``experiment_id``; return commands for the user to try."""
+) -> ArchiveOutcome:
+    """Export, archive and restore ``experiment_id``; say what happened."""
     root = vault_path.with_name(vault_path.name + "-archive")
     repo, remote = root / "paper", root / "dvc-remote"
     if fresh and root.exists():
@@ -41,7 +55,8 @@ def archive_first_job(
         dvc.executable()
     except ArchiveError as exc:
         console.print(f"  [yellow]not versioned[/]: {exc}")
-        return f"  metricvault archive open {info.path} mfu --step 1h\n"
+        hint = f"  metricvault archive open {info.path} mfu --step 1h\n"
+        return ArchiveOutcome(info, note=str(exc), hint=hint)
     _git_repo(repo)
     done = publish(info, init=True, remote_url=str(remote.resolve()))
     console.print(f"  dvc add + push to {remote}, commit {done.commit[:12]}, tag {done.tag}")
@@ -50,17 +65,17 @@ def archive_first_job(
     shutil.rmtree(repo / ".dvc" / "cache", ignore_errors=True)
     restored = restore(experiment_id, repo)
     same = hashlib.sha256(restored.read_bytes()).hexdigest() == digest
-    checks = verify(repo)
+    verified = ", ".join(c.status for c in verify(repo))
     console.print(
         f"  deleted the file and DVC's cache, restored it by tag: "
-        f"{'byte-identical' if same else 'DIFFERENT'}; verify: "
-        f"{', '.join(c.status for c in checks)}"
+        f"{'byte-identical' if same else 'DIFFERENT'}; verify: {verified}"
     )
-    return (
+    hint = (
         f"  cd {repo} && metricvault archive list && metricvault archive verify\n"
         f"  metricvault archive open {repo / 'artifacts/metrics' / info.path.name} "
         f"'mfu{{job=\"{experiment_id}\"}}' --step 1h\n"
     )
+    return ArchiveOutcome(info, done.tag, done.commit, same, verified, hint=hint)
 
 
 def _git_repo(repo: Path) -> None:

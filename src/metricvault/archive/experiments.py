@@ -244,6 +244,43 @@ class Experiments:
         return unknown_message(experiment_id, self.ids(), self.location.uri)
 
 
+def select(
+    experiments: Iterable[Experiment],
+    *,
+    tags: Iterable[str] = (),
+    params: Mapping[str, Any] | None = None,
+    since: TimeLike | None = None,
+) -> list[Experiment]:
+    """The experiments that have every tag in ``tags``, every ``params`` value (a value given
+    as text, e.g. from ``--param lr=3e-4``, also matches the number it spells) and started at
+    or after ``since``."""
+    wanted = dict(params or {})
+    for key in wanted:
+        if not isinstance(key, str) or not key:
+            raise InputError(
+                f"param filter {key!r} has no name: write KEY=VALUE, e.g. --param lr=3e-4"
+            )
+    since_ms = None if since is None else parse_time_ms(since)
+    return [
+        e
+        for e in experiments
+        if set(tags) <= set(e.tags)
+        and all(k in e.params and _same_param(e.params[k], v) for k, v in wanted.items())
+        and (since_ms is None or e.start_ms >= since_ms)
+    ]
+
+
+def _same_param(value: Any, wanted: Any) -> bool:
+    if value == wanted:
+        return True
+    if not isinstance(wanted, str):
+        return False
+    try:
+        return bool(value == json.loads(wanted))
+    except json.JSONDecodeError:
+        return str(value) == wanted
+
+
 def unknown_message(experiment_id: str, known: list[str], where: str) -> str:
     """What NotFoundError says for an unknown id: close matches, else the known ids."""
     close = difflib.get_close_matches(experiment_id, known, n=3)

@@ -100,6 +100,14 @@ class SnapshotVault:
         partials = self._aggregate(ids, t0, t1, step_ms)
         return q.shape(self.index, partials, q.finish_aggregates(partials, agg_names), output)
 
+    def history(self, experiment: Any, metrics: Sequence[str], **options: Any) -> Any:
+        """A frame indexed by training step, one column per metric: each metric's samples
+        joined exactly to the ``train_step`` series (see ``metricvault.archive.compare.
+        history``), e.g. ``vault.history("r3", metrics=["train_loss", "mfu"])``."""
+        from metricvault.archive.compare import history
+
+        return history(self, experiment, metrics, **options)
+
     def _window(self, start: TimeLike | None, end: TimeLike | None) -> tuple[int, int]:
         now = now_ms()
         last = self.info.last_ms if self.info.last_ms is not None else self.info.start_ms

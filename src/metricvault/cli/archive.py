@@ -94,20 +94,28 @@ def _params(items: list[str]) -> dict[str, Any]:
     return params
 
 
-def _git_defaults(fields: dict[str, Any], no_git: bool) -> None:
-    """Record the current repository's HEAD unless told otherwise or given explicitly."""
+def _git_defaults(fields: dict[str, Any], no_git: bool) -> bool | None:
+    """Add the current repository's HEAD unless told otherwise or given explicitly; returns
+    whether its tree is dirty (None: nothing was added). Said only once the record exists:
+    a create that fails has recorded nothing."""
     if no_git or "git_sha" in fields:
-        return
+        return None
     from metricvault.archive.git import head, repo_root
     from metricvault.errors import ArchiveError
 
     try:
         sha, origin, dirty = head(repo_root("."))
     except ArchiveError:
-        return
+        return None
     fields["git_sha"] = sha
     fields.setdefault("git_repo", origin)
-    err.print(f"recorded git commit {sha[:12]} of the current repository")
+    return dirty
+
+
+def _say_git_recorded(exp: Experiment, dirty: bool | None) -> None:
+    if dirty is None:
+        return
+    err.print(f"recorded git commit {exp.git_sha[:12]} of the current repository")
     if dirty:
         err.print(
             "[yellow]warning[/]: the working tree has uncommitted changes; the commit alone "
@@ -145,9 +153,10 @@ def experiment_create(
     if not selector:
         raise typer.BadParameter("give the experiment's series with --selector/-l")
     fields = _fields(selector, name, start, end, git_repo, git_sha, owner, tag, notes, param)
-    _git_defaults(fields, no_git)
+    dirty = _git_defaults(fields, no_git)
     with open_vault(data, config, set_, create=True) as vault:
         exp = vault.experiments.create(experiment_id, fields.pop("selector"), **fields)
+    _say_git_recorded(exp, dirty)
     console.print(f"created experiment [bold]{exp.id}[/]")
     _print_experiment(exp)
 
@@ -215,17 +224,36 @@ def experiment_show(
 
 @experiment_app.command("list")
 def experiment_list(
+    tag: Annotated[
+        list[str] | None, typer.Option("--tag", help="Only runs with this tag (repeatable: all).")
+    ] = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option("--param", help="Only runs with this KEY=VALUE param (repeatable: all)."),
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="Only runs started at or after this (ISO, -30d).")
+    ] = None,
     fmt: FormatOpt = "table",
     output: OutOpt = None,
     data: DataOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """All experiments, by start time."""
+    """All experiments, by start time, or those matching every filter given.
+
+    Example: `metricvault experiment list --tag paper --param lr=3e-4 --since 2026-03-01`
+    """
     import pandas as pd
 
+    from metricvault.archive.experiments import select
+
+    wanted = dict(item.partition("=")[::2] for item in param or [])
+    if any("=" not in item for item in param or []):
+        raise typer.BadParameter("--param filters are KEY=VALUE, e.g. --param lr=3e-4")
     with open_vault(data, config, set_) as vault:
-        rows = [_row(e) for e in vault.experiments.list()]
+        chosen = select(vault.experiments.list(), tags=tag or (), params=wanted, since=since)
+        rows = [_row(e) for e in chosen]
     columns = ["id", "name", "start", "end", "hours", "owner", "git_sha", "tags", "selector"]
     emit(pd.DataFrame(rows, columns=columns), fmt, output, title="experiments")
 
@@ -272,7 +300,13 @@ def experiment_compare(
     align: Annotated[str, typer.Option(help="Align curves by elapsed, step or time.")] = (
         "elapsed"
     ),
-    step: Annotated[str, typer.Option(help="Curve resolution (bucket width).")] = "1m",
+    step: Annotated[
+        str,
+        typer.Option(
+            help="Curve resolution for --align elapsed/time: auto (raw samples for short runs), "
+            "raw, or a bucket width (1m, 1h). --align step always joins raw samples by step."
+        ),
+    ] = "auto",
     fmt: FormatOpt = "table",
     output: OutOpt = None,
     data: DataOpt = None,
@@ -280,7 +314,8 @@ def experiment_compare(
     set_: SetOpt = None,
 ) -> None:
     """Side by side: duration, GPUs, GPU-hours, mean/max GPU utilisation, mean MFU, energy
-    (kWh, from the DCGM energy counter) and final loss.
+    (kWh, from the DCGM energy counter) and final loss; then the GPUs each run was given,
+    its commit and its params, rows that differ marked ≠ (csv/json: `param.<key>` columns).
 
     Example: `metricvault experiment compare llama-70b-r3 llama-70b-r4 --plot cmp.png -m mfu
     -m train_loss --align step`
@@ -300,7 +335,48 @@ def experiment_compare(
                 step=step,
             )
             err.print(f"wrote {written}")
-    emit(frame, fmt, output, title="experiments compared")
+        details = _run_details(vault, experiment_ids, frame)
+    if fmt == "table" and output is None:
+        from metricvault.archive.compare import display_table
+
+        emit(display_table(frame), fmt, output, title="experiments compared")
+        console.print(_details_table(details, experiment_ids))
+    else:
+        emit(frame, fmt, output, title="experiments compared")
+
+
+def _run_details(vault: Any, ids: list[str], frame: Any) -> Any:
+    """What each run was given (GPUs, commit, window) and its params, one row per field."""
+    import pandas as pd
+
+    from metricvault.archive.compare import experiment_of, params_table
+
+    exps = [experiment_of(vault, i) for i in ids]
+    fields = {
+        "gpu_model": list(frame["gpu_model"]),
+        "gpu_list": list(frame["gpu_list"]),
+        "git_sha": [e.git_sha[:12] for e in exps],
+        "start": [_when(e.start_ms) for e in exps],
+        "end": [_when(e.end_ms) or "running" for e in exps],
+    }
+    rows = [
+        {"param": k, **dict(zip(ids, v, strict=True)), "differs": len(set(v)) > 1}
+        for k, v in fields.items()
+    ]
+    return pd.concat([pd.DataFrame(rows), params_table(vault, ids)], ignore_index=True)
+
+
+def _details_table(details: Any, ids: list[str]) -> Table:
+    table = Table(title="runs side by side (differing rows marked)")
+    table.add_column("")
+    table.add_column("field / param")
+    for exp_id in ids:
+        table.add_column(exp_id, overflow="fold")
+    for row in details.to_dict("records"):
+        style = "bold yellow" if row["differs"] else None
+        cells = [str(row[i]) for i in ids]
+        table.add_row("≠" if row["differs"] else "", row["param"], *cells, style=style)
+    return table
 
 
 # --------------------------------------------------------------------------- archive

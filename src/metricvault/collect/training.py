@@ -82,6 +82,14 @@ KEPT_PREFIXES = ("train_", "eval_", "val_", "test_")  # already say which phase 
 RESERVED = frozenset({STEP, TOKENS_TOTAL})  # written from ``step`` and ``tokens`` only
 KINDS = {TOKENS_TOTAL: "counter"}
 
+
+
+class SeriesNamesNotice(UserWarning):
+    """Said once per run, at the first ``run.log`` that stores a keyword under another name
+    (``loss`` -> ``train_loss``): query those names. Silence it with
+    ``warnings.filterwarnings("ignore", category=SeriesNamesNotice)``."""
+
+
 _Entry = tuple[int, dict[str, Any]]  # (ts ms, series -> float or a detached tensor)
 _Sample = tuple[str, dict[str, str], int, float]
 
@@ -209,12 +217,46 @@ class Run:
         ts, mono = _wall_ms(), _monotonic()
         series: dict[str, Any] = {STEP: eager_number("step", step)}
         tokens = values.pop("tokens", None)
+        renamed = {}
         for name, value in values.items():
-            series[series_name(name)] = logged_value(name, value)
+            metric = series_name(name)
+            series[metric] = logged_value(name, value)
+            if metric != name:
+                renamed[name] = metric
         if tokens is not None:
             for metric, number in self._throughput(eager_number("tokens", tokens), mono).items():
                 series.setdefault(metric, number)  # an explicit mfu= / tokens_per_second= wins
+        self._check_mfu(series.get(MFU))
+        if renamed and "names" not in self._warned:
+            self._say_names(renamed)
         self._enqueue(ts, series)
+
+    def _say_names(self, renamed: dict[str, str]) -> None:
+        """Once per run: a query for ``loss`` would find nothing, so say what it is called."""
+        self._warned.add("names")
+        pairs = ", ".join(f"{name} -> {metric}" for name, metric in renamed.items())
+        warnings.warn(
+            f"metricvault run {self.experiment_id!r} stores run.log names as series {pairs} "
+            f"(and the step as {STEP}); query those names, e.g. "
+            f'vault.history("{self.experiment_id}", metrics=["{next(iter(renamed.values()))}"])',
+            SeriesNamesNotice,
+            stacklevel=3,
+        )
+
+    def _check_mfu(self, mfu: Any) -> None:
+        """MFU above 1 is impossible: the FLOPs per token, the GPU or the GPU count is wrong.
+        The value is still stored (a wrong constant can be corrected afterwards)."""
+        if not isinstance(mfu, float) or mfu <= 1 or "mfu above 1" in self._warned:
+            return
+        params = self.experiment.params
+        self._warn_once(
+            "mfu above 1",
+            f"metricvault run {self.experiment_id!r}: mfu {mfu:.3g} is above 1 (more FLOP/s "
+            f"than the GPUs' peak): check flops_per_token={self.flops_per_token or 0:.4g} (about 6 x "
+            f"parameters), gpu={params.get('gpu')!r} (peak "
+            f"{params.get('peak_flops', 0):.4g} FLOP/s each) and gpus={params.get('gpus')!r} "
+            "(all GPUs whose tokens are logged)",
+        )
 
     def _throughput(self, tokens: float, mono: float) -> dict[str, float]:
         if tokens < 0 or not math.isfinite(tokens):
@@ -394,6 +436,13 @@ def track(
     max_queue: int = 100_000,
 ) -> Run:
     """Start (or continue) experiment ``experiment_id`` and return its :class:`Run`.
+
+    ``run.log(step, loss=..., lr=..., tokens=...)`` stores series named as in the module
+    docstring: the step as ``train_step``, ``loss=`` as ``train_loss``, ``lr=`` as
+    ``learning_rate``, any other ``x=`` as ``train_x`` (``grad_norm``, ``mfu`` and names
+    starting ``train_``/``eval_``/``val_``/``test_`` keep theirs); the first ``run.log`` that
+    renames says so once (:class:`SeriesNamesNotice`). Read them back with
+    ``vault.history(experiment_id, metrics=["train_loss"])``. An mfu above 1 warns once.
 
     ``flops_per_token``: model FLOPs per trained token (about 6 x parameters, for mfu).
     ``gpu``: the GPU model ("H100-SXM", "NVIDIA H100 80GB HBM3", ...; default: asked from NVML

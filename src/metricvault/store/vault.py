@@ -422,6 +422,14 @@ class Vault:
         )
         return q.shape(self.index, partials, q.finish_aggregates(partials, agg_names), output)
 
+    def history(self, experiment: Any, metrics: Sequence[str], **options: Any) -> Any:
+        """A frame indexed by training step, one column per metric: each metric's samples
+        joined exactly to the ``train_step`` series (see ``metricvault.archive.compare.
+        history``), e.g. ``vault.history("r3", metrics=["train_loss", "mfu"])``."""
+        from metricvault.archive.compare import history
+
+        return history(self, experiment, metrics, **options)
+
     def sample_reader(self, use_cache: bool = False) -> q.ContextReader:
         """What readers outside the query API (snapshot export) read through; buffered samples
         are flushed first, so they see everything written so far. One-pass scans leave the

@@ -306,6 +306,14 @@ class InfluxVault:
         partials = reader.partials(ids, t0, t1, step_ms) if ids else rollup.empty_partials()
         return q.shape(self.index, partials, q.finish_aggregates(partials, agg_names), output)
 
+    def history(self, experiment: Any, metrics: Sequence[str], **options: Any) -> Any:
+        """A frame indexed by training step, one column per metric: each metric's samples
+        joined exactly to the ``train_step`` series (see ``metricvault.archive.compare.
+        history``), e.g. ``vault.history("r3", metrics=["train_loss", "mfu"])``."""
+        from metricvault.archive.compare import history
+
+        return history(self, experiment, metrics, **options)
+
     def sample_reader(self) -> InfluxReader:
         """What the archive export reads through (raw samples and partials over the
         policies), after picking up series other writers created."""
