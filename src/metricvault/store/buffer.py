@@ -59,18 +59,47 @@ class Pending:
 
 
 class IngestBuffer:
+    """The buffer file is created by the first write, not on open: reading a vault (stats,
+    query) must work where nothing can be written, e.g. on a full disk."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._id = ""
+        if path.exists():
+            self._connect()
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        return self._conn if self._conn is not None else self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
         try:
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA busy_timeout=30000")
-            self._db.executescript(_SCHEMA)
-            self.buffer_id = self._load_id()
+            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA busy_timeout=30000")
+            db.executescript(_SCHEMA)
+            self._conn = db
+            self._id = self._load_id()
         except sqlite3.Error as exc:
-            raise StorageError(f"cannot open ingest buffer {path}: {exc}") from exc
+            self._conn = None
+            raise self._storage_error(exc, "cannot open ingest buffer") from exc
+        return db
+
+    def _absent(self) -> bool:
+        """Nothing was ever written here: read as empty without creating the file."""
+        return self._conn is None and not self.path.exists()
+
+    @property
+    def buffer_id(self) -> str:
+        """This buffer's id in the catalog's watermarks; "" while the file does not exist
+        (no watermark can name it yet, and asking must not create it)."""
+        if self._absent():
+            return ""
+        self._db  # noqa: B018 (connects)
+        return self._id
 
     def _load_id(self) -> str:
         row = self._db.execute("SELECT value FROM meta WHERE key='buffer_id'").fetchone()
@@ -99,7 +128,7 @@ class IngestBuffer:
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
                 self._rollback()
-                raise self._append_error(exc) from exc
+                raise self._storage_error(exc, "cannot append to ingest buffer") from exc
         return seq
 
     def _rollback(self) -> None:
@@ -111,7 +140,7 @@ class IngestBuffer:
             except sqlite3.Error:
                 log.warning("ROLLBACK after a failed buffer append failed too", exc_info=True)
 
-    def _append_error(self, exc: sqlite3.Error) -> StorageError:
+    def _storage_error(self, exc: sqlite3.Error, what: str) -> StorageError:
         if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(exc):
             free = shutil.disk_usage(self.path.parent).free
             return DiskFullError(
@@ -120,15 +149,19 @@ class IngestBuffer:
                 "one); writers should retry",
                 retry_after_s=DISK_FULL_RETRY_S,
             )
-        return StorageError(f"cannot append to ingest buffer {self.path}: {exc}")
+        return StorageError(f"{what} {self.path}: {exc}")
 
     def last_seq(self) -> int:
+        if self._absent():
+            return 0
         with self._lock:
             row = self._db.execute("SELECT coalesce(max(seq), 0) FROM batches").fetchone()
         return int(row[0])
 
     def pending(self, after_seq: int, max_samples: int, up_to: int | None = None) -> Pending | None:
         """Batches with ``after_seq < seq <= up_to`` (at least one, then up to ``max_samples``)."""
+        if self._absent():
+            return None
         with self._lock:
             rows = self._db.execute(
                 "SELECT seq, samples, payload FROM batches WHERE seq > ? AND seq <= ? ORDER BY seq",
@@ -195,12 +228,16 @@ class IngestBuffer:
         return pa.table([pa.array(c) for c in columns], schema=SERIES_SCHEMA)
 
     def all_series(self) -> list[tuple[int, str, str, str]]:
+        if self._absent():
+            return []
         with self._lock:
             rows = self._db.execute("SELECT series_id, metric, labels, kind FROM series")
             return [(int(a), str(b), str(c), str(d)) for a, b, c, d in rows]
 
     def discard_through(self, seq: int) -> None:
         """Forget batches (and their series rows) that the catalog already holds."""
+        if self._absent():
+            return
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("DELETE FROM batches WHERE seq <= ?", (seq,))
@@ -221,6 +258,8 @@ class IngestBuffer:
 
     def depth(self) -> tuple[int, int]:
         """(samples, payload bytes) waiting to be flushed."""
+        if self._absent():
+            return 0, 0
         with self._lock:
             row = self._db.execute(
                 "SELECT coalesce(sum(samples), 0), coalesce(sum(length(payload)), 0) FROM batches"
@@ -229,7 +268,8 @@ class IngestBuffer:
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            if self._conn is not None:
+                self._conn.close()
 
 
 def _to_ipc(table: pa.Table) -> bytes:
