@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from metricvault.archive.experiments import Experiment
@@ -163,11 +164,12 @@ def params_table(vault: Any, experiment_ids: Sequence[str]) -> pd.DataFrame:
     """One row per parameter: ``param``, its value in each experiment as text ('' where it
     has none) and ``differs`` (whether the runs disagree)."""
     exps = [experiment_of(vault, i) for i in experiment_ids]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for key in sorted(set().union(*(e.params for e in exps))):
         cells = [_param_text(e.params[key]) if key in e.params else "" for e in exps]
+        differs = len(set(cells)) > 1
         rows.append({"param": key, **dict(zip(experiment_ids, cells, strict=True))})
-        rows[-1]["differs"] = len(set(cells)) > 1
+        rows[-1]["differs"] = differs
     return pd.DataFrame(rows, columns=["param", *experiment_ids, "differs"])
 
 
@@ -236,7 +238,8 @@ def history(
         joined = samples.merge(steps, on=["key", "timestamp"])
         columns[metric] = joined.groupby("step")["value"].agg(agg)
     frame = pd.DataFrame(columns, columns=names).sort_index()
-    if len(frame) and (frame.index == frame.index.round()).all():
+    steps_seen = frame.index.to_numpy(dtype="float64")
+    if len(frame) and (steps_seen == np.round(steps_seen)).all():
         frame.index = frame.index.astype("int64")
     frame.index.name = "step"
     return frame

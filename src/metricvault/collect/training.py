@@ -83,7 +83,6 @@ RESERVED = frozenset({STEP, TOKENS_TOTAL})  # written from ``step`` and ``tokens
 KINDS = {TOKENS_TOTAL: "counter"}
 
 
-
 class SeriesNamesNotice(UserWarning):
     """Said once per run, at the first ``run.log`` that stores a keyword under another name
     (``loss`` -> ``train_loss``): query those names. Silence it with
@@ -252,8 +251,8 @@ class Run:
         self._warn_once(
             "mfu above 1",
             f"metricvault run {self.experiment_id!r}: mfu {mfu:.3g} is above 1 (more FLOP/s "
-            f"than the GPUs' peak): check flops_per_token={self.flops_per_token or 0:.4g} (about 6 x "
-            f"parameters), gpu={params.get('gpu')!r} (peak "
+            f"than the GPUs' peak): check flops_per_token={self.flops_per_token or 0:.4g} "
+            f"(about 6 x parameters), gpu={params.get('gpu')!r} (peak "
             f"{params.get('peak_flops', 0):.4g} FLOP/s each) and gpus={params.get('gpus')!r} "
             "(all GPUs whose tokens are logged)",
         )
