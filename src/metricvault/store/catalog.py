@@ -153,7 +153,7 @@ class Change:
         series = [s for s in base.series_files if s.path not in self.remove_series]
         dirty = (set(base.dirty_hours) - self.dirty_remove) | self.dirty_add
         still = {f.path for f in files} | {s.path for s in series}
-        replaced = [r for r in base.replaced if r.path not in self.forget]
+        replaced = [r for r in base.replaced if r.path not in self.forget and r.path not in still]
         known = {r.path for r in replaced}
         replaced += [
             Replaced(p, committed_ms)

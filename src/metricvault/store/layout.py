@@ -116,7 +116,11 @@ class Location:
                 out.write(data)
             return
         created = self._make_dirs(Path(path).parent)
-        durable_tmp_at(Path(path), data)
+        try:
+            durable_tmp_at(Path(path), data)
+        except OSError:
+            Path(path).unlink(missing_ok=True)  # a full disk: leave no partial file behind
+            raise
         fsync_directory(Path(path).parent)
         for directory in created:  # a new directory is itself an entry in its parent
             fsync_directory(directory.parent)

@@ -114,10 +114,15 @@ class Vault:
 
     def _upgrade_catalog(self) -> None:
         """Rewrite a format-1 catalog (absolute paths) with relative ones, once, on open."""
+        from metricvault.errors import StorageError
+
         snap = self.catalog.current()
         if snap.version and not snap.vault_id:
-            with self.writer_lock():
-                self.catalog.upgrade()
+            try:
+                with self.writer_lock():
+                    self.catalog.upgrade()
+            except StorageError as exc:  # e.g. another process upgraded it first
+                log.warning("catalog not upgraded on open (%s); the next commit does it", exc)
 
     def _load_series(self) -> None:
         self._series_files: set[str] = set()
