@@ -82,7 +82,7 @@ def test_query_csv_matches_the_python_api(vault_dir, tmp_path):
 def test_relative_times_and_json_output(vault_dir):
     result = run("query", "gpu_util", "-d", vault_dir, "--start=-1d", "-f", "json")
     assert result.exit_code == 0
-    assert json.loads(result.output) == []  # the data is from 2026-01-01, long before -1d
+    assert json.loads(result.stdout) == []  # the data is from 2026-01-01, long before -1d
 
 
 def test_stats_json_and_series_and_sql(vault_dir):

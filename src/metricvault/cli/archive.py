@@ -234,7 +234,7 @@ def experiment_list(
     since: Annotated[
         str | None, typer.Option(help="Only runs started at or after this (ISO, -30d).")
     ] = None,
-    fmt: FormatOpt = "table",
+    fmt: FormatOpt = None,
     output: OutOpt = None,
     data: DataOpt = None,
     config: ConfigOpt = None,
@@ -307,7 +307,7 @@ def experiment_compare(
             "raw, or a bucket width (1m, 1h). --align step always joins raw samples by step."
         ),
     ] = "auto",
-    fmt: FormatOpt = "table",
+    fmt: FormatOpt = None,
     output: OutOpt = None,
     data: DataOpt = None,
     config: ConfigOpt = None,
@@ -531,7 +531,7 @@ def archive_open(
     end: Annotated[str | None, typer.Option("--end", "-e")] = None,
     step: Annotated[str | None, typer.Option(help="Bucket width or 'all'.")] = None,
     agg: Annotated[str, typer.Option(help="Aggregates, as for `query`.")] = "mean",
-    fmt: FormatOpt = "table",
+    fmt: FormatOpt = None,
     output: OutOpt = None,
 ) -> None:
     """Query a snapshot with the same options as `metricvault query` (without a selector:
@@ -587,7 +587,7 @@ def archive_list(
     check_remote: Annotated[
         bool, typer.Option("--check-remote/--no-check-remote", help="Ask the remote.")
     ] = True,
-    fmt: FormatOpt = "table",
+    fmt: FormatOpt = None,
     output: OutOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,

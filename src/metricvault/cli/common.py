@@ -1,21 +1,19 @@
-"""What every command shares: the vault/config/--set options, opening a vault, printing."""
+"""What every typer command shares: the vault/config/--set options, opening a vault, printing.
+
+The work itself lives in light modules (:mod:`metricvault.cli.light`,
+:mod:`metricvault.cli.output`) that the fast path for hot commands uses without typer.
+"""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from metricvault.config import Settings
-
-if TYPE_CHECKING:  # imported where used: `metricvault agent` must stay light (no pandas/pyarrow)
-    import pandas as pd
-
-    from metricvault.store.vault import Vault
+from metricvault.cli.light import load_settings, open_vault
+from metricvault.cli.output import emit, print_table
 
 console = Console()
 err = Console(stderr=True)
@@ -36,86 +34,35 @@ SetOpt = Annotated[
     ),
 ]
 FormatOpt = Annotated[
-    str, typer.Option("--format", "-f", help="Output: table, csv, json or parquet (needs -o).")
+    str | None,
+    typer.Option(
+        "--format",
+        "-f",
+        help="Output: table, csv, tsv, json or parquet. Default: from the -o file's extension, "
+        "else a table (plain tab-separated text when stdout is not a terminal).",
+        show_default=False,
+    ),
 ]
 OutOpt = Annotated[
-    Path | None, typer.Option("--output", "-o", help="Write the result to this file.")
+    Path | None,
+    typer.Option(
+        "--output",
+        "-o",
+        help="Write the result to this file (.csv, .tsv, .json, .parquet); '-' is stdout.",
+        show_default=False,
+    ),
 ]
 
-
-def load_settings(
-    data: str | None, config: Path | None, overrides: list[str] | None = None
-) -> Settings:
-    flags: dict[str, Any] = {}
-    for item in overrides or []:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise typer.BadParameter(
-                f"--set {item!r}: write NAME=VALUE, e.g. --set retention_raw=90d"
-            )
-        flags[name.strip()] = value.strip()
-    return Settings.load(config_file=config, data=data, **flags)
-
-
-def open_vault(
-    data: str | None, config: Path | None, overrides: list[str] | None, create: bool = False
-) -> Vault:
-    """Open the vault; commands that only read refuse to create an empty one by mistake."""
-    from metricvault.store.vault import Vault
-
-    settings = load_settings(data, config, overrides)
-    return Vault.open(settings.data, settings, create=create)
-
-
-def emit(frame: pd.DataFrame, fmt: str, output: Path | None, title: str = "") -> None:
-    """Print or save a result frame in the requested format."""
-    if fmt == "parquet":
-        if output is None:
-            raise typer.BadParameter("--format parquet needs --output FILE")
-        frame.to_parquet(output, index=False)
-    elif fmt == "csv":
-        text = frame.to_csv(index=False)
-        output.write_text(text) if output else sys.stdout.write(text)
-    elif fmt == "json":
-        text = frame.to_json(orient="records", date_format="iso", indent=1)
-        output.write_text(text) if output else sys.stdout.write(text + "\n")
-    elif fmt == "table":
-        if output:
-            output.write_text(frame.to_string(index=False))
-        else:
-            console.print(_rich_table(frame, title))
-    else:
-        raise typer.BadParameter(f"unknown format {fmt!r}: use table, csv, json or parquet")
-    if output:
-        err.print(f"wrote {len(frame)} rows to {output}")
-
-
-def _rich_table(frame: pd.DataFrame, title: str, limit: int = 200) -> Table:
-    table = Table(title=title or None, show_lines=False)
-    for col in frame.columns:
-        numeric = frame[col].dtype.kind in "fiu"
-        # a narrow terminal folds long text (labels, paths) rather than squeezing columns away
-        table.add_column(
-            str(col),
-            justify="right" if numeric else "left",
-            no_wrap=numeric,
-            overflow="fold",
-            min_width=min(len(str(col)), 8),
-        )
-    for row in frame.head(limit).itertuples(index=False):
-        table.add_row(*(_cell(v) for v in row))
-    if len(frame) > limit:
-        table.caption = f"{len(frame) - limit} more rows: use --format csv or -o FILE"
-    return table
-
-
-def _cell(value: Any) -> str:
-    import pandas as pd
-
-    if value is None or (isinstance(value, float) and value != value) or value is pd.NaT:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, pd.Timestamp):
-        return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3].removesuffix(".000")
-    return str(value)
+__all__ = [
+    "ConfigOpt",
+    "DataOpt",
+    "FormatOpt",
+    "OutOpt",
+    "SetOpt",
+    "console",
+    "emit",
+    "err",
+    "load_settings",
+    "open_vault",
+    "print_table",
+]

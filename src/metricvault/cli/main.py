@@ -36,9 +36,9 @@ from metricvault.cli.common import (
     open_vault,
 )
 from metricvault.cli.influx import influx_app
+from metricvault.cli.light import run_query, run_series, run_stats
 from metricvault.config import describe
 from metricvault.durations import (
-    ms_to_datetime,
     parse_duration_ms,
     parse_time_ms,
 )
@@ -52,10 +52,31 @@ app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode="markdown",
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(archive_app, name="archive")
 app.add_typer(influx_app, name="influx")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from metricvault import __version__
+
+        print(f"metricvault {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", "-V", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    pass
 
 
 @app.command()
@@ -74,7 +95,7 @@ def query(
     agg: Annotated[
         str, typer.Option(help="Aggregates: mean,min,max,count,sum,last,increase.")
     ] = "mean",
-    fmt: FormatOpt = "table",
+    fmt: FormatOpt = None,
     output: OutOpt = None,
     data: DataOpt = None,
     config: ConfigOpt = None,
@@ -87,16 +108,17 @@ def query(
 
     Example: `metricvault query 'DCGM_FI_DEV_GPU_UTIL{Hostname="node01"}' -s -7d --step 1h
     --agg mean,max`
+
+    When nothing matches it says why on stderr (no such series, with the nearest metric
+    names, or no samples in the range). `-o x.parquet` picks the format from the extension.
     """
-    with open_vault(data, config, set_) as vault:
-        frame = vault.query(selector, start, end, step=step, aggs=agg.split(","))
-    emit(frame, fmt, output, title=selector)
+    run_query(selector, start, end, step, agg, fmt, output, data, config, set_)
 
 
 @app.command()
 def sql(
     statement: Annotated[str, typer.Argument(help="DuckDB SQL.")],
-    fmt: FormatOpt = "table",
+    fmt: FormatOpt = None,
     output: OutOpt = None,
     data: DataOpt = None,
     config: ConfigOpt = None,
@@ -119,68 +141,29 @@ def sql(
 @app.command()
 def series(
     selector: Annotated[str | None, typer.Argument(help="Optional PromQL selector.")] = None,
-    fmt: FormatOpt = "table",
+    fmt: FormatOpt = None,
     output: OutOpt = None,
     data: DataOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """List the series in the vault (id, metric, kind and labels)."""
-    with open_vault(data, config, set_) as vault:
-        emit(vault.series(selector), fmt, output, title="series")
+    run_series(selector, fmt, output, data, config, set_)
 
 
 @app.command()
 def stats(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    fmt: Annotated[
+        str | None,
+        typer.Option("--format", "-f", help="Output: table or json.", show_default=False),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Same as -f json.")] = False,
     data: DataOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
 ) -> None:
     """Series count, samples and bytes per tier, bytes/sample, time coverage, rollup lag."""
-    with open_vault(data, config, set_) as vault:
-        info = vault.stats()
-    if as_json:
-        print(json.dumps(info, indent=2))
-        return
-    print_stats(info)
-
-
-def print_stats(info: dict[str, Any]) -> None:
-    table = Table(
-        title=f"{info['uri']}  ·  {info['series']} series  ·  snapshot {info['snapshot']}"
-    )
-    for col in ("tier", "files", "rows", "bytes", "bytes/row", "first", "last"):
-        table.add_column(col, justify="left" if col in ("tier", "first", "last") else "right")
-    for tier, t in info["tiers"].items():
-        table.add_row(
-            tier,
-            _count(t.get("files")),
-            _count(t.get("rows")),
-            _count(t.get("bytes")),
-            f"{t['bytes_per_row']}" if t["bytes_per_row"] is not None else "",
-            _when(t["first"]),
-            _when(t["last"]),
-        )
-    console.print(table)
-    lag = info["rollup"]
-    state = (
-        "up to date"
-        if not lag["pending_hours"]
-        else (
-            f"{lag['pending_hours']} hour(s) pending, complete until {_when(lag['complete_until'])}"
-        )
-    )
-    console.print(f"rollups: {state}")
-    console.print(f"ingest buffer: {info['buffer']['samples']:,} samples waiting")
-
-
-def _count(value: int | None) -> str:
-    return "" if value is None else f"{value:,}"
-
-
-def _when(ms: int | None) -> str:
-    return ms_to_datetime(ms).strftime("%Y-%m-%d %H:%M:%S") if ms is not None else ""
+    run_stats("json" if as_json else fmt, data, config, set_)
 
 
 @app.command()

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metricvault.durations import parse_duration_ms
-from metricvault.errors import InputError, TimeRangeError
+from metricvault.errors import InputError, MissingDependencyError, TimeRangeError
 from metricvault.model import AGGREGATES
 from metricvault.store import rollup
 from metricvault.store.catalog import Snapshot
@@ -222,8 +222,13 @@ def convert(table: pa.Table, output: str) -> Any:
     if output == "arrow":
         return table
     if output == "polars":
-        import polars as pl
-
+        try:
+            import polars as pl
+        except ImportError as exc:
+            raise MissingDependencyError(
+                "output='polars' needs the polars package, which is not installed: "
+                "pip install 'metricvault[polars]' (or use output='pandas' / 'arrow')"
+            ) from exc
         return pl.from_arrow(table)
     if output == "pandas":
         return table.to_pandas()
@@ -232,3 +237,66 @@ def convert(table: pa.Table, output: str) -> Any:
 
 def _as_array(values: Any) -> pa.Array:
     return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+def explain_empty(
+    index: SeriesIndex, selector: str, series_ids: list[int], snapshot: Snapshot
+) -> str:
+    """Why a query returned no rows, in one sentence a person can act on: no series match
+    (with the nearest metric names, or the label values the metric does have), or the series
+    exist but hold no samples in the range (with where the vault's data lies)."""
+    import difflib
+
+    from metricvault.selector import parse_selectors
+
+    if series_ids:
+        first, last = _sample_bounds(snapshot)
+        span = (
+            "the vault holds no samples yet"
+            if first is None or last is None
+            else f"the vault holds samples from {_iso(first)} to {_iso(last)}"
+        )
+        return (
+            f"{len(series_ids)} series match {selector} but none has samples in the range; "
+            f"{span}: widen --start/--end"
+        )
+    infos = index.all()
+    metrics = sorted({i.metric for i in infos})
+    hints: list[str] = []
+    for part in parse_selectors(selector).parts:
+        name = part.metric
+        if name is None:
+            continue
+        if name in metrics:
+            labels = _label_values(i.labels for i in infos if i.metric == name)
+            hints.append(f"{name} exists; its labels: {labels}")
+        else:
+            near = difflib.get_close_matches(name, metrics, n=5, cutoff=0.6)
+            if near:
+                hints.append(f"did you mean {', '.join(near)}?")
+    if not hints:
+        hints.append(
+            "'metricvault series' lists what the vault holds" if metrics else "the vault is empty"
+        )
+    return f"no series match {selector}; " + "; ".join(hints)
+
+
+def _label_values(label_sets: Any, most: int = 5) -> str:
+    values: dict[str, set[str]] = {}
+    for labels in label_sets:
+        for k, v in labels.items():
+            values.setdefault(k, set()).add(v)
+    if not values:
+        return "(none)"
+    parts = []
+    for name in sorted(values):
+        shown = sorted(values[name])
+        more = f", ... {len(shown) - most} more" if len(shown) > most else ""
+        parts.append(f"{name} ({', '.join(shown[:most])}{more})")
+    return ", ".join(parts)
+
+
+def _iso(ms: int) -> str:
+    from metricvault.durations import ms_to_datetime
+
+    return ms_to_datetime(ms).strftime("%Y-%m-%dT%H:%M:%SZ")

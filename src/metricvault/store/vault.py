@@ -26,7 +26,7 @@ from metricvault.durations import (
     parse_duration_ms,
     parse_time_ms,
 )
-from metricvault.errors import BackpressureError, TimeRangeError, ValueRangeError
+from metricvault.errors import BackpressureError, InputError, TimeRangeError, ValueRangeError
 from metricvault.model import SAMPLE_SCHEMA
 from metricvault.selector import parse_selectors
 from metricvault.store import files as fmt
@@ -170,6 +170,7 @@ class Vault:
         and may raise to refuse it (the gateway's cardinality limit). Nothing is written if any
         sample is invalid or the write is refused.
         """
+        _refuse_unwritable(data)
         batch = normalize(data, kinds)
         if batch.samples.num_rows == 0:
             return 0
@@ -499,6 +500,24 @@ def dirty_hours(ts: np.ndarray, lookback_ms: int) -> set[int]:
     reach = -(-lookback_ms // HOUR_MS)
     spread = np.unique(np.concatenate([hours + k for k in range(reach + 1)]))
     return {int(h) for h in spread}
+
+
+def _refuse_unwritable(data: Any) -> None:
+    """A clear InputError for what write cannot take (a Series, a string, a number, a dict),
+    before normalize meets it as an AttributeError or a confusing tuple-unpacking message."""
+    kind = type(data)
+    name = f"{kind.__module__.split('.')[0]}.{kind.__name__}"
+    if kind.__name__ == "Series" and kind.__module__.startswith(("pandas", "polars")):
+        hint = "a Series holds one column: pass a DataFrame with columns metric, timestamp, value"
+    elif data is None or isinstance(data, (str, bytes, dict, int, float)):
+        hint = "pass an Arrow table, a pandas/polars DataFrame or a list of tuples"
+    else:
+        return
+    raise InputError(
+        f"write cannot take {name}: it takes the long shape (metric, timestamp, value, label "
+        f"columns) as an Arrow table or pandas/polars DataFrame, or (metric, labels_dict, "
+        f"ts_ms, value) tuples; {hint}"
+    )
 
 
 def _read_series(location: Location, path: str) -> pa.Table:

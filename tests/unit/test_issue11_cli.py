@@ -1,0 +1,209 @@
+"""Issue 11: the command line's and the Python API's rough edges.
+
+Output formats follow the file name, piped tables are whole, a query that matches nothing says
+why, hot commands start without typer/rich/pandas, settings are checked when loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from metricvault import Vault
+from metricvault.cli.light import parsers
+from metricvault.cli.main import app
+from metricvault.errors import InputError
+
+T0 = 1_767_225_600_000
+UUID = "GPU-5f3c1b2a-9d8e-4f7a-b6c5-a1b2c3d4e5f6-0123456789abcdef"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def vault_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("issue11") / "v"
+    with Vault.open(str(path)) as v:
+        v.write(
+            [
+                ("gpu_util", {"gpu": str(g), "UUID": f"{UUID}-{g}"}, T0 + i * 5000, float(i))
+                for g in range(2)
+                for i in range(720)
+            ]
+        )
+        v.write([("gpu_temp", {"gpu": "0"}, T0, 40.0)])
+    return str(path)
+
+
+def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The real entry point, stdout a pipe (not a terminal)."""
+    return subprocess.run(
+        [sys.executable, "-m", "metricvault.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
+
+
+def span(*extra: str) -> list[str]:
+    return ["--start", str(T0), "--end", str(T0 + 3_600_000), *extra]
+
+
+# ------------------------------------------------------------------ -o picks the format
+def test_issue11_output_format_follows_the_file_extension(vault_dir, tmp_path):
+    parquet, as_json = tmp_path / "q.parquet", tmp_path / "q.json"
+    for out in (parquet, as_json):
+        done = cli("query", "gpu_util", "-d", vault_dir, *span("--step", "1h"), "-o", str(out))
+        assert done.returncode == 0, done.stderr
+    assert pq.read_table(parquet).num_rows == 2
+    assert [r["gpu"] for r in json.loads(as_json.read_text())] == ["0", "1"]
+
+
+def test_issue11_a_format_that_contradicts_the_extension_is_refused(vault_dir, tmp_path):
+    out = tmp_path / "q.parquet"
+    done = cli("query", "gpu_util", "-d", vault_dir, *span(), "-f", "csv", "-o", str(out))
+    assert done.returncode == 2
+    assert "-f csv contradicts" in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists()
+    unknown = cli("series", "-d", vault_dir, "-o", str(tmp_path / "s.dat"))
+    assert unknown.returncode == 2 and "cannot tell the format" in unknown.stderr
+
+
+def test_issue11_dash_is_stdout(vault_dir, tmp_path):
+    args = ["series", "-d", vault_dir, "-f", "csv", "-o", "-"]
+    done = subprocess.run(
+        [sys.executable, "-m", "metricvault.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "series_id,metric,kind,UUID,gpu"
+    assert not (tmp_path / "-").exists()
+
+
+# ------------------------------------------------------------------ piped tables are whole
+def test_issue11_piped_table_is_tab_separated_full_width(vault_dir):
+    done = cli("series", "gpu_util", "-d", vault_dir)
+    lines = done.stdout.splitlines()
+    assert lines[0].split("\t") == ["series_id", "metric", "kind", "UUID", "gpu"]
+    assert [line.split("\t")[3] for line in lines[1:]] == [f"{UUID}-0", f"{UUID}-1"]
+
+
+def test_issue11_piped_experiment_compare_keeps_every_column(vault_dir, tmp_path):
+    copy = tmp_path / "v"
+    subprocess.run(["cp", "-a", vault_dir, str(copy)], check=True)
+    for run_id in ("run-with-a-long-name-1", "run-with-a-long-name-2"):
+        made = cli(
+            "experiment", "create", run_id, "-l", '{gpu="0"}', "--start", str(T0),
+            "--end", str(T0 + 3_600_000), "-d", str(copy), "--no-git",
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+    done = cli("experiment", "compare", "run-with-a-long-name-1", "run-with-a-long-name-2",
+               "-d", str(copy))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    first_table = done.stdout.split("\n\n")[0].splitlines()[:3]
+    rows = [line.split("\t") for line in first_table]
+    assert rows[0][0] == "experiment" and len({len(r) for r in rows}) == 1
+    assert [r[0] for r in rows[1:]] == ["run-with-a-long-name-1", "run-with-a-long-name-2"]
+
+
+# ------------------------------------------------------------------ --version, -h, -f json
+def test_issue11_version_and_short_help():
+    from metricvault import __version__
+
+    assert cli("--version").stdout.strip() == f"metricvault {__version__}"
+    assert runner.invoke(app, ["--version"]).stdout.strip() == f"metricvault {__version__}"
+    for args in (["-h"], ["query", "-h"], ["experiment", "compare", "-h"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0 and "Usage" in result.output, args
+    assert "--start" in cli("query", "-h").stdout  # the hot path hands -h to the manual
+
+
+def test_issue11_stats_speaks_format_json_and_keeps_json(vault_dir):
+    one = json.loads(cli("stats", "-d", vault_dir, "-f", "json").stdout)
+    two = json.loads(cli("stats", "-d", vault_dir, "--json").stdout)
+    assert one["series"] == two["series"] == 3
+    typer_side = json.loads(runner.invoke(app, ["stats", "-d", vault_dir, "-f", "json"]).stdout)
+    assert typer_side["series"] == 3
+
+
+# ------------------------------------------------------------------ no match says why
+def test_issue11_no_match_suggests_near_metric_names(vault_dir):
+    done = cli("query", "gpu_utl", "-d", vault_dir, *span())
+    assert done.returncode == 0
+    assert "no series match gpu_utl" in done.stderr and "gpu_util" in done.stderr
+    assert done.stdout == ""  # not an empty table
+    labels = cli("query", 'gpu_temp{gpu="7"}', "-d", vault_dir, *span())
+    assert "gpu_temp exists; its labels: gpu (0)" in labels.stderr
+
+
+def test_issue11_no_samples_in_range_says_where_the_data_is(vault_dir):
+    done = cli("query", "gpu_util", "-d", vault_dir, "--start=-1d")
+    assert "2 series match gpu_util but none has samples in the range" in done.stderr
+    assert "2026-01-01T00:00:00Z" in done.stderr
+
+
+# ------------------------------------------------------------------ start-up cost
+@pytest.mark.parametrize(
+    "args",
+    [["stats"], ["series"], ["query", "gpu_util", "--start", str(T0), "--step", "1h"]],
+)
+def test_issue11_hot_commands_import_neither_typer_rich_nor_pandas(vault_dir, args):
+    code = (
+        "import atexit, sys\n"
+        "heavy = ('typer', 'rich', 'click', 'pydantic', 'pandas')\n"
+        "atexit.register(lambda: print('LOADED', [m for m in heavy if sys.modules.get(m)],"
+        " file=sys.stderr))\n"
+        f"sys.argv = ['metricvault', *{[*args, '-d', vault_dir]!r}]\n"
+        "from metricvault.cli import main\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "LOADED []" in done.stderr
+
+
+def test_issue11_fast_path_takes_the_same_options_as_the_manual():
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for name, parser in parsers().items():
+        command = group.commands[name]  # type: ignore[attr-defined]
+        manual = {o for p in command.params for o in p.opts if o.startswith("-")}
+        fast = {o for a in parser._actions for o in a.option_strings}
+        assert fast == manual - {"--help", "-h"}, name
+
+
+# ------------------------------------------------------------------ Python API errors
+def test_issue11_polars_output_without_polars_names_the_extra(vault_dir):
+    code = (
+        "import sys; sys.modules['polars'] = None\n"
+        "from metricvault import Vault\n"
+        f"Vault.open({vault_dir!r}).query('gpu_util', {T0}, {T0 + 60_000}, output='polars')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "MissingDependencyError" in done.stderr
+    assert "pip install 'metricvault[polars]'" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "data",
+    [pd.Series([1.0, 2.0]), "gpu_util 1", {"metric": "m"}, 42, None],
+    ids=["pandas-series", "str", "dict", "int", "none"],
+)
+def test_issue11_writing_a_wrong_type_is_a_clear_error(tmp_path, data):
+    with (
+        Vault.open(str(tmp_path / "w"), create=True) as v,
+        pytest.raises(InputError, match="write cannot take") as info,
+    ):
+        v.write(data)
+    assert "metric, timestamp, value" in info.value.message
