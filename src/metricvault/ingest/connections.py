@@ -5,8 +5,10 @@ nothing, or half a header, holds a connection (and a file descriptor) for good, 
 thousand of them (slowloris) exhaust the process's file limit, after which every accept fails
 and asyncio logs a traceback for each failure. :class:`GuardedH11Protocol` closes a connection
 whose request head is not complete ``header_timeout_s`` after its first byte (or after it
-connected); :func:`quiet_accept_errors` turns the accept-failure tracebacks into one line per
-burst; :func:`raise_open_file_limit` lifts the soft file limit to the hard one.
+connected), and closes new connections at once while the process holds more than its file
+limit less :data:`FILES_RESERVE`; :func:`quiet_accept_errors` turns the accept-failure
+tracebacks into one line per burst; :func:`raise_open_file_limit` lifts the soft file limit to
+the hard one.
 """
 
 from __future__ import annotations
