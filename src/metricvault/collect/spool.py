@@ -29,8 +29,10 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import re
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +52,7 @@ UNREADABLE, WRITE_ERROR = "unreadable", "write_error"
 # Why the spool drops an entry (the reason label of metricvault_agent_push_dropped_*).
 SPOOL_DROP_REASONS = (SPOOL_FULL, DISK_FULL, TOO_LARGE, UNREADABLE, WRITE_ERROR)
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+DISK_FULL_LOG_EVERY_S = 60.0
 
 
 class SpoolLockedError(RuntimeError):
@@ -88,7 +91,8 @@ class Spool:
         self._samples = 0
         self._drops = self._load_counters()  # reason -> [requests, samples]
         self._counters_dirty = False  # a save failed (full disk): retried at the next drop
-        self._disk_full = False  # an append failed for space and none has worked since
+        self._disk_full = False  # the last append needed space it did not find
+        self._disk_warned_at = -math.inf  # monotonic time of the last disk-full warning
         self._scan()
         self._next_seq = self._entries[-1].seq + 1 if self._entries else 1
 
@@ -114,6 +118,8 @@ class Spool:
                 return None
             self._next_seq += 1
             self._push(entry)
+            if self._counters_dirty:  # the disk had no room for them: it has now
+                self._save_counters()
             return entry.seq
 
     def peek(self) -> tuple[int, bytes] | None:
@@ -142,6 +148,8 @@ class Spool:
     def close(self) -> None:
         """Release the directory lock (the entries stay for the next open)."""
         with self._mutex:
+            if self._counters_dirty:
+                self._save_counters()
             if not self._lock_file.closed:
                 self._lock_file.close()  # closing drops the flock
 
@@ -238,9 +246,8 @@ class Spool:
                 evicted.append(oldest)
         if evicted:
             self._count_dropped(evicted, DISK_FULL)
-            level = logging.DEBUG if self._disk_full else logging.WARNING  # once per episode
             log.log(
-                level,
+                self._disk_full_level(),
                 "disk full under the spool %s: dropped the %d oldest requests (%d samples) to "
                 "write the newest; free space there or lower --spool-max-bytes",
                 self.directory,
@@ -248,13 +255,13 @@ class Spool:
                 sum(e.samples for e in evicted),
             )
         elif self._disk_full:
-            log.warning("the spool %s has disk space again", self.directory)
+            log.info("the spool %s has disk space again", self.directory)
         self._disk_full = bool(evicted)
         return True
 
     def _disk_full_drop(self, entry: _Entry, evicted: list[_Entry]) -> None:
         self._count_dropped([*evicted, entry], DISK_FULL)
-        level = logging.DEBUG if self._disk_full else logging.ERROR  # once per episode
+        level = logging.ERROR if self._disk_full_level() == logging.WARNING else logging.DEBUG
         log.log(
             level,
             "disk full under the spool %s: even with the spool emptied (%d requests deleted) a "
@@ -266,6 +273,15 @@ class Spool:
             entry.samples,
         )
         self._disk_full = True
+
+    def _disk_full_level(self) -> int:
+        """WARNING at most once a minute while the disk stays (nearly) full, else DEBUG: a
+        disk that frees one entry's space per eviction would otherwise log every append."""
+        now = time.monotonic()
+        if now - self._disk_warned_at < DISK_FULL_LOG_EVERY_S:
+            return logging.DEBUG
+        self._disk_warned_at = now
+        return logging.WARNING
 
     def _write(self, entry: _Entry, body: bytes) -> None:
         """Write-then-rename, fsynced, so an entry on disk is always whole (a failure, e.g. a
@@ -297,6 +313,9 @@ class Spool:
         counts = self._drops.setdefault(reason, [0, 0])
         counts[0] += len(entries)
         counts[1] += sum(e.samples for e in entries)
+        self._save_counters()
+
+    def _save_counters(self) -> None:
         doc = {
             "dropped_requests": sum(r for r, _ in self._drops.values()),
             "dropped_samples": sum(n for _, n in self._drops.values()),
