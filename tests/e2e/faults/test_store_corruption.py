@@ -23,12 +23,15 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from metricvault.errors import CorruptionError
+from metricvault.store.check import check
 from metricvault.store.vault import Vault
 
-from ..conftest import GatewayProcess, http_get, metric_sum, parse_exposition
+from ..conftest import GatewayProcess, S3Server, http_get, metric_sum, parse_exposition
 
 pytestmark = pytest.mark.e2e
 
@@ -163,16 +166,16 @@ def test_issue10_truncated_series_file_names_it_and_check_repair_rebuilds(
 
 
 # ------------------------------------------------------------------ bit flips
-def flip_inside_data_page(path: Path, column: str) -> None:
+def flip_inside_data_page(data: bytes, column: str) -> bytes:
     """Flip one bit in the middle of ``column``'s first data page (past its page header)."""
-    meta = pq.read_metadata(path).row_group(0)
+    meta = pq.read_metadata(pa.BufferReader(data)).row_group(0)
     chunk = next(
         meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema == column
     )
     at = chunk.data_page_offset + chunk.total_compressed_size // 2
-    data = bytearray(path.read_bytes())
-    data[at] ^= 0x10
-    path.write_bytes(bytes(data))
+    flipped = bytearray(data)
+    flipped[at] ^= 0x10
+    return bytes(flipped)
 
 
 def test_issue10_bit_flip_in_data_file_fails_loudly_and_check_names_it(tmp_path: Path) -> None:
@@ -181,7 +184,7 @@ def test_issue10_bit_flip_in_data_file_fails_loudly_and_check_names_it(tmp_path:
         vault.write(frame("gpu_util", {"0": 50.0, "1": 60.0}, 2000))
         vault.write(frame("gpu_util", {"0": 50.0}, 10, t0=T0 + 86_400_000))  # next day's file
     day1 = next(f for f in vault.snapshot().files if f.min_ts == T0)
-    flip_inside_data_page(Path(day1.path), "value_f")
+    Path(day1.path).write_bytes(flip_inside_data_page(Path(day1.path).read_bytes(), "value_f"))
     name = Path(day1.path).name
 
     failed = cli(
@@ -207,6 +210,28 @@ def test_issue10_bit_flip_in_data_file_fails_loudly_and_check_names_it(tmp_path:
     with Vault.open(str(vault_dir), create=False) as vault:
         left = vault.query("gpu_util", T0, T0 + 2 * 86_400_000)
     assert len(left) == 10  # the other day's file; the lost day was named in the plan
+
+
+def test_issue10_bit_flip_in_an_s3_object_fails_loudly_and_check_names_it(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    uri = f"s3://{s3_bucket}/vault"
+    where = {"s3_endpoint": s3_server.endpoint, "state_dir": str(tmp_path / "state")}
+    with Vault.open(uri, **where) as vault:
+        vault.write(frame("gpu_util", {"0": 50.0, "1": 60.0}, 2000))
+    damaged = vault.snapshot().files[0]
+    key = damaged.path.split("/", 1)[1]  # in-memory paths are bucket/key
+    client = s3_server.client()
+    body = client.get_object(Bucket=s3_bucket, Key=key)["Body"].read()
+    client.put_object(Bucket=s3_bucket, Key=key, Body=flip_inside_data_page(body, "value_f"))
+
+    with Vault.open(uri, **where) as vault:
+        with pytest.raises(CorruptionError, match="checksum") as failed:
+            vault.query("gpu_util", T0, T0 + DAY_MS)
+        assert Path(key).name in str(failed.value)
+        report = check(vault.location)
+    assert [p.path for p in report.problems] == [damaged.path]
+    assert "4,000 samples of 2 series" in report.problems[0].what
 
 
 # ------------------------------------------------------------------ full disk
