@@ -127,6 +127,20 @@ def test_issue10_maintain_on_a_cp_a_copy_deletes_nothing_referenced(tmp_path: Pa
     assert original_now == original_files, "maintaining the copy touched the original"
 
 
+def test_issue10_maintain_on_a_copy_without_its_catalog_deletes_nothing(tmp_path: Path) -> None:
+    original = tmp_path / "vault"
+    build_vault(original)
+    copy = tmp_path / "partial-copy"  # an rsync that stopped before catalog/ arrived
+    subprocess.run(["cp", "-a", str(original), str(copy)], check=True)
+    shutil.rmtree(copy / "catalog")
+    files = parquet_files(copy)
+    with Vault.open(str(copy), orphan_grace="1ms", keep_snapshots=1) as vault:
+        time.sleep(0.01)
+        report = vault.maintain(now_ms=T0 + 3 * DAY)
+    assert parquet_files(copy) == files, "maintain deleted files it could not prove are garbage"
+    assert report["expired"] == {"snapshots": 0, "files": 0, "unproven": len(files)}
+
+
 def test_issue10_vault_opens_through_a_symlink_after_moving_disks(tmp_path: Path) -> None:
     first_disk = tmp_path / "disk1" / "vault"
     build_vault(first_disk)
