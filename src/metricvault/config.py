@@ -16,6 +16,7 @@ from typing import Any
 
 from metricvault.durations import parse_duration_ms, parse_retention_ms
 from metricvault.errors import ConfigError
+from metricvault.selector import parse_selectors
 
 ENV_PREFIX = "METRICVAULT_"
 
@@ -215,6 +216,7 @@ class Settings:
                     "tiers are raw, 1m, 1h"
                 )
             _check("retention_overrides.retention", parse_retention_ms, override.retention)
+            _check("retention_overrides.selector", parse_selectors, override.selector)
         host, _, port = self.listen.rpartition(":")
         if not host or not port.isdigit():
             raise ConfigError(
@@ -325,7 +327,40 @@ def _read_env(env: Any) -> dict[str, Any]:
         key = ENV_PREFIX + name.upper()
         if key in env and name not in _TABLES:
             found[name] = env[key]
+    _warn_unknown_env(env)
     return found
+
+
+# METRICVAULT_* variables that are not settings but are read elsewhere (keep in step)
+OTHER_ENV = frozenset(
+    {
+        "METRICVAULT_GATEWAY_TOKEN",  # collect/remote.py: bearer token of track() and push
+        "METRICVAULT_EXPERIMENT",  # collect/sources/nvml.py: the experiment label
+        "METRICVAULT_GATEWAY_SETTINGS_JSON",  # ingest/app.py: settings handed to workers
+        "METRICVAULT_INFLUX_USER",  # cli/influx.py
+        "METRICVAULT_INFLUX_PASSWORD",  # cli/influx.py
+    }
+)
+
+
+def _warn_unknown_env(env: Any) -> None:
+    """A mistyped variable (METRICVAULT_RETENTON_RAW) would otherwise be ignored in silence
+    and the default used; name it and the setting it was probably meant for."""
+    import difflib
+    import logging
+
+    known = {ENV_PREFIX + n.upper() for n in setting_names()} | OTHER_ENV
+    for key in sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in known):
+        if key.startswith(ENV_PREFIX + "AGENT_"):  # the agent's own command line reads these
+            continue
+        near = difflib.get_close_matches(key, sorted(known), n=1)
+        hint = f"did you mean {near[0]}? " if near else ""
+        logging.getLogger("metricvault.config").warning(
+            "ignoring unknown environment variable %s: %s'metricvault config' lists every "
+            "setting (METRICVAULT_<SETTING>)",
+            key,
+            hint,
+        )
 
 
 __all__ = [

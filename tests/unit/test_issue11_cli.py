@@ -207,3 +207,29 @@ def test_issue11_writing_a_wrong_type_is_a_clear_error(tmp_path, data):
     ):
         v.write(data)
     assert "metric, timestamp, value" in info.value.message
+
+
+# ------------------------------------------------------------------ settings checked on load
+def test_issue11_bad_override_selector_fails_when_settings_load(tmp_path, vault_dir):
+    from metricvault.config import Settings
+    from metricvault.errors import ConfigError
+
+    toml = tmp_path / "bad.toml"
+    toml.write_text(
+        "[[retention_overrides]]\nselector = '{experiment=\"x\"'\ntier = 'raw'\n"
+        "retention = 'forever'\n"
+    )
+    with pytest.raises(ConfigError, match=r"retention_overrides\.selector"):
+        Settings.load(config_file=toml)
+    done = cli("stats", "-d", vault_dir, "-c", str(toml))  # not only inside maintenance
+    assert done.returncode == 2 and "retention_overrides" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_issue11_unknown_metricvault_variable_is_warned_about(vault_dir):
+    done = cli("stats", "-d", vault_dir, METRICVAULT_RETENTON_RAW="90d")
+    assert done.returncode == 0
+    assert "METRICVAULT_RETENTON_RAW" in done.stderr
+    assert "METRICVAULT_RETENTION_RAW" in done.stderr  # the near miss is named
+    quiet = cli("stats", "-d", vault_dir, METRICVAULT_GATEWAY_TOKEN="x")  # used by track()
+    assert "METRICVAULT_GATEWAY_TOKEN" not in quiet.stderr
