@@ -212,6 +212,25 @@ def test_issue10_bit_flip_in_data_file_fails_loudly_and_check_names_it(tmp_path:
     assert len(left) == 10  # the other day's file; the lost day was named in the plan
 
 
+def test_issue10_damaged_rollup_file_is_recomputed_from_raw_by_repair(tmp_path: Path) -> None:
+    vault_dir = tmp_path / "vault"
+    with Vault.open(str(vault_dir)) as vault:
+        vault.write(frame("gpu_util", {"0": 50.0, "1": 60.0}, 2000))
+        vault.maintain()
+        before = vault.query("gpu_util", T0, T0 + DAY_MS, step="1m", aggs=("mean", "max"))
+        rollup = next(f for f in vault.snapshot().files if f.tier == "1m")
+        damaged = flip_inside_data_page(Path(rollup.path).read_bytes(), "sum_f")
+        Path(rollup.path).write_bytes(damaged)
+        plan = check(vault.location)
+        assert [p.path for p in plan.problems] == [rollup.path]
+        assert plan.problems[0].lost.startswith("nothing"), plan.problems[0]
+        assert check(vault.location, repair=True).repaired_version is not None
+        vault.maintain()
+        after = vault.query("gpu_util", T0, T0 + DAY_MS, step="1m", aggs=("mean", "max"))
+        assert check(vault.location).ok
+    pd.testing.assert_frame_equal(after, before)
+
+
 def test_issue10_bit_flip_in_an_s3_object_fails_loudly_and_check_names_it(
     s3_server: S3Server, s3_bucket: str, tmp_path: Path
 ) -> None:
