@@ -132,7 +132,8 @@ class AcceptErrorLog:
             return
         self.burst.report(
             "cannot accept connections: %s; the file limit is %d open files (ulimit -n): too "
-            "many open connections or files. Raise the limit or lower gateway_max_connections",
+            "many open connections or files at once. Stalled ones are closed after "
+            "gateway_header_timeout; raise the limit if this is real load",
             context.get("exception") or context.get("message"),
             resource.getrlimit(resource.RLIMIT_NOFILE)[0],
         )
