@@ -336,13 +336,26 @@ def experiment_compare(
             )
             err.print(f"wrote {written}")
         details = _run_details(vault, experiment_ids, frame)
-    if fmt == "table" and output is None:
+    if fmt in (None, "table") and output is None:  # for people: formatted, then the details
         from metricvault.archive.compare import display_table
 
         emit(display_table(frame), fmt, output, title="experiments compared")
-        console.print(_details_table(details, experiment_ids))
+        if sys.stdout.isatty():
+            console.print(_details_table(details, experiment_ids))
+        else:
+            emit(_marked(details, experiment_ids), fmt, output)
     else:
         emit(frame, fmt, output, title="experiments compared")
+
+
+def _marked(details: Any, ids: list[str]) -> Any:
+    """The details as plain text rows, a leading ≠ where the runs differ."""
+    import pandas as pd
+
+    marks = ["≠" if d else "" for d in details["differs"]]
+    return pd.DataFrame(
+        {"": marks, "field / param": details["param"], **{i: details[i] for i in ids}}
+    )
 
 
 def _run_details(vault: Any, ids: list[str], frame: Any) -> Any:
