@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 import yaml
 
-from metricvault.cli.main import PROMETHEUS_FRAGMENT
 from metricvault.ingest.auth import hash_secret
 
 from ..conftest import (
@@ -44,9 +43,16 @@ KEEP_ALIVE_RUN_S = 150.0
 
 
 def _shipped_queue_config() -> dict[str, Any]:
-    """The remote_write queue_config of `metricvault prometheus-config` (what users run)."""
-    fragment = yaml.safe_load(PROMETHEUS_FRAGMENT.format(targets="'x:1'", url="http://x"))
-    config: dict[str, Any] = fragment["remote_write"][0]["queue_config"]
+    """The remote_write queue_config `metricvault prometheus-config` prints (what users run)."""
+    printed = subprocess.run(
+        [sys.executable, "-m", "metricvault.cli", "prometheus-config", "--gateway", "http://x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    config: dict[str, Any] = yaml.safe_load(printed)["remote_write"][0]["queue_config"]
+    assert config["batch_send_deadline"] == "5s", config  # the interval this test is about
     return config
 
 
