@@ -331,3 +331,19 @@ def test_issue11_node_band_does_not_hide_the_mean(sim_vault) -> None:
         face = band.get_facecolor()[0][:3]
         assert np.allclose(face, __import__("matplotlib").colors.to_rgb(line.get_color()))
     assert fig.get_size_inches()[0] >= 12
+
+
+def test_issue11_a_short_demo_writes_every_report_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    report = tmp_path / "r.html"
+    done = runner.invoke(
+        app, ["demo", "-d", str(tmp_path / "d"), "--days", "0.1", "--report", str(report)]
+    )
+    assert done.exit_code == 0, done.output
+    page = report.read_text()
+    for section in ("Runs: commit, params, when", "Archive", "generated ", "GPU-h"):
+        assert section in page
+    assert "sha256:" in page and ("metrics/llama-70b-r3" in page or "not versioned" in page)
+    assert page.count("data:image/png;base64,") == 4
