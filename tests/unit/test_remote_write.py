@@ -926,3 +926,60 @@ def test_fuzz_mutated_bodies(raw: bytes, v2: bool, compressed_mutation: bool) ->
         middle = len(body) // 2
         body = body[:middle] + bytes([body[middle] ^ 0x55]) + body[middle + 1 :]
     check_outcome(body, V2 if v2 else V1)
+
+
+# --- issue 10: request limits and linear cost ------------------------------------------------
+
+T0 = 1_767_225_600_000
+
+
+def _wide_v1(series: int, names_each: int) -> bytes:
+    return v1_body(
+        *(
+            (
+                sorted([("__name__", "up")] + [(f"l{i}_{j}", "x") for j in range(names_each)]),
+                [(1.0, T0)],
+            )
+            for i in range(series)
+        )
+    )
+
+
+def _wide_v2(series: int, names_each: int) -> bytes:
+    builder = V2Builder()
+    for i in range(series):
+        labels = {"__name__": "up", **{f"l{i}_{j}": "x" for j in range(names_each)}}
+        builder.series(labels, [(1.0, T0)])
+    return builder.body()
+
+
+@pytest.mark.parametrize(("decode", "wide"), [(decode_v1, _wide_v1), (decode_v2, _wide_v2)])
+def test_issue10_label_names_per_request_limit(decode: Any, wide: Any) -> None:
+    body = wide(10, 3)  # 30 distinct names besides __name__
+    assert len(decode(body, max_label_names=30).table.column_names) == 3 + 30
+    with pytest.raises(TooLargeError, match=r"30 distinct label names \(e\.g\. \"l0_0\""):
+        decode(body, max_label_names=29)
+
+
+def test_issue10_decode_time_budget_is_checked_between_phases() -> None:
+    body = _wide_v1(200, 3)
+    assert decode_v1(body, time_budget_s=60.0).samples == 200
+    with pytest.raises(TooLargeError, match=r"over the budget of 0 s per request"):
+        decode_v1(body, time_budget_s=0.0)
+
+
+def test_issue10_wide_request_memory_is_linear_not_series_times_names() -> None:
+    """1,000 series x 33 label names of their own: the decoder held a names x series int64
+    matrix (33,000 x 1,000 x 8 bytes = 264 MB of numpy, which tracemalloc sees); now only
+    per-name scratch arrays. The Arrow table itself (Arrow's allocator) is not counted."""
+    import tracemalloc
+
+    body = _wide_v1(1000, 33)
+    tracemalloc.start()
+    try:
+        decoded = decode_v1(body)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert decoded.table.num_columns == 3 + 33_000
+    assert peak < 64 * 1024**2, f"decoding traced {peak / 1024**2:.0f} MB at peak"

@@ -88,6 +88,14 @@ class Gateway:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    def decode_limits(self) -> dict[str, Any]:
+        """The per-request limits both decoders enforce (issue 10), each a 413."""
+        return {
+            "max_series": self.settings.max_series_per_request,
+            "max_label_names": self.settings.max_label_names_per_request,
+            "time_budget_s": parse_duration_ms(self.settings.decode_time_budget) / 1000,
+        }
+
     def store(self, table: pa.Table, kinds: dict[str, str], who: Principal, protocol: str) -> int:
         """Write one decoded request (blocking; run in a worker thread)."""
         if who.tenant:
@@ -134,7 +142,7 @@ class Gateway:
                 content_encoding=req.headers.get("content-encoding"),
                 version_header=req.headers.get("x-prometheus-remote-write-version"),
                 max_decoded_bytes=self.settings.max_body_bytes,
-                max_series=self.settings.max_series_per_request,
+                **self.decode_limits(),
             )
             received = decoded.samples + decoded.stale_markers + decoded.non_finite
             self.metrics.received.labels("remote_write").inc(received)
@@ -177,6 +185,7 @@ class Gateway:
                 precision=precision,
                 content_encoding=req.headers.get("content-encoding"),
                 max_decoded_bytes=self.settings.max_body_bytes,
+                **self.decode_limits(),
             )
             self.metrics.received.labels("influx").inc(decoded.samples)
             if decoded.table.num_rows:

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from math import isfinite
 
+import numpy as np
 import pyarrow as pa
 
 from metricvault.durations import MAX_TS_MS, MIN_TS_MS
@@ -70,6 +71,7 @@ from metricvault.errors import (
     UnsupportedError,
     ValueRangeError,
 )
+from metricvault.ingest.limits import DecodeBudget, check_label_names
 from metricvault.model import (
     MAX_LABEL_VALUE_BYTES,
     MAX_LABELS,
@@ -172,8 +174,18 @@ def decode_line_protocol(
     max_decoded_bytes: int = 64 * 1024**2,
     max_lines: int | None = None,
     now_ms: int | None = None,
+    max_series: int | None = None,
+    max_label_names: int | None = None,
+    time_budget_s: float | None = None,
 ) -> DecodedLines:
-    """Decode a line-protocol request body; see the module docstring for the rules."""
+    """Decode a line-protocol request body; see the module docstring for the rules.
+
+    Limits (``None``: none), each a ``TooLargeError`` (413) as soon as it is passed:
+    ``max_series`` distinct (metric, tag set) pairs, counted as written (tags in another order
+    count again), ``max_label_names`` distinct labels, ``time_budget_s`` seconds of this
+    thread's CPU time.
+    """
+    budget = DecodeBudget(time_budget_s)
     ns_per_unit = PRECISIONS.get(precision)
     if ns_per_unit is None:
         raise InputError(
@@ -188,10 +200,16 @@ def decode_line_protocol(
     if now_ms is None:
         now_ms = time.time_ns() // 1_000_000
     decoder = _Decoder(precision, ns_per_unit, now_ms)
+    decoder.max_series, decoder.max_label_names = max_series, max_label_names
     for number, line in enumerate(lines, 1):
         if line and line[0] != "#":
             decoder.add(number, line)
+        if not number % _BUDGET_EVERY:
+            budget.check(f"{number:,} of {len(lines):,} lines")
     return decoder.result()
+
+
+_BUDGET_EVERY = 4096  # lines decoded between two looks at the decode time budget
 
 
 def decode_body(body: bytes, content_encoding: str | None, max_decoded_bytes: int) -> bytes:
@@ -297,6 +315,11 @@ class _Decoder:
         self.metrics: list[str] = []
         self.values: list[float] = []
         self.rejected: list[LineError] = []
+        self.max_series: int | None = None
+        self.max_label_names: int | None = None
+        self.labels: set[str] = set()
+        self.series_fields: dict[tuple[str, tuple[_Tag, ...]], set[str]] = {}
+        self.series = 0
 
     def add(self, number: int, line: str) -> None:
         try:
@@ -322,12 +345,27 @@ class _Decoder:
             strings = [key for key, value in zip(keys, values, strict=True) if value is None]
             self.rejected.append(LineError(number, _shown(line), _string_reason(strings)))
             return
+        self._count_series(measurement, pairs, keys)
         point = len(self.point_ts)
         self.point_tags.append(tags)
         self.point_ts.append(ts)
         self.metrics.extend(names)
         self.values.extend(values)  # type: ignore[arg-type]  # no None: checked above
         self.row_point.extend([point] * len(values))
+
+    def _count_series(self, measurement: str, pairs: list[_Tag], keys: list[str]) -> None:
+        if self.max_series is None:
+            return
+        fields = self.series_fields.setdefault((measurement, tuple(pairs)), set())
+        before = len(fields)
+        fields.update(keys)
+        self.series += len(fields) - before
+        if self.series > self.max_series:
+            raise TooLargeError(
+                f"the request holds more than {self.max_series:,} series (metric and tag set), "
+                "over the limit per request (max_series_per_request); nothing was stored: "
+                "split the batch into smaller requests or raise max_series_per_request"
+            )
 
     def _timestamp(self, token: str) -> int:
         digits = token[1:] if token[0] == "-" else token
@@ -393,6 +431,8 @@ class _Decoder:
                 LabelError,
             )
         self.label_names[key] = label
+        self.labels.add(label)
+        check_label_names(len(self.labels), self.max_label_names, _q(label))
         return label
 
     def _metric_names(self, measurement: str, keys: list[str]) -> list[str]:
@@ -414,17 +454,35 @@ class _Decoder:
                 f"is line {first.line}: {first.reason}"
             )
         row_point = pa.array(self.row_point, pa.int64())
-        labels = sorted(set().union(*self.point_tags))
+        columns = self._tag_columns()
+        labels = sorted(columns)
         arrays = [
             pa.array(self.metrics, pa.string()),
             pa.array(self.point_ts, pa.int64()).take(row_point),
             pa.array(self.values, pa.float64()),
         ]
-        for label in labels:
-            per_point = pa.array([tags.get(label) for tags in self.point_tags], pa.string())
-            arrays.append(per_point.take(row_point))
+        arrays += [columns[label].take(row_point) for label in labels]
         table = pa.Table.from_arrays(arrays, schema=long_schema(labels))
         return DecodedLines(table, len(self.point_ts), len(self.metrics), tuple(self.rejected))
+
+    def _tag_columns(self) -> dict[str, pa.Array]:
+        """One value per point for each label, visiting only the tags the points have: asking
+        every point for every label cost points x labels (issue 10)."""
+        points_of: dict[str, list[int]] = {}
+        values_of: dict[str, list[str]] = {}
+        for point, tags in enumerate(self.point_tags):
+            for label, value in tags.items():
+                if label not in points_of:
+                    points_of[label], values_of[label] = [], []
+                points_of[label].append(point)
+                values_of[label].append(value)
+        columns = {}
+        for label, points in points_of.items():
+            picks = np.full(len(self.point_tags), -1, dtype=np.int64)
+            picks[points] = np.arange(len(points))
+            values = pa.array(values_of[label], pa.string())
+            columns[label] = values.take(pa.array(picks, mask=picks < 0))
+        return columns
 
 
 def long_schema(labels: list[str]) -> pa.Schema:
