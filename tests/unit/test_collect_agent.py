@@ -255,6 +255,7 @@ def test_push_endpoint_refuses_what_is_not_an_http_url(bad):
         (["--watch-log", "t.log", "--pattern", "nameless"], "NAME=REGEX"),
         (["--gpu", "tpu"], "invalid choice"),
         (["--set", "oops"], "NAME=VALUE"),
+        (["--push-bearer-token-file", "token"], "need --push URL"),
     ],
 )
 def test_agent_command_line_refuses_clearly(argv, message, capsys):
@@ -281,3 +282,103 @@ def test_the_agent_process_imports_neither_typer_nor_pyarrow(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- issue 10: push
+def test_issue10_a_bad_push_url_is_refused_without_showing_its_password():
+    from metricvault.collect.agent import push_endpoint
+    from metricvault.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        push_endpoint("ftp://ops:hunter2@gw:9201")
+    assert "hunter2" not in refused.value.message and "ops:***@gw" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("url", "files", "message"),
+    [
+        ("http://u:p@gw:9201", {"push_bearer_token_file": "token"}, "give one"),
+        ("http://gw:9201", {"push_bearer_token_file": "missing"}, "cannot read"),
+        (
+            "http://gw:9201",
+            {"push_bearer_token_file": "token", "push_basic_auth_file": "token"},
+            "give exactly one",
+        ),
+    ],
+)
+def test_issue10_push_credentials_are_checked_before_the_agent_starts(
+    tmp_path, monkeypatch, url, files, message
+):
+    from metricvault.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "token").write_text("t0k3n\n")
+    opts = AgentOptions(listen="127.0.0.1:0", state_dir=tmp_path / "state", push_url=url)
+    for name, value in files.items():
+        setattr(opts, name, tmp_path / value)
+    with pytest.raises(ConfigError, match=message):
+        Agent(opts, sources=[])
+
+
+def test_issue10_the_gateway_token_variable_is_the_fallback_credential(tmp_path, monkeypatch):
+    monkeypatch.setenv("METRICVAULT_GATEWAY_TOKEN", "from-env")
+    opts = AgentOptions(listen="127.0.0.1:0", state_dir=tmp_path, push_url="http://gw:9201")
+    agent = Agent(opts, sources=[])
+    assert agent.push_url == "http://gw:9201/api/v1/write"
+    assert agent.push_auth is not None and agent.push_auth.headers() == {
+        "Authorization": "Bearer from-env"
+    }
+
+
+class BadThenGood:
+    """A source whose first two collections carry a label name remote_write refuses."""
+
+    name = "bad-then-good"
+
+    def __init__(self) -> None:
+        self.collections = 0
+
+    def collect(self) -> Iterable[Metric]:
+        self.collections += 1
+        label = "bad-label" if self.collections <= 2 else "gpu"
+        family = GaugeMetricFamily("mv_test_gauge", "test", labels=[label])
+        family.add_metric(["0"], 1.0)
+        yield family
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def fast_readings(self) -> Sequence[FastReading]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def test_issue10_a_failing_push_round_does_not_stop_pushing(tmp_path):
+    closed = _closed_port()
+    opts = AgentOptions(
+        listen="127.0.0.1:0",
+        state_dir=tmp_path,
+        push_url=f"http://127.0.0.1:{closed}",
+        push_interval_s=0.05,
+    )
+    agent = Agent(opts, sources=[BadThenGood()])
+    agent.start()
+    try:
+        assert agent.pusher is not None
+        deadline = time.monotonic() + 5
+        while agent.pusher.spool.count < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert agent.pusher.spool.count >= 2, "pushing stopped after the failed rounds"
+        assert agent.pusher.dropped()["submit_error"][0] == 2
+    finally:
+        agent.stop()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
