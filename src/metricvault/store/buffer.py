@@ -27,6 +27,7 @@ from metricvault.model import SAMPLE_SCHEMA, SERIES_SCHEMA
 
 log = logging.getLogger("metricvault")
 QUARANTINE_DIR = "quarantine"  # beside the buffer files, in the vault's state directory
+_FULL_BELOW_BYTES = 64 * 1024  # less free than a WAL file's first frames need
 DISK_FULL_RETRY_S = 30  # freeing disk space takes a person or a cleanup job, not a moment
 
 _SCHEMA = """
@@ -67,8 +68,23 @@ class IngestBuffer:
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._id = ""
+        self.read_only = False  # opened for reading only: nothing could be written there
         if path.exists():
-            self._connect()
+            try:
+                self._connect()
+            except DiskFullError:
+                self._connect_read_only()
+
+    def _connect_read_only(self) -> None:
+        """Opening a WAL database writes its -shm and -wal files, which a full disk refuses.
+        ``immutable`` reads the main file without them: everything up to the last checkpoint
+        (a clean close checkpoints all). Appends reconnect for writing (:meth:`append`)."""
+        try:
+            db = sqlite3.connect(f"file:{self.path}?immutable=1", uri=True, check_same_thread=False)
+            row = db.execute("SELECT value FROM meta WHERE key='buffer_id'").fetchone()
+        except sqlite3.Error as exc:
+            raise self._storage_error(exc, "cannot open ingest buffer") from exc
+        self._conn, self._id, self.read_only = db, str(row[0]) if row else "", True
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -87,6 +103,12 @@ class IngestBuffer:
             self._conn = None
             raise self._storage_error(exc, "cannot open ingest buffer") from exc
         return db
+
+    def _writable(self) -> sqlite3.Connection:
+        if self.read_only and self._conn is not None:
+            self._conn.close()
+            self._conn, self.read_only = None, False
+        return self._db
 
     def _absent(self) -> bool:
         """Nothing was ever written here: read as empty without creating the file."""
@@ -114,6 +136,7 @@ class IngestBuffer:
         """Durably store one batch; returns its sequence number."""
         payload = _to_ipc(samples)
         with self._lock:
+            self._writable()
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 cur = self._db.execute(
@@ -141,7 +164,8 @@ class IngestBuffer:
                 log.warning("ROLLBACK after a failed buffer append failed too", exc_info=True)
 
     def _storage_error(self, exc: sqlite3.Error, what: str) -> StorageError:
-        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(exc):
+        full = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(exc)
+        if full or (isinstance(exc, sqlite3.OperationalError) and _disk_is_full(self.path)):
             free = shutil.disk_usage(self.path.parent).free
             return DiskFullError(
                 f"the disk holding the ingest buffer {self.path} is full ({free} bytes free): "
@@ -278,6 +302,15 @@ def _to_ipc(table: pa.Table) -> bytes:
     with ipc.new_stream(sink, SAMPLE_SCHEMA, options=options) as writer:
         writer.write_table(table.cast(SAMPLE_SCHEMA))
     return bytes(sink.getvalue().to_pybytes())
+
+
+def _disk_is_full(path: Path) -> bool:
+    """SQLite reports some writes on a full disk as a plain "disk I/O error" (creating the
+    -shm file of a WAL database, for one)."""
+    try:
+        return shutil.disk_usage(path.parent).free < _FULL_BELOW_BYTES
+    except OSError:
+        return False
 
 
 class CorruptBatch(Exception):

@@ -105,8 +105,7 @@ def run_sql(vault: Vault, statement: str, output: str) -> Any:
     # imported here: pyarrow.dataset pulls in pandas (~0.2 s), which stats and series never need
     import duckdb
 
-    if vault.buffer.depth()[0]:
-        vault.flush()
+    vault.flush_for_read()
     snap = vault.snapshot()
     con = duckdb.connect()
     con.register("series_src", vault.index.to_table())

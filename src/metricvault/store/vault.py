@@ -26,7 +26,13 @@ from metricvault.durations import (
     parse_duration_ms,
     parse_time_ms,
 )
-from metricvault.errors import BackpressureError, InputError, TimeRangeError, ValueRangeError
+from metricvault.errors import (
+    BackpressureError,
+    InputError,
+    StorageError,
+    TimeRangeError,
+    ValueRangeError,
+)
 from metricvault.model import SAMPLE_SCHEMA
 from metricvault.selector import parse_selectors
 from metricvault.store import files as fmt
@@ -151,7 +157,8 @@ class Vault:
         self._flush_wanted.set()
         if self._flusher:
             self._flusher.join()
-        self.flush()
+        if not self.buffer.read_only:  # opened read-only on a full disk: nothing to flush to
+            self.flush()
         self.buffer.close()
         self._lock_file.close()
 
@@ -412,8 +419,7 @@ class Vault:
             raise TimeRangeError(f"start {start!r} is not before end {end!r}")
         step_ms = q.parse_step(step)
         agg_names = q.check_aggs(aggs) if step_ms is not None else ()
-        if self._pending_samples:
-            self.flush()
+        self.flush_for_read()
         ctx = self._context()
         series_ids = self.index.match(sel)
         if step_ms is None:
@@ -436,12 +442,30 @@ class Vault:
 
         return history(self, experiment, metrics, **options)
 
+    def flush_for_read(self) -> None:
+        """Reads flush first, so they see every write so far. Where nothing can be written (a
+        full disk) they answer from the data files alone, and say what that leaves out."""
+        if not self._pending_samples:
+            return
+        try:
+            if not self.buffer.read_only:
+                self.flush()
+                return
+            reason = "the disk holding the ingest buffer is full"
+        except (OSError, StorageError) as exc:
+            reason = str(exc)
+        log.warning(
+            "this answer leaves out %d buffered sample(s), which cannot be flushed now (%s); "
+            "they stay in the buffer and are flushed once that works again",
+            self._pending_samples,
+            reason,
+        )
+
     def sample_reader(self, use_cache: bool = False) -> q.ContextReader:
         """What readers outside the query API (snapshot export) read through; buffered samples
         are flushed first, so they see everything written so far. One-pass scans leave the
         decoded-data cache alone (``use_cache=False``): it would only grow memory."""
-        if self._pending_samples:
-            self.flush()
+        self.flush_for_read()
         return q.ContextReader(replace(self._context(), use_cache=use_cache))
 
     def _context(self) -> q.QueryContext:

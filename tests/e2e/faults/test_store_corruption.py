@@ -298,6 +298,8 @@ def test_issue10_full_disk_writes_answer_503_and_reads_keep_working(
     small_disk: Path, gateway: Any
 ) -> None:
     vault_dir = small_disk / "vault"
+    # one worker: with more, prometheus-client's sparse mmap metric files can SIGBUS a worker
+    # on a full disk (docs/operations.md), dropping that request's connection
     gw: GatewayProcess = gateway(data_dir=vault_dir, settings=("gateway_workers=1",))
     line = "gpu,gpu=0 util=50 {}\n"
     status, _, body = post(f"{gw.url}/write?precision=ms", line.format(T0).encode(), {})
@@ -311,7 +313,19 @@ def test_issue10_full_disk_writes_answer_503_and_reads_keep_working(
     other_dir = small_disk / "other"
     with Vault.open(str(other_dir), buffer_name="writer") as other:
         other.write(frame("gpu_util", {"0": 50.0}, 20))
+    # and one whose buffer holds samples not flushed yet (a gateway between two flushes)
+    pending_dir = small_disk / "pending"
+    with Vault.open(str(pending_dir)) as writer:
+        writer.write(frame("gpu_util", {"0": 50.0}, 20))
+    writer = Vault.open(str(pending_dir))
+    writer.write(frame("gpu_util", {"0": 50.0}, 5, t0=T0 + 3_600_000))
+    writer.buffer.close()  # no flush
     fill(small_disk)
+    assert stats(pending_dir)["buffer"]["samples"] == 5
+    answered = cli("query", "gpu_util", f"--start={T0}", f"--end={T0 + DAY_MS}", "-f", "csv",
+                   "--data", str(pending_dir))  # fmt: skip
+    assert len(answered.stdout.splitlines()) == 1 + 20  # the flushed samples, and it says so:
+    assert "5 buffered sample(s)" in answered.stderr, answered.stderr
     assert stats(other_dir)["tiers"]["raw"]["rows"] == 20
     assert len(query_values(other_dir, "gpu_util")) == 20
     assert not (other_dir / "state" / "buffer.sqlite").exists()
