@@ -347,3 +347,10 @@ def test_issue11_a_short_demo_writes_every_report_section(
         assert section in page
     assert "sha256:" in page and ("metrics/llama-70b-r3" in page or "not versioned" in page)
     assert page.count("data:image/png;base64,") == 4
+
+
+def test_issue11_history_after_raw_retention_says_where_the_samples_are(vault: Vault) -> None:
+    _rank_samples(vault)
+    vault.maintain(now_ms=T0 + 400 * 86_400_000)  # raw (30 d) is gone, rollups stay
+    with pytest.raises(NotFoundError, match=r"retention_raw=30d.*archive restore ranks"):
+        vault.history("ranks", metrics=["train_loss"])

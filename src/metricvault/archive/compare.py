@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from metricvault.archive.experiments import Experiment
+from metricvault.durations import ms_to_datetime
 from metricvault.errors import InputError, NotFoundError
 from metricvault.selector import Matcher, Selector, parse_selectors
 
@@ -221,6 +222,7 @@ def history(
     names = list(metrics)
     steps = _keyed(_raw(vault, exp, step_metric))
     if steps.empty:
+        _check_retention(vault, exp)
         raise NotFoundError(
             f"experiment {exp.id!r} has no {step_metric!r} series between its start and end, so "
             "its metrics cannot be placed by step: log the step with metricvault.track "
@@ -252,6 +254,21 @@ def _needs_raw(vault: Any, exp: Experiment) -> None:
             f"{vault.path.name} holds {tier} rollups of {exp.id!r}; history joins raw samples "
             "to the step series exactly: open a raw snapshot (`metricvault archive export "
             f"{exp.id} --tier raw`)"
+        )
+
+
+def _check_retention(vault: Any, exp: Experiment) -> None:
+    """Raw samples that retention dropped are only in a raw snapshot made before: say so."""
+    reader = getattr(vault, "sample_reader", None)  # a vault, not a snapshot
+    horizon = int(reader().raw_horizon_ms) if reader is not None else 0
+    if horizon and exp.start_ms < horizon:
+        setting = getattr(getattr(vault, "settings", None), "retention_raw", "?")
+        raise NotFoundError(
+            f"experiment {exp.id!r} started {ms_to_datetime(exp.start_ms):%Y-%m-%d}, before "
+            f"the raw retention (retention_raw={setting}) dropped raw samples up to "
+            f"{ms_to_datetime(horizon):%Y-%m-%d}: history needs them; open its raw snapshot "
+            f"(`metricvault archive restore {exp.id}`, then Vault.open(path).history(...)), or "
+            "compare by time from the rollups (--align elapsed)"
         )
 
 
