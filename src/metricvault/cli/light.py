@@ -153,6 +153,11 @@ def print_stats(info: dict[str, Any]) -> None:
     )
     print(f"rollups: {state}")
     print(f"ingest buffer: {info['buffer']['samples']:,} samples waiting")
+    if info["buffer"].get("quarantined_batches"):
+        print(
+            f"{info['buffer']['quarantined_batches']} corrupt buffer batch(es) moved to "
+            "state/quarantine/ (docs/operations.md)"
+        )
 
 
 def _count(value: int | None) -> str:

@@ -104,6 +104,7 @@ def test_issue10_corrupt_buffer_batch_is_quarantined_and_counted(
     cli("maintain", "--data", str(vault_dir))
     info = stats(vault_dir)
     assert info["buffer"]["quarantined_batches"] == 1
+    assert "1 corrupt buffer batch(es)" in cli("stats", "--data", str(vault_dir)).stdout
     quarantined = list((vault_dir / "state" / "quarantine").iterdir())
     assert len(quarantined) == 1 and quarantined[0].read_bytes() == garbage
     assert info["tiers"]["raw"]["rows"] == 200  # both good batches, before and after it
