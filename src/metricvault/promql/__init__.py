@@ -1,0 +1,29 @@
+"""PromQL over the vault: ``Engine(source).evaluate(expr, start_ms, end_ms, step_ms)``.
+
+The engine reads through the small :class:`~metricvault.promql.source.SampleSource` protocol
+(``VaultSource(vault)`` for a vault, ``MemorySource`` for tests) and evaluates with numpy; see
+docs/promql.md for what is implemented.
+"""
+
+from metricvault.promql.errors import PromQLError
+from metricvault.promql.eval import Engine, EngineOptions
+from metricvault.promql.source import (
+    STALE_NAN,
+    MemorySource,
+    SampleSource,
+    SeriesSamples,
+    VaultSource,
+)
+from metricvault.promql.values import QueryResult
+
+__all__ = [
+    "STALE_NAN",
+    "Engine",
+    "EngineOptions",
+    "MemorySource",
+    "PromQLError",
+    "QueryResult",
+    "SampleSource",
+    "SeriesSamples",
+    "VaultSource",
+]

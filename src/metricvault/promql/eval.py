@@ -1,0 +1,334 @@
+"""The evaluator: walks the parsed AST and evaluates every node at all steps at once.
+
+Semantics are Prometheus 2.x's (``promql/engine.go`` of v2.42): instant selectors take the
+latest sample in ``[t - lookback, t]``, range selectors the samples in ``[t - range, t]`` (both
+ends closed; Prometheus 3 made them left-open, ``left_open_windows=True``), ``offset`` and ``@``
+move the reference time, subqueries evaluate their inner expression on a grid aligned to
+multiples of their step, and subtrees that do not depend on the step (everything pinned with
+``@``) are evaluated once, at the first step, as Prometheus does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import promql_parser as pp
+
+from metricvault.promql import aggregate, binary, functions
+from metricvault.promql.errors import PromQLError
+from metricvault.promql.parse import datetime_ms, duration_ms, parse
+from metricvault.promql.source import SampleSource, is_stale
+from metricvault.promql.values import (
+    Labels,
+    QueryResult,
+    RangeSeries,
+    RangeVector,
+    StepVector,
+    make_labels,
+)
+from metricvault.selector import Matcher
+
+MAX_POINTS_PER_SERIES = 11_000  # Prometheus's API limit on (end - start) / step
+# The parser's enum values do not hash; their str() does.
+_MATCH_OPS = {
+    "MatchOp.Equal": "=",
+    "MatchOp.NotEqual": "!=",
+    "MatchOp.Re": "=~",
+    "MatchOp.NotRe": "!~",
+}
+# Functions whose value depends on the evaluation time itself (engine.go AtModifierUnsafeFunctions).
+_AT_UNSAFE = {
+    "days_in_month", "day_of_month", "day_of_week", "day_of_year", "hour", "minute",
+    "month", "year", "predict_linear", "time",
+}  # fmt: skip
+
+
+@dataclass
+class Scalar:
+    """A scalar at every step."""
+
+    values: np.ndarray
+
+
+Value = StepVector | Scalar | RangeVector | str
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    lookback_delta_ms: int = 300_000
+    subquery_step_ms: int = 60_000  # Prometheus's default: the global evaluation_interval
+    left_open_windows: bool = False
+
+
+class Engine:
+    """PromQL over a :class:`~metricvault.promql.source.SampleSource`.
+
+    ``evaluate(expr, start_ms)`` is an instant query; with ``end_ms`` and ``step_ms`` a range
+    query at ``start, start + step, ... <= end``.
+    """
+
+    def __init__(self, source: SampleSource, options: EngineOptions | None = None) -> None:
+        self.source = source
+        self.options = options or EngineOptions()
+
+    def evaluate(
+        self, expr: str, start_ms: int, end_ms: int | None = None, step_ms: int | None = None
+    ) -> QueryResult:
+        tree = parse(expr)
+        if end_ms is None:
+            ev = Evaluator(self.source, self.options, start_ms, start_ms)
+            return _instant_result(ev.eval(tree, np.array([start_ms], dtype=np.int64)), start_ms)
+        steps = _steps(start_ms, end_ms, step_ms)
+        ev = Evaluator(self.source, self.options, start_ms, end_ms)
+        value = ev.eval(tree, steps)
+        if isinstance(value, RangeVector | str):
+            kind = "range vector" if isinstance(value, RangeVector) else "string"
+            raise PromQLError(
+                f'invalid expression type "{kind}" for range query, must be Scalar or '
+                "instant Vector",
+                kind="bad_data",
+            )
+        return _range_result(value, steps)
+
+
+def _steps(start_ms: int, end_ms: int, step_ms: int | None) -> np.ndarray:
+    if step_ms is None or step_ms <= 0:
+        raise PromQLError(
+            "zero or negative query resolution step widths are not accepted. "
+            "Try a positive integer",
+            kind="bad_data",
+        )
+    if end_ms < start_ms:
+        raise PromQLError("end timestamp must not be before start time", kind="bad_data")
+    if (end_ms - start_ms) // step_ms >= MAX_POINTS_PER_SERIES:
+        raise PromQLError(
+            "exceeded maximum resolution of 11,000 points per timeseries. "
+            "Try decreasing the query resolution (?step=XX)",
+            kind="bad_data",
+        )
+    return np.arange(start_ms, end_ms + 1, step_ms, dtype=np.int64)
+
+
+def _as_dict(labels: Labels) -> dict[str, str]:
+    return dict(labels)
+
+
+def _instant_result(value: Value, t: int) -> QueryResult:
+    stamp = np.array([t], dtype=np.int64)
+    if isinstance(value, str):
+        return QueryResult("string", [({}, stamp, np.zeros(1))], text=value)
+    if isinstance(value, Scalar):
+        return QueryResult("scalar", [({}, stamp, value.values[:1].copy())])
+    if isinstance(value, RangeVector):
+        series = []
+        for s, (lo, hi) in zip(value.series, value.bounds, strict=True):
+            a, b = int(lo[0]), int(hi[0])
+            if b > a:
+                series.append((_as_dict(s.labels), s.ts[a:b], s.values[a:b]))
+        return QueryResult("matrix", sorted(series, key=lambda e: sorted(e[0].items())))
+    rows = np.flatnonzero(value.present[:, 0]).tolist()
+    if value.sort_order is not None:
+        vals = value.values[:, 0]
+        sign = 1.0 if value.sort_order == "asc" else -1.0
+        rows.sort(key=lambda r: (bool(np.isnan(vals[r])), sign * float(vals[r])))
+    return QueryResult(
+        "vector",
+        [(_as_dict(value.labels[r]), stamp, value.values[r, :1].copy()) for r in rows],
+    )
+
+
+def _range_result(value: StepVector | Scalar, steps: np.ndarray) -> QueryResult:
+    if isinstance(value, Scalar):
+        return QueryResult("matrix", [({}, steps, value.values)])
+    series = []
+    for r in np.flatnonzero(value.present.any(axis=1)).tolist():
+        mask = value.present[r]
+        series.append((value.labels[r], steps[mask], value.values[r][mask]))
+    series.sort(key=lambda e: e[0])
+    return QueryResult("matrix", [(_as_dict(lab), ts, vs) for lab, ts, vs in series])
+
+
+class Evaluator:
+    def __init__(
+        self, source: SampleSource, options: EngineOptions, query_start: int, query_end: int
+    ) -> None:
+        self.source = source
+        self.options = options
+        self.query_start = query_start
+        self.query_end = query_end
+
+    # ------------------------------------------------------------------ dispatch
+    def eval(self, node: Any, steps: np.ndarray) -> Value:
+        if steps.size > 1 and not isinstance(node, pp.NumberLiteral | pp.StringLiteral):
+            if step_invariant(node):
+                return _broadcast(self._eval(node, steps[:1]), steps.size)
+        return self._eval(node, steps)
+
+    def _eval(self, node: Any, steps: np.ndarray) -> Value:
+        if isinstance(node, pp.NumberLiteral):
+            return Scalar(np.full(steps.size, float(node.val)))
+        if isinstance(node, pp.StringLiteral):
+            return str(node.val)
+        if isinstance(node, pp.ParenExpr):
+            return self.eval(node.expr, steps)
+        if isinstance(node, pp.UnaryExpr):
+            return _negate(self.eval(node.expr, steps))
+        if isinstance(node, pp.VectorSelector):
+            return self.vector_selector(node, steps)[0]
+        if isinstance(node, pp.MatrixSelector):
+            return self.matrix_selector(node, steps)
+        if isinstance(node, pp.SubqueryExpr):
+            return self.subquery(node, steps)
+        if isinstance(node, pp.AggregateExpr):
+            return aggregate.evaluate(self, node, steps)
+        if isinstance(node, pp.BinaryExpr):
+            return binary.evaluate(self, node, steps)
+        if isinstance(node, pp.Call):
+            return functions.call(self, node, steps)
+        raise PromQLError(f"unsupported expression {type(node).__name__}: {node}", "bad_data")
+
+    def eval_vector(self, node: Any, steps: np.ndarray) -> StepVector:
+        value = self.eval(node, steps)
+        if not isinstance(value, StepVector):
+            raise PromQLError(f"expected an instant vector, got {type(value).__name__}")
+        return value
+
+    def eval_scalar(self, node: Any, steps: np.ndarray) -> np.ndarray:
+        value = self.eval(node, steps)
+        if not isinstance(value, Scalar):
+            raise PromQLError(f"expected a scalar, got {type(value).__name__}")
+        return value.values
+
+    def eval_range(self, node: Any, steps: np.ndarray) -> RangeVector:
+        value = self.eval(node, steps)
+        if not isinstance(value, RangeVector):
+            raise PromQLError(f"expected a range vector, got {type(value).__name__}")
+        return value
+
+    # ------------------------------------------------------------------ selectors
+    def reference_times(self, node: Any, steps: np.ndarray) -> np.ndarray:
+        """The times a selector or subquery looks at: the step (or its ``@``) minus offset."""
+        at = node.at
+        if at is None:
+            base = steps
+        elif at.type == pp.AtModifierType.Start:
+            base = np.full(steps.size, self.query_start, dtype=np.int64)
+        elif at.type == pp.AtModifierType.End:
+            base = np.full(steps.size, self.query_end, dtype=np.int64)
+        else:
+            base = np.full(steps.size, datetime_ms(at.at), dtype=np.int64)
+        return base - duration_ms(node.offset)
+
+    def select(self, vs: Any, lo: int, hi: int) -> list[RangeSeries]:
+        matchers = [Matcher(m.name, _MATCH_OPS[str(m.op)], m.value) for m in vs.matchers.matchers]
+        if vs.name is not None:
+            matchers.insert(0, Matcher("__name__", "=", vs.name))
+        return [
+            RangeSeries(make_labels(s.labels.items()), s.ts, s.values)
+            for s in self.source.select(matchers, lo, hi)
+        ]
+
+    def vector_selector(self, vs: Any, steps: np.ndarray) -> tuple[StepVector, np.ndarray]:
+        """The vector and, per cell, the timestamp of the sample it took (for timestamp())."""
+        refs = self.reference_times(vs, steps)
+        lookback = self.options.lookback_delta_ms
+        series = self.select(vs, int(refs.min()) - lookback, int(refs.max()))
+        n, t = len(series), steps.size
+        values = np.zeros((n, t))
+        present = np.zeros((n, t), dtype=bool)
+        sample_ts = np.zeros((n, t), dtype=np.int64)
+        for i, s in enumerate(series):
+            idx = np.searchsorted(s.ts, refs, side="right") - 1
+            safe = np.maximum(idx, 0)
+            ok = idx >= 0
+            if s.ts.size:
+                ok &= s.ts[safe] >= refs - lookback
+                ok &= ~is_stale(s.values[safe])
+            else:
+                ok[:] = False
+            present[i] = ok
+            if s.ts.size:
+                values[i] = s.values[safe]
+                sample_ts[i] = s.ts[safe]
+        return StepVector([s.labels for s in series], values, present), sample_ts
+
+    def matrix_selector(self, ms: Any, steps: np.ndarray) -> RangeVector:
+        vs = ms.vector_selector
+        refs = self.reference_times(vs, steps)
+        range_ms = duration_ms(ms.range)
+        series = []
+        for s in self.select(vs, int(refs.min()) - range_ms, int(refs.max())):
+            keep = ~is_stale(s.values)
+            series.append(RangeSeries(s.labels, s.ts[keep], s.values[keep]))
+        return RangeVector(
+            series, refs - range_ms, refs, range_ms, left_open=self.options.left_open_windows
+        )
+
+    def subquery(self, sq: Any, steps: np.ndarray) -> RangeVector:
+        refs = self.reference_times(sq, steps)
+        range_ms = duration_ms(sq.range)
+        step = duration_ms(sq.step) or self.options.subquery_step_ms
+        first = int(refs.min()) - range_ms
+        inner_start = step * (first // step)
+        if inner_start < first:
+            inner_start += step
+        inner_steps = np.arange(inner_start, int(refs.max()) + 1, step, dtype=np.int64)
+        series: list[RangeSeries] = []
+        if inner_steps.size:
+            inner = self.eval_vector(sq.expr, inner_steps)
+            for r, labels in enumerate(inner.labels):
+                mask = inner.present[r]
+                if mask.any():
+                    series.append(RangeSeries(labels, inner_steps[mask], inner.values[r][mask]))
+        return RangeVector(
+            series, refs - range_ms, refs, range_ms, left_open=self.options.left_open_windows
+        )
+
+
+def _negate(value: Value) -> Value:
+    if isinstance(value, Scalar):
+        return Scalar(-value.values)
+    if isinstance(value, StepVector):
+        from metricvault.promql.values import drop_name
+
+        negated = StepVector(value.labels, -value.values, value.present)
+        return negated.with_labels([drop_name(x) for x in value.labels], per_step=False)
+    raise PromQLError("unary minus is only allowed on scalars and instant vectors", "bad_data")
+
+
+def _broadcast(value: Value, n_steps: int) -> Value:
+    if isinstance(value, Scalar):
+        return Scalar(np.repeat(value.values[:1], n_steps))
+    if isinstance(value, StepVector):
+        return StepVector(
+            value.labels,
+            np.repeat(value.values[:, :1], n_steps, axis=1),
+            np.repeat(value.present[:, :1], n_steps, axis=1),
+            value.sort_order,
+        )
+    return value
+
+
+def step_invariant(node: Any) -> bool:
+    """Whether ``node`` gives the same answer at every step (engine.go preprocessExpr)."""
+    if isinstance(node, pp.VectorSelector):
+        return node.at is not None
+    if isinstance(node, pp.MatrixSelector):
+        return bool(node.vector_selector.at is not None)
+    if isinstance(node, pp.SubqueryExpr):
+        return node.at is not None
+    if isinstance(node, pp.NumberLiteral | pp.StringLiteral):
+        return True
+    if isinstance(node, pp.ParenExpr | pp.UnaryExpr):
+        return step_invariant(node.expr)
+    if isinstance(node, pp.AggregateExpr):
+        return step_invariant(node.expr)
+    if isinstance(node, pp.BinaryExpr):
+        return step_invariant(node.lhs) and step_invariant(node.rhs)
+    if isinstance(node, pp.Call):
+        if node.func.name in _AT_UNSAFE:
+            return False
+        return all(step_invariant(a) for a in node.args)
+    return False
