@@ -31,6 +31,7 @@ import pytest
 from metricvault.collect.push import encode_write_request
 from metricvault.promql import STALE_NAN, Engine, MemorySource, PromQLError, VaultSource
 from metricvault.promql.values import QueryResult
+
 from .conftest import free_port, stop_process, wait_http_ok
 
 SCRAPE_MS = 15_000
@@ -125,7 +126,7 @@ QUERIES = [
     "sum(nan_gauge)",
     "max(nan_gauge)",
     "avg(stale_gauge)",
-    "sum by (__name__) ({__name__=~\"node_temp_celsius|gpu_util_ratio\"})",
+    'sum by (__name__) ({__name__=~"node_temp_celsius|gpu_util_ratio"})',
     # binary operators
     "node_temp_celsius * 2",
     "2 ^ gpu_util_ratio",
@@ -143,7 +144,7 @@ QUERIES = [
     "node_info * on(instance) group_right(version) gpu_util_ratio",
     "gpu_util_ratio > on(instance) group_left avg by (instance) (gpu_util_ratio)",
     "gpu_util_ratio / ignoring(gpu) group_left sum without (gpu) (gpu_util_ratio)",
-    'node_temp_celsius > bool on(instance, zone) node_temp_celsius offset 1m',
+    "node_temp_celsius > bool on(instance, zone) node_temp_celsius offset 1m",
     "rate(http_requests_total[2m]) / on(instance, method) rate(http_requests_total[5m])",
     "gpu_util_ratio and on(instance) flaky_up",
     "gpu_util_ratio unless on(instance) flaky_up",
@@ -246,9 +247,18 @@ def dataset(t0: int) -> list[tuple[str, dict[str, str], np.ndarray, np.ndarray]]
         for gpu in "0123":
             util = np.clip(rng.beta(2, 2, N_SAMPLES), 0, 1).round(4)
             out.append(("gpu_util_ratio", {"instance": inst, "gpu": gpu}, grid, util))
-        out.append(("node_info", {"instance": inst, "version": f"1.{ord(inst)}"}, grid, np.ones(N_SAMPLES)))
+        out.append(
+            ("node_info", {"instance": inst, "version": f"1.{ord(inst)}"}, grid, np.ones(N_SAMPLES))
+        )
         out.append(("gpu_count", {"instance": inst}, grid, np.full(N_SAMPLES, 8.0)))
-        out.append(("http_status_code", {"instance": inst}, grid, rng.choice([200.0, 404.0, 500.0], N_SAMPLES)))
+        out.append(
+            (
+                "http_status_code",
+                {"instance": inst},
+                grid,
+                rng.choice([200.0, 404.0, 500.0], N_SAMPLES),
+            )
+        )
     for inst in "ab":
         per_bucket = rng.poisson([4, 6, 3, 1], (N_SAMPLES, 4)).astype(np.float64)
         cumulative = np.cumsum(np.cumsum(per_bucket, axis=1), axis=0)
@@ -308,7 +318,9 @@ def _start_prometheus(directory: Path) -> tuple[subprocess.Popen[bytes], str, Pa
     return proc, url, log_path
 
 
-def _remote_write(url: str, series: list[tuple[str, dict[str, str], np.ndarray, np.ndarray]]) -> None:
+def _remote_write(
+    url: str, series: list[tuple[str, dict[str, str], np.ndarray, np.ndarray]]
+) -> None:
     samples = [
         (metric, labels, int(t), float(v))
         for metric, labels, ts, vs in series

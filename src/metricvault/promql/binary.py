@@ -32,11 +32,11 @@ SET_OPS = {"and", "or", "unless"}
 
 
 def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.power(a, b)
+    return np.asarray(np.power(a, b))
 
 
 def _mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.fmod(a, b)  # Go's math.Mod: the sign of the dividend, like C fmod
+    return np.asarray(np.fmod(a, b))  # Go's math.Mod: the sign of the dividend, like C fmod
 
 
 _OPS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
@@ -61,7 +61,7 @@ def apply(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.asarray(_OPS[op](a, b))
 
 
-def evaluate(ev: Evaluator, node: Any, steps: np.ndarray) -> Any:
+def evaluate(ev: Evaluator, node: Any, steps: np.ndarray) -> StepVector | Scalar:
     from metricvault.promql.eval import Scalar
 
     op = str(node.op)
@@ -168,7 +168,7 @@ def _vector_vector(
     one_codes = _sig_codes(one, on, names, table)
     n_sigs, n_steps = len(table), lhs.n_steps
     # Prometheus checks nothing at a step where either side is empty.
-    live = many.present.any(axis=0) & one.present.any(axis=0)
+    live = np.asarray(many.present.any(axis=0) & one.present.any(axis=0))
     _check_unique_one_side(one, one_codes, n_sigs, on, names, one_to_many, live)
     # The one side's row for each signature at each step (-1: none).
     one_row = np.full((n_sigs, n_steps), -1, dtype=np.int64)
@@ -251,8 +251,7 @@ def _assemble(
         out_present[k] = cells
         out_values[k, cells] = values[m, cells]
         out_labels.append(
-            _result_labels(many.labels[m], one.labels[o], op, card, on, names, include,
-                           return_bool)  # fmt: skip
+            _result_labels(many.labels[m], one.labels[o], op, card, on, names, include, return_bool)
         )
     _check_matches(pairs // n_one, out_labels, out_present, many_codes, card)
     return StepVector(out_labels, out_values, out_present).with_labels(out_labels)

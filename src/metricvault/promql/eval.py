@@ -161,9 +161,9 @@ class Evaluator:
 
     # ------------------------------------------------------------------ dispatch
     def eval(self, node: Any, steps: np.ndarray) -> Value:
-        if steps.size > 1 and not isinstance(node, pp.NumberLiteral | pp.StringLiteral):
-            if step_invariant(node):
-                return _broadcast(self._eval(node, steps[:1]), steps.size)
+        literal = isinstance(node, pp.NumberLiteral | pp.StringLiteral)
+        if steps.size > 1 and not literal and step_invariant(node):
+            return _broadcast(self._eval(node, steps[:1]), steps.size)
         return self._eval(node, steps)
 
     def _eval(self, node: Any, steps: np.ndarray) -> Value:

@@ -23,13 +23,9 @@ from metricvault.promql.values import (
 )
 
 if TYPE_CHECKING:
-    from metricvault.promql.eval import Evaluator
+    from metricvault.promql.eval import Evaluator, Scalar
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-
-
-def _math(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
-    return fn
 
 
 def _sgn(v: np.ndarray) -> np.ndarray:
@@ -53,7 +49,7 @@ DATE = {
 }  # fmt: skip
 
 
-def call(ev: Evaluator, node: Any, steps: np.ndarray) -> Any:
+def call(ev: Evaluator, node: Any, steps: np.ndarray) -> StepVector | Scalar:
     from metricvault.promql.eval import Scalar
 
     name = node.func.name
@@ -89,12 +85,12 @@ def _time_vector(steps: np.ndarray) -> StepVector:
 # ------------------------------------------------------------------------------ range
 def _range_call(ev: Evaluator, name: str, args: list[Any], steps: np.ndarray) -> StepVector:
     matrix_pos = next(
-        i for i, a in enumerate(args) if _unwrap(a).__class__ in (pp.MatrixSelector, pp.SubqueryExpr)
+        i
+        for i, a in enumerate(args)
+        if _unwrap(a).__class__ in (pp.MatrixSelector, pp.SubqueryExpr)
     )
     rv = ev.eval_range(args[matrix_pos], steps)
-    scalars = [
-        ev.eval_scalar(a, steps) for i, a in enumerate(args) if i != matrix_pos
-    ]
+    scalars = [ev.eval_scalar(a, steps) for i, a in enumerate(args) if i != matrix_pos]
     if name == "absent_over_time":
         return _absent_over_time(rv, args[0], steps)
     labels, values, present = [], [], []
@@ -175,7 +171,9 @@ def _absent_over_time(rv: RangeVector, arg: Any, steps: np.ndarray) -> StepVecto
 # ------------------------------------------------------------------------------ instant
 def _absent(ev: Evaluator, args: list[Any], steps: np.ndarray) -> StepVector:
     vec = ev.eval_vector(args[0], steps)
-    missing = ~vec.present.any(axis=0) if vec.labels else np.ones(steps.size, dtype=bool)
+    missing = np.ones(steps.size, dtype=bool)
+    if vec.labels:
+        missing = ~np.asarray(vec.present.any(axis=0))
     if not missing.any():
         return StepVector.empty(steps.size)
     return StepVector([_absent_labels(args[0])], np.ones((1, steps.size)), missing[None, :])
@@ -260,16 +258,13 @@ def _go_template(repl: str) -> Callable[[re.Match[str]], str]:
             ref = tok.group(1) or tok.group(2)
             try:
                 value = match.group(int(ref)) if ref.isdigit() else match.group(ref)
-            except (IndexError, error_types):
-                return ""
+            except (IndexError, KeyError, re.error):
+                return ""  # Go expands a group that does not exist to nothing
             return value or ""
 
         return tokens.sub(one, repl)
 
     return expand
-
-
-error_types = (IndexError, KeyError, re.error)
 
 
 def _label_replace(ev: Evaluator, args: list[Any], steps: np.ndarray) -> StepVector:
@@ -344,7 +339,7 @@ def _date(name: str, values: np.ndarray) -> np.ndarray:
     return np.where(finite, out.astype(np.float64), np.nan)
 
 
-INSTANT_FUNCTIONS: dict[str, Callable[[Evaluator, list[Any], np.ndarray], Any]] = {
+INSTANT_FUNCTIONS: dict[str, Callable[[Evaluator, list[Any], np.ndarray], StepVector | Scalar]] = {
     "absent": _absent,
     "scalar": _scalar,
     "vector": _vector,

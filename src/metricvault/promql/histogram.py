@@ -49,7 +49,7 @@ def _group_quantile(
 ) -> tuple[np.ndarray, np.ndarray]:
     n_steps = counts.shape[1]
     out = np.full(n_steps, np.nan)
-    any_present = present.any(axis=0)
+    any_present = np.asarray(present.any(axis=0))
     patterns, inverse = np.unique(present.T, axis=0, return_inverse=True)
     for p, pattern in enumerate(patterns):
         cols = np.flatnonzero(inverse.reshape(-1) == p)
@@ -64,7 +64,7 @@ def _bucket_quantile(q: np.ndarray, bounds: np.ndarray, counts: np.ndarray) -> n
     if not np.isposinf(bounds[-1]):
         return np.full(n_steps, np.nan)
     # Coalesce buckets with the same bound (e.g. le="1" and le="1.0").
-    unique_bounds, first = np.unique(bounds, return_index=True)
+    unique_bounds = np.unique(bounds)
     if unique_bounds.size != bounds.size:
         codes = np.searchsorted(unique_bounds, bounds)
         summed = np.zeros((unique_bounds.size, n_steps))

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+import contextlib
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import promql_parser as pp
 
 from metricvault.promql.errors import PromQLError
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _register_extra_functions() -> None:
     # The parser follows Prometheus 3, which renamed holt_winters; Prometheus 2.x still has it.
-    try:
+    with contextlib.suppress(ValueError):  # already registered (module reloaded)
         pp.register_extra_functions(
             [
                 pp.Function(
@@ -24,8 +25,6 @@ def _register_extra_functions() -> None:
                 )
             ]
         )
-    except ValueError:  # already registered (module reloaded)
-        pass
 
 
 _register_extra_functions()

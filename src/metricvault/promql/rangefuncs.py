@@ -199,9 +199,7 @@ def holt_winters(
 ) -> Result:
     bad_sf = (sf <= 0) | (sf >= 1)
     if bad_sf.any():
-        raise PromQLError(
-            f"invalid smoothing factor. Expected: 0 < sf < 1, got: {sf[bad_sf][0]:f}"
-        )
+        raise PromQLError(f"invalid smoothing factor. Expected: 0 < sf < 1, got: {sf[bad_sf][0]:f}")
     bad_tf = (tf <= 0) | (tf >= 1)
     if bad_tf.any():
         raise PromQLError(f"invalid trend factor. Expected: 0 < tf < 1, got: {tf[bad_tf][0]:f}")

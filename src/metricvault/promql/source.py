@@ -26,7 +26,8 @@ STALE_NAN: float = float(np.array([STALE_NAN_BITS], dtype=np.uint64).view(np.flo
 
 def is_stale(values: np.ndarray) -> np.ndarray:
     """A boolean mask of the stale markers in a float64 array (other NaNs are values)."""
-    return np.asarray(values, dtype=np.float64).view(np.uint64) == np.uint64(STALE_NAN_BITS)
+    bits = np.asarray(values, dtype=np.float64).view(np.uint64)
+    return np.asarray(bits == np.uint64(STALE_NAN_BITS))
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -59,7 +59,9 @@ class StepVector:
 
     def select_rows(self, rows: np.ndarray | list[int]) -> StepVector:
         idx = np.asarray(rows, dtype=np.int64)
-        return StepVector([self.labels[i] for i in idx.tolist()], self.values[idx], self.present[idx])
+        return StepVector(
+            [self.labels[i] for i in idx.tolist()], self.values[idx], self.present[idx]
+        )
 
     def with_labels(self, labels: list[Labels], per_step: bool = True) -> StepVector:
         """The same rows under new label sets, rows that now share a label set merged; two of
@@ -115,11 +117,12 @@ class RangeVector:
     bounds: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        side = "right" if self.left_open else "left"
+        # Prometheus 2.x windows are closed, [start, end]; Prometheus 3's are (start, end].
+        left: Literal["left", "right"] = "right" if self.left_open else "left"
         self.bounds = [
             (
-                np.searchsorted(s.ts, self.starts, side=side),
-                np.searchsorted(s.ts, self.ends, side="right"),
+                np.asarray(np.searchsorted(s.ts, self.starts, side=left)),
+                np.asarray(np.searchsorted(s.ts, self.ends, side="right")),
             )
             for s in self.series
         ]
@@ -166,7 +169,9 @@ class QueryResult:
             "result": [
                 {
                     "metric": labels,
-                    "values": [[t / 1000, _fmt(v)] for t, v in zip(ts.tolist(), vs.tolist())],
+                    "values": [
+                        [t / 1000, _fmt(v)] for t, v in zip(ts.tolist(), vs.tolist(), strict=True)
+                    ],
                 }
                 for labels, ts, vs in self.series
             ],
