@@ -47,6 +47,8 @@ def evaluate(ev: Evaluator, node: Any, steps: np.ndarray) -> StepVector:
             raise PromQLError("count_values needs a string parameter", "bad_data")
         return _count_values(vec, label, names, without)
     param = ev.eval_scalar(node.param, steps) if node.param is not None else None
+    if op in ("topk", "bottomk") and param is not None:
+        _check_k(param)
     if not vec.labels:
         return StepVector.empty(steps.size)
     codes, groups = _codes(vec, names, without)
@@ -98,10 +100,13 @@ def _rank_keys(values: np.ndarray, present: np.ndarray, largest_first: bool) -> 
     return np.lexsort((key, klass), axis=0)
 
 
+def _check_k(k: np.ndarray) -> None:
+    bad = ~(np.abs(k) < _INT64_MAX)  # NaN too
+    if bad.any():
+        raise PromQLError(f"Scalar value {format_value(float(k[bad][0]))} overflows int64")
+
+
 def _topk(vec: StepVector, codes: np.ndarray, k: np.ndarray, largest: bool) -> StepVector:
-    if not np.all(np.abs(k[np.isfinite(k)]) < _INT64_MAX) or np.isnan(k).any():
-        bad = k[~(np.abs(k) < _INT64_MAX)][0]
-        raise PromQLError(f"Scalar value {bad} overflows int64")
     kk = np.trunc(k).astype(np.int64)
     selected = np.zeros_like(vec.present)
     for code in np.unique(codes).tolist():

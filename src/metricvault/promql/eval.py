@@ -161,8 +161,10 @@ class Evaluator:
 
     # ------------------------------------------------------------------ dispatch
     def eval(self, node: Any, steps: np.ndarray) -> Value:
-        literal = isinstance(node, pp.NumberLiteral | pp.StringLiteral)
-        if steps.size > 1 and not literal and step_invariant(node):
+        # Range vectors keep their per-step windows even when pinned with @ (the function
+        # over them decides); literals are cheap anyway.
+        kinds = (pp.NumberLiteral, pp.StringLiteral, pp.MatrixSelector, pp.SubqueryExpr)
+        if steps.size > 1 and not isinstance(node, kinds) and step_invariant(node):
             return _broadcast(self._eval(node, steps[:1]), steps.size)
         return self._eval(node, steps)
 

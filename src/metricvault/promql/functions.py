@@ -311,6 +311,12 @@ def _histogram_quantile(ev: Evaluator, args: list[Any], steps: np.ndarray) -> St
     return histogram_quantile(q, ev.eval_vector(args[1], steps))
 
 
+def _no_native_histograms(ev: Evaluator, args: list[Any], steps: np.ndarray) -> StepVector:
+    for arg in args:
+        ev.eval(arg, steps)  # still evaluated, so its errors surface
+    return StepVector.empty(steps.size)
+
+
 def _date(name: str, values: np.ndarray) -> np.ndarray:
     finite = np.isfinite(values)
     seconds = np.where(finite, np.trunc(values), 0).astype(np.int64)
@@ -353,4 +359,8 @@ INSTANT_FUNCTIONS: dict[str, Callable[[Evaluator, list[Any], np.ndarray], StepVe
     "label_replace": _label_replace,
     "label_join": _label_join,
     "histogram_quantile": _histogram_quantile,
+    # Native-histogram functions: float samples hold no native histograms, so nothing.
+    "histogram_count": _no_native_histograms,
+    "histogram_sum": _no_native_histograms,
+    "histogram_fraction": _no_native_histograms,
 }

@@ -60,12 +60,13 @@ def extrapolated_rate(
     first_i, last_i = np.where(ok, lo, 0), np.where(ok, hi - 1, 0)
     v, t = s.values, s.ts
     result = v[last_i] - v[first_i]
-    if counter:
-        drops = np.zeros(v.size)
-        drops[1:] = np.where(v[1:] < v[:-1], v[:-1], 0.0)
-        acc = np.cumsum(drops)
-        result = result + acc[last_i] - acc[first_i]
     with np.errstate(all="ignore"):
+        if counter:
+            # Each reset adds the value before it; summed per window (not a running sum,
+            # which one +Inf would poison for every later window).
+            drops = np.zeros(v.size)
+            drops[1:] = np.where(v[1:] < v[:-1], v[:-1], 0.0)
+            result = result + np.where(ok, _reduce(np.add, drops, first_i + 1, last_i + 1), 0.0)
         to_start = (t[first_i] - rv.starts) / 1000.0
         to_end = (rv.ends - t[last_i]) / 1000.0
         sampled = (t[last_i] - t[first_i]) / 1000.0
