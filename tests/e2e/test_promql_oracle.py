@@ -428,7 +428,7 @@ def _prometheus(url: str, path: str, params: dict[str, str]) -> Normal:
     except urllib.error.HTTPError as exc:
         reply = json.loads(exc.read())
     if reply["status"] != "success":
-        return "error", reply.get("error", "")
+        return "error", (reply.get("errorType", ""), reply.get("error", ""))
     data = reply["data"]
     kind = data["resultType"]
     if kind in ("scalar", "string"):
@@ -446,7 +446,7 @@ def _ours(engine: Engine, expr: str, *args: int) -> Normal:
     try:
         result: QueryResult = engine.evaluate(expr, *args)
     except PromQLError as exc:
-        return "error", exc.message
+        return "error", (exc.kind, exc.message)
     if result.result_type == "string":
         return "string", [((), [(int(result.series[0][1][0]), result.text)])]
     return result.result_type, [
@@ -469,7 +469,8 @@ def _agree(expected: Normal, got: Normal, ordered: bool) -> bool:
     if expected[0] != got[0]:
         return False
     if expected[0] == "error":
-        return True
+        # Parse errors are worded by the parser package; errors on data must match exactly.
+        return got[1][0] == "bad_data" or bool(got[1] == expected[1])
     exp_series, got_series = expected[1], got[1]
     if not ordered:
         exp_series, got_series = sorted(exp_series), sorted(got_series)

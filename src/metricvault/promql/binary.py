@@ -204,7 +204,7 @@ def _check_unique_one_side(
     group = format_labels(_signature(one.labels[rows[0]], on, names))
     raise PromQLError(
         f"found duplicate series for the match group {group} on the {side} hand-side of the "
-        f"operation: [{format_labels(one.labels[rows[0]])}, {format_labels(one.labels[rows[1]])}]"
+        f"operation: [{format_labels(one.labels[rows[1]])}, {format_labels(one.labels[rows[0]])}]"
         ";many-to-many matching not allowed: matching labels must be unique on one side"
     )
 

@@ -227,10 +227,13 @@ class Evaluator:
         matchers = [Matcher(m.name, _MATCH_OPS[str(m.op)], m.value) for m in vs.matchers.matchers]
         if vs.name is not None:
             matchers.insert(0, Matcher("__name__", "=", vs.name))
-        return [
+        series = [
             RangeSeries(make_labels(s.labels.items()), s.ts, s.values)
             for s in self.source.select(matchers, lo, hi)
         ]
+        # Sorted by label set, as Prometheus's storage returns them (error messages and
+        # the order of equal-valued results depend on it).
+        return sorted(series, key=lambda s: s.labels)
 
     def vector_selector(self, vs: Any, steps: np.ndarray) -> tuple[StepVector, np.ndarray]:
         """The vector and, per cell, the timestamp of the sample it took (for timestamp())."""
