@@ -27,7 +27,7 @@ from metricvault.model import (
     kind_from_name,
 )
 
-_ABSENT = "-"  # a null cell in a series key; a present cell starts with its length's digits
+_SEP = "\x00"  # between the cells of a series key; label values may not hold it (model.py)
 TIME_COLUMNS = ("timestamp", "ts")
 
 
@@ -80,6 +80,7 @@ def _from_table(table: pa.Table, kinds: Mapping[str, str]) -> Batch:
     keys = encoded.dictionary.to_pylist()
     columns = tuple(labels)
     found = [_SERIES_CACHE.get((columns, k)) for k in keys]
+    _forget_ambiguous(found, encoded.dictionary, len(columns))
     unseen = [i for i, hit in enumerate(found) if hit is None]
     if unseen:
         _resolve(unseen, found, keys, columns, encoded, metric, labels)
@@ -123,23 +124,24 @@ def _resolve(
 
 
 def _series_keys(metric: pa.ChunkedArray, labels: dict[str, pa.ChunkedArray]) -> pa.ChunkedArray:
-    """One string per row that differs exactly when the row's series differs.
-
-    Each cell is written as ``<length in bytes>:<value>`` and a null cell as ``-``, so the key
-    reads back unambiguously whatever a value holds: joining raw values with separator bytes let
-    ``mig="\\x00\\x1e"`` pass for an absent ``mig`` and merged two series (issue 10). Because the
-    key is injective, a cache hit is a series validated before, so the rules hold on every write.
-    """
-    cells = [_length_prefixed(metric)]
-    cells += [_length_prefixed(column) for column in labels.values()]
+    """One string per row: its cells joined by NUL, a null cell written as an empty one (an
+    empty label value is an absent label, so both are the same series)."""
     return pc.binary_join_element_wise(
-        *cells, "", null_handling="replace", null_replacement=_ABSENT
+        metric, *labels.values(), _SEP, null_handling="replace", null_replacement=""
     )
 
 
-def _length_prefixed(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    lengths = pc.cast(pc.binary_length(column), pa.string())
-    return pc.binary_join_element_wise(lengths, column, ":")
+def _forget_ambiguous(found: list[Any], keys: pa.Array, label_columns: int) -> None:
+    """Treat as unseen every key with a NUL inside a cell, so validation refuses it.
+
+    A key is unambiguous only if no cell holds the separator: the cache once took
+    ``mig="\\x00\\x1e"`` for an absent ``mig`` and stored two series as one (issue 10). A key
+    of a clean row holds exactly one separator per label column; checked on every write, over
+    the distinct keys only.
+    """
+    separators = pc.count_substring(keys, _SEP).to_numpy()
+    for i in np.flatnonzero(separators != label_columns).tolist():
+        found[i] = None
 
 
 def _sparse_labels(labels: dict[str, pa.ChunkedArray], rows: pa.Array) -> list[dict[str, str]]:
