@@ -233,3 +233,41 @@ def test_issue11_unknown_metricvault_variable_is_warned_about(vault_dir):
     assert "METRICVAULT_RETENTION_RAW" in done.stderr  # the near miss is named
     quiet = cli("stats", "-d", vault_dir, METRICVAULT_GATEWAY_TOKEN="x")  # used by track()
     assert "METRICVAULT_GATEWAY_TOKEN" not in quiet.stderr
+
+
+# ------------------------------------------------------------------ import streams
+def test_issue11_import_parses_mixed_iso_and_epoch_ms_timestamps(tmp_path):
+    csv = tmp_path / "mixed.csv"
+    csv.write_text(
+        "metric,timestamp,value,host\n"
+        f"load,{T0},1.0,007\n"
+        "load,2026-01-01T00:00:01Z,2.0,007\n"
+        "load,2026-01-01 00:00:02,3.0,007\n"
+        "load,2026-01-01T01:00:03+01:00,4.0,007\n"
+    )
+    done = cli("import", str(csv), "-d", str(tmp_path / "v"))
+    assert done.returncode == 0, done.stderr
+    with Vault.open(str(tmp_path / "v")) as v:
+        got = v.query("load", T0, T0 + 10_000, output="arrow")
+    assert got["value"].to_pylist() == [1.0, 2.0, 3.0, 4.0]
+    assert [t.timestamp() * 1000 for t in got["timestamp"].to_pylist()] == [
+        T0, T0 + 1000, T0 + 2000, T0 + 3000,
+    ]  # fmt: skip
+    assert got["host"].to_pylist() == ["007"] * 4  # labels stay text
+
+
+def test_issue11_import_reads_in_bounded_batches_and_names_a_bad_time(tmp_path, monkeypatch):
+    from metricvault.store import importer
+
+    rows = "".join(f"m,{T0 + i * 1000},{i}.0,a\n" for i in range(20_000))
+    csv = tmp_path / "big.csv"
+    csv.write_text("metric,timestamp,value,host\n" + rows + "m,yesterday,1.0,a\n")
+    monkeypatch.setattr(importer, "CSV_BLOCK_BYTES", 64 * 1024)
+    seen: list[int] = []
+    with Vault.open(str(tmp_path / "v"), create=True) as v:
+        original = v.write
+        monkeypatch.setattr(v, "write", lambda t: seen.append(t.num_rows) or original(t))
+        with pytest.raises(InputError, match="'yesterday' is neither epoch milliseconds"):
+            importer.import_file(v, csv)
+        assert len(seen) > 5 and max(seen) < 5_000  # never the whole file at once
+        assert v.query("m", T0, T0 + 30_000_000, output="arrow").num_rows == sum(seen)

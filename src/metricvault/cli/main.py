@@ -15,6 +15,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -238,30 +240,29 @@ def import_(
 ) -> None:
     """Write a CSV/Parquet file in the long shape (`metric`, `timestamp`, `value`, labels...).
 
-    `timestamp` is epoch milliseconds or an ISO time; every other column is a label.
+    `timestamp` is epoch milliseconds or an ISO time (both may be mixed in one file; an ISO
+    time without a zone is UTC); every other column is a label. The file is streamed in
+    batches (memory stays bounded whatever its size), with a progress bar on a terminal.
     """
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
+    from metricvault.store.importer import import_file
 
-    if not path.exists():
-        raise typer.BadParameter(f"{path} does not exist")
-    if path.suffix == ".parquet":
-        table = pq.read_table(path)
-    else:
-        table = pacsv.read_csv(path, convert_options=_csv_types(path))
-    with open_vault(data, config, set_, create=True) as vault:
-        count = vault.write(table)
+    with open_vault(data, config, set_, create=True) as vault, _progress(path) as progress:
+        count = import_file(vault, path, progress)
     console.print(f"wrote {count:,} samples from {path}")
 
 
-def _csv_types(path: Path) -> Any:
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
+@contextmanager
+def _progress(path: Path) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar over the file's bytes, on stderr and only when it is a terminal."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
-    header = path.open().readline().strip().split(",")
-    types = {c: pa.string() for c in header if c not in ("timestamp", "value")}
-    types["value"] = pa.float64()
-    return pacsv.ConvertOptions(column_types=types)
+    columns = (BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task(f"importing {path.name}", total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 @app.command()
