@@ -4,6 +4,7 @@ hand from Prometheus 2.x's rules (the e2e oracle compares against a real Prometh
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -389,3 +390,13 @@ def test_memory_source_selects_a_closed_range_with_regex_matchers() -> None:
     assert len(got) == 1
     assert got[0].ts.tolist() == [10, 20]
     assert np.array_equal(got[0].values, [1.0, 2.0])
+
+
+def test_the_example_in_docs_promql_md_runs() -> None:
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "promql.md"
+    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)
+    assert blocks, "docs/promql.md lost its example"
+    for block in blocks:
+        exec(compile(block, str(page), "exec"), {})  # its asserts check the answers
