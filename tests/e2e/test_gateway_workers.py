@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from metricvault import Vault
+from metricvault.ingest.metrics import runs_directory
 
 from .conftest import GatewayProcess, http_get, metric_sum, parse_exposition
 
@@ -70,7 +71,7 @@ def _scrape(gw: GatewayProcess) -> dict[str, float]:
 
 def test_metrics_add_up_over_workers(gateway):
     gw = gateway(settings=("gateway_workers=2",))
-    runs = gw.data_dir / "state" / "gateway-metrics"
+    runs = runs_directory(gw.data_dir / "state")
     lines, sent, batch = 25, 0, 0
     run_dirs: list[Path] = []
     with ThreadPoolExecutor(4) as pool:  # concurrent requests keep both workers busy

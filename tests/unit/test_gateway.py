@@ -22,7 +22,12 @@ from metricvault import Vault
 from metricvault.config import BasicUser, BearerToken, Settings
 from metricvault.ingest.app import create_app
 from metricvault.ingest.auth import hash_secret
-from metricvault.ingest.metrics import GatewayMetrics, remove_finished_runs, run_name
+from metricvault.ingest.metrics import (
+    GatewayMetrics,
+    remove_finished_runs,
+    run_name,
+    runs_directory,
+)
 from metricvault.ingest.protocols.remote_write import decode_remote_write
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "data" / "prometheus_remote_write"
@@ -257,7 +262,7 @@ def test_worker_metrics_add_up_over_processes(tmp_path):
     try:
         run_dir = Path(a.stdout.readline().strip())
         assert Path(b.stdout.readline().strip()) == run_dir  # one directory per serve run
-        assert run_dir == tmp_path / "gateway-metrics" / run_name(os.getpid())
+        assert run_dir == runs_directory(tmp_path) / run_name(os.getpid())
         got = _scrape(run_dir)
         assert got['metricvault_samples_stored_total{protocol="influx"}'] == 42  # summed
         assert got["metricvault_buffer_samples"] == 12  # each worker's own buffer: summed

@@ -2,8 +2,9 @@
 
 One worker keeps them in a private in-process registry. Several workers (``gateway_workers >
 1``) use prometheus-client's multiprocess mode: every worker writes its values to mmap files in
-a directory shared by the workers of one ``serve`` run (``<state>/gateway-metrics/<run>/``),
-and whichever worker answers a scrape merges all the files, so counters add up over workers.
+a directory shared by the workers of one ``serve`` run (``<runs>/<run>/``, see
+:func:`runs_directory`), and whichever worker answers a scrape merges all the files, so
+counters add up over workers.
 The directory is named after the ``serve`` process (pid and start time), so a run never sees
 another run's files; the last worker to stop removes it, and a worker starting removes those
 of runs that are gone (a ``kill -9``).
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-RUNS_DIR = "gateway-metrics"  # under the vault's local state directory
+RUNS_DIR = "gateway-metrics"  # under the vault's local state directory, or in /dev/shm
+SHARED_MEMORY = Path("/dev/shm")
 LOCK_NAME = "workers.lock"  # each worker of a run holds a shared flock on it while it runs
 
 
@@ -115,9 +117,9 @@ class GatewayMetrics:
     @classmethod
     def for_worker(cls, state_dir: Path) -> GatewayMetrics:
         """Metrics of one gateway worker process, shared with the other workers of the same
-        ``serve`` run (this process's parent) through ``<state_dir>/gateway-metrics/<run>/``.
+        ``serve`` run (this process's parent) through ``<runs>/<run>/``.
         Call :meth:`close` when the worker stops."""
-        runs = state_dir / RUNS_DIR
+        runs = runs_directory(state_dir)
         remove_finished_runs(runs)
         run_dir, lock_fd = _join_run(runs / run_name(os.getppid()))
         if "prometheus_client" in sys.modules and MULTIPROC_ENV not in os.environ:
@@ -165,6 +167,31 @@ class GatewayMetrics:
                 self.multiprocess_dir.parent.rmdir()
         finally:
             os.close(fd)
+
+
+def runs_directory(state_dir: Path) -> Path:
+    """Where the runs' mmap files live: in memory (``/dev/shm``) where there is one.
+
+    prometheus-client grows its files sparsely and writes through mmap; on a full disk a write
+    into a page that has no block behind it is SIGBUS, which kills the worker and drops its
+    connection instead of answering 503. So the files stay off the vault's disk, in a directory
+    private to this user and named after the state directory (one per vault)."""
+    import hashlib
+
+    if SHARED_MEMORY.is_dir() and os.access(SHARED_MEMORY, os.W_OK):
+        digest = hashlib.sha1(str(state_dir.resolve()).encode()).hexdigest()[:12]
+        runs = SHARED_MEMORY / f"metricvault-{os.getuid()}-{digest}"
+        with contextlib.suppress(OSError):
+            runs.mkdir(mode=0o700, exist_ok=True)
+        info = runs.lstat() if runs.exists() else None
+        if (
+            info is not None
+            and info.st_uid == os.getuid()
+            and runs.is_dir()
+            and not runs.is_symlink()
+        ):
+            return runs
+    return state_dir / RUNS_DIR
 
 
 def run_name(pid: int) -> str:

@@ -80,7 +80,8 @@ def stats(vault: Vault, now: int | None = None) -> dict[str, Any]:
             "quarantined_batches": quarantined_batches(vault.location.state_dir),
         },
         # everything under the vault, including files that old snapshots still reference
-        # (deleted by maintain once expired and older than orphan_grace)
+        # (maintain deletes a replaced file orphan_grace after its replacement, once no kept
+        # snapshot names it; files it cannot prove are this vault's are never deleted)
         "stored_bytes": disk,
         "raw_horizon": snap.raw_horizon_ms or None,
     }

@@ -299,9 +299,9 @@ def test_issue10_full_disk_writes_answer_503_and_reads_keep_working(
     small_disk: Path, gateway: Any
 ) -> None:
     vault_dir = small_disk / "vault"
-    # one worker: with more, prometheus-client's sparse mmap metric files can SIGBUS a worker
-    # on a full disk (docs/operations.md), dropping that request's connection
-    gw: GatewayProcess = gateway(data_dir=vault_dir, settings=("gateway_workers=1",))
+    # the default 2 workers: their prometheus-client mmap files must not be on the full disk,
+    # where a write into a sparse page is SIGBUS (docs/operations.md)
+    gw: GatewayProcess = gateway(data_dir=vault_dir, settings=("gateway_workers=2",))
     line = "gpu,gpu=0 util=50 {}\n"
     status, _, body = post(f"{gw.url}/write?precision=ms", line.format(T0).encode(), {})
     assert status == 204, body
