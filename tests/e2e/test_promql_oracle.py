@@ -286,6 +286,28 @@ QUERIES = [
     'label_replace(node_temp_celsius, "x", "$1", "instance", "(")',
     '{__name__=~"node_temp_celsius|gpu_util_ratio"} * 1 unless gpu_util_ratio',
 ]
+# Every range function and aggregation over every kind of series, generated.
+_SERIES = ("http_requests_total", "node_temp_celsius", "flaky_up", "nan_gauge", "stale_gauge",
+           "request_duration_seconds_bucket")  # fmt: skip
+_RANGE_FUNCTIONS = ("rate", "increase", "delta", "irate", "idelta", "resets", "changes", "deriv",
+                    "avg_over_time", "min_over_time", "max_over_time", "sum_over_time",
+                    "count_over_time", "last_over_time", "stddev_over_time", "stdvar_over_time",
+                    "present_over_time", "absent_over_time")  # fmt: skip
+QUERIES += [
+    f"{fn}({series}[{window}])"
+    for fn in _RANGE_FUNCTIONS
+    for series in _SERIES
+    for window in ("30s", "4m", "2m:20s")
+]
+QUERIES += [
+    f"{op}{modifier} ({series})"
+    for op in ("sum", "avg", "min", "max", "count", "stddev", "stdvar", "group")
+    for modifier in ("", " by (instance)", " without (instance)")
+    for series in _SERIES
+]
+QUERIES += [f"quantile_over_time(0.33, {series}[2m])" for series in _SERIES]
+QUERIES += [f"holt_winters({series}[3m], 0.3, 0.7)" for series in _SERIES]
+QUERIES += [f"predict_linear({series}[3m], 120)" for series in _SERIES]
 # Range vectors and strings have no range-query form.
 INSTANT_ONLY = ("[1m]", "[45s] offset", "[10m:1m]")
 

@@ -400,3 +400,17 @@ def test_the_example_in_docs_promql_md_runs() -> None:
     assert blocks, "docs/promql.md lost its example"
     for block in blocks:
         exec(compile(block, str(page), "exec"), {})  # its asserts check the answers
+
+
+def test_issue13_stddev_of_one_sample_is_zero_even_when_it_is_nan() -> None:
+    e = engine(({"__name__": "n", "i": "a"}, [0], [math.nan]))
+    assert one(e, "stddev(n)", 0) == 0.0
+    assert one(e, "stdvar by (i) (n)", 0) == 0.0
+
+
+def test_issue13_variance_of_a_constant_window_is_exactly_zero() -> None:
+    # 0.1 x 3 / 3 is not exactly 0.1 in binary floating point.
+    e = engine(({"__name__": "k"}, [0, 15 * S, 30 * S], [0.1, 0.1, 0.1]))
+    assert one(e, "stdvar_over_time(k[1m])", 30 * S) == 0.0
+    e = engine(*[({"__name__": "k", "i": str(i)}, [0], [0.1]) for i in range(3)])
+    assert one(e, "stdvar(k)", 0) == 0.0

@@ -85,12 +85,25 @@ def _reduce(op: str, vec: StepVector, codes: np.ndarray, n: int) -> tuple[np.nda
         if op == "avg":
             return mean, any_present
         if op in ("stddev", "stdvar"):
-            dev = np.where(present, vec.values - mean[codes], 0.0)
-            squares = np.zeros((n, t))
-            np.add.at(squares, codes, dev * dev)
-            var = squares / count
+            var = _variance(vec, codes, n, count)
             return (np.sqrt(var) if op == "stddev" else var), any_present
     raise PromQLError(f"unknown aggregation {op!r}", "bad_data")
+
+
+def _variance(vec: StepVector, codes: np.ndarray, n: int, count: np.ndarray) -> np.ndarray:
+    # Relative to the group's first sample at each step, so equal values give exactly 0, and
+    # a group of one sample is 0 whatever its value: both as Prometheus's Welford update.
+    first = np.zeros((n, vec.n_steps))
+    for r in range(len(vec.labels) - 1, -1, -1):
+        first[codes[r], vec.present[r]] = vec.values[r, vec.present[r]]
+    shifted = np.where(vec.present, vec.values - first[codes], 0.0)
+    total = np.zeros((n, vec.n_steps))
+    np.add.at(total, codes, shifted)
+    mean = total / count
+    dev = np.where(vec.present, shifted - mean[codes], 0.0)
+    squares = np.zeros((n, vec.n_steps))
+    np.add.at(squares, codes, dev * dev)
+    return np.asarray(np.where(count == 1, 0.0, squares / count))
 
 
 def _rank_keys(values: np.ndarray, present: np.ndarray, largest_first: bool) -> np.ndarray:

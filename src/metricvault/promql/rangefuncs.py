@@ -131,9 +131,12 @@ def over_time(name: str, s: RangeSeries, lo: np.ndarray, hi: np.ndarray) -> Resu
 def _variance(
     values: np.ndarray, _ts: np.ndarray, mask: np.ndarray, n: np.ndarray, _part: slice
 ) -> np.ndarray:
-    x = np.where(mask, values, 0.0)
+    # Relative to each window's first sample, so a constant window gives exactly 0, as
+    # Prometheus's running (Welford) update does.
+    shifted = values - values[:, :1]
+    x = np.where(mask, shifted, 0.0)
     mean = x.sum(axis=1) / n
-    dev = np.where(mask, values - mean[:, None], 0.0)
+    dev = np.where(mask, shifted - mean[:, None], 0.0)
     return np.asarray((dev * dev).sum(axis=1) / n)
 
 
