@@ -308,6 +308,62 @@ QUERIES += [
 QUERIES += [f"quantile_over_time(0.33, {series}[2m])" for series in _SERIES]
 QUERIES += [f"holt_winters({series}[3m], 0.3, 0.7)" for series in _SERIES]
 QUERIES += [f"predict_linear({series}[3m], 120)" for series in _SERIES]
+_OPERANDS = ("node_temp_celsius", "nan_gauge", "flaky_up", "node_info",
+             "rate(http_requests_total[1m])")  # fmt: skip
+QUERIES += [
+    f"{lhs} {op} {rhs}"
+    for op in ("+", "-", "*", "/", "%", "^", "==", "!=", ">", "<", ">=", "<=", "atan2")
+    for lhs, rhs in (
+        ("node_temp_celsius", "50"),
+        ("2", "gpu_util_ratio"),
+        ("nan_gauge", "nan_gauge offset 1m"),
+    )
+]
+QUERIES += [f"nan_gauge {op} bool 10" for op in ("==", "!=", ">", "<", ">=", "<=")]
+QUERIES += [
+    f"{lhs} {op} {rhs}"
+    for lhs in _OPERANDS
+    for rhs in _OPERANDS
+    if lhs != rhs
+    for op in ("and", "or ignoring(zone)", "unless on(instance)")
+]
+QUERIES += [
+    f"{fn}({arg})"
+    for fn in (
+        "abs",
+        "ceil",
+        "floor",
+        "exp",
+        "ln",
+        "log2",
+        "log10",
+        "sqrt",
+        "sgn",
+        "sin",
+        "cos",
+        "tan",
+        "asin",
+        "acos",
+        "atan",
+        "sinh",
+        "cosh",
+        "tanh",
+        "asinh",
+        "acosh",
+        "atanh",
+        "deg",
+        "rad",
+        "day_of_week",
+        "day_of_year",
+        "hour",
+        "minute",
+        "month",
+        "year",
+        "day_of_month",
+        "days_in_month",
+    )
+    for arg in ("nan_gauge", "-gpu_util_ratio")
+]
 # Range vectors and strings have no range-query form.
 INSTANT_ONLY = ("[1m]", "[45s] offset", "[10m:1m]")
 

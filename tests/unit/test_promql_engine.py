@@ -414,3 +414,12 @@ def test_issue13_variance_of_a_constant_window_is_exactly_zero() -> None:
     assert one(e, "stdvar_over_time(k[1m])", 30 * S) == 0.0
     e = engine(*[({"__name__": "k", "i": str(i)}, [0], [0.1]) for i in range(3)])
     assert one(e, "stdvar(k)", 0) == 0.0
+
+
+def test_issue13_date_functions_of_nan_and_inf_give_what_go_gives() -> None:
+    # Go's int64(NaN) is -2^63: time.Unix of that is 292277026596-12-04 15:30 UTC, a Sunday.
+    e = engine()
+    assert one(e, "year(vector(0/0))", 0) == 292277026596.0
+    assert one(e, "day_of_week(vector(1/0))", 0) == 0.0
+    assert one(e, "hour(vector(-1/0))", 0) == 15.0
+    assert one(e, "minute(vector(-1))", 0) == 59.0  # int64(-1.0) is -1: 1969-12-31 23:59:59

@@ -317,8 +317,16 @@ def _no_native_histograms(ev: Evaluator, args: list[Any], steps: np.ndarray) -> 
     return StepVector.empty(steps.size)
 
 
+# What Go's time.Unix(int64(v), 0) gives where int64(v) overflows (NaN, ±Inf, |v| >= 2^63):
+# int64(v) is then -2^63, i.e. 292277026596-12-04 15:30 UTC, a Sunday.
+_GO_OVERFLOW_DATE = {
+    "year": 292277026596.0, "month": 12.0, "day_of_month": 4.0, "day_of_year": 339.0,
+    "day_of_week": 0.0, "days_in_month": 31.0, "hour": 15.0, "minute": 30.0,
+}  # fmt: skip
+
+
 def _date(name: str, values: np.ndarray) -> np.ndarray:
-    finite = np.isfinite(values)
+    finite = np.abs(values) < 2.0**63
     seconds = np.where(finite, np.trunc(values), 0).astype(np.int64)
     moment = seconds.astype("datetime64[s]")
     days = moment.astype("datetime64[D]")
@@ -342,7 +350,7 @@ def _date(name: str, values: np.ndarray) -> np.ndarray:
         out = (seconds // 3600) % 24
     else:
         out = (seconds // 60) % 60
-    return np.where(finite, out.astype(np.float64), np.nan)
+    return np.where(finite, out.astype(np.float64), _GO_OVERFLOW_DATE[name])
 
 
 INSTANT_FUNCTIONS: dict[str, Callable[[Evaluator, list[Any], np.ndarray], StepVector | Scalar]] = {
