@@ -81,7 +81,7 @@ class MemorySource:
         for s in self.series:
             if not _matches(matchers, s.labels):
                 continue
-            lo, hi = np.searchsorted(s.ts, [start_ms, end_ms], side="left")
+            lo = np.searchsorted(s.ts, start_ms, side="left")
             hi = np.searchsorted(s.ts, end_ms, side="right")
             if hi > lo:
                 out.append(SeriesSamples(s.labels, s.ts[lo:hi], s.values[lo:hi]))
