@@ -35,7 +35,7 @@ def parse(expr: str) -> Any:
     try:
         return pp.parse(expr)
     except ValueError as exc:
-        raise PromQLError(f"1:1: parse error: {exc}", kind="bad_data") from exc
+        raise PromQLError(f"parse error: {exc}", kind="bad_data") from exc
 
 
 def duration_ms(delta: timedelta | None) -> int:
