@@ -271,7 +271,8 @@ def _label_replace(ev: Evaluator, args: list[Any], steps: np.ndarray) -> StepVec
     vec = ev.eval_vector(args[0], steps)
     dst, repl, src, regex = (_string_arg(ev, a, steps) for a in args[1:5])
     try:
-        pattern = re.compile(f"^(?:{regex})$")  # like Go's RE2: "." stops at a newline
+        # Anchored as Go anchors ^(?:re)$: "$" is the very end, "." stops at a newline.
+        pattern = re.compile(f"(?:{regex})\\Z")
     except re.error as exc:
         raise PromQLError(f"invalid regular expression in label_replace(): {regex}") from exc
     if not _LABEL_NAME.match(dst):
