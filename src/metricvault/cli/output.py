@@ -138,7 +138,9 @@ def print_table(
 
 
 def print_error(exc: MetricVaultError) -> None:
-    print(f"error ({type(exc).__name__}): {exc.message}", file=sys.stderr)
+    from metricvault.redact import redact  # standard library only: the fast path stays light
+
+    print(redact(f"error ({type(exc).__name__}): {exc.message}"), file=sys.stderr)
 
 
 def _write_parquet(table: Any, output: str | Path | None) -> None:
