@@ -362,22 +362,41 @@ def test_curves_align_by_elapsed_step_and_time(vault, tmp_path):
         curves(vault, ["r3"], "nope")
 
 
-def test_export_bytes_do_not_depend_on_how_it_is_chunked(vault, tmp_path, monkeypatch):
+def test_export_bytes_do_not_depend_on_how_it_is_chunked(vault, tmp_path):
     """Small fetches (each series cut into time slices) give the same file as big ones."""
-    from metricvault.archive import snapshot
-
     whole = export_snapshot(vault, "r3", tmp_path / "whole")
-    monkeypatch.setattr(snapshot, "TARGET_CHUNK_ROWS", 1000)
-    sliced = export_snapshot(vault, "r3", tmp_path / "sliced")
+    sliced = export_snapshot(vault, "r3", tmp_path / "sliced", chunk_rows=1000)
     assert _sha(sliced.path) == _sha(whole.path)
     rollups = export_snapshot(vault, "r3", tmp_path / "whole-1m", tier="1m")
-    monkeypatch.setattr(snapshot, "TARGET_CHUNK_ROWS", 100)
-    sliced_rollups = export_snapshot(vault, "r3", tmp_path / "sliced-1m", tier="1m")
+    sliced_rollups = export_snapshot(vault, "r3", tmp_path / "sliced-1m", tier="1m", chunk_rows=100)
     assert _sha(sliced_rollups.path) == _sha(rollups.path)
+    with pytest.raises(InputError, match="chunk_rows must be at least 1"):
+        export_snapshot(vault, "r3", tmp_path / "none", chunk_rows=0)
+
+
+def test_issue12_snapshot_format_and_export_are_separate_modules_old_names_kept():
+    """The format reads a snapshot without the export (nor the store's Vault) being loaded;
+    every name ``archive.snapshot`` had still imports from there."""
+    import subprocess
+    import sys
+
+    from metricvault.archive import snapshot, snapshot_export, snapshot_format
+
+    for name in ("RAW_SCHEMA", "content_hash", "read_metadata", "read_info", "SnapshotInfo"):
+        assert getattr(snapshot, name) is getattr(snapshot_format, name)
+    assert snapshot.export_snapshot is snapshot_export.export_snapshot
+    probe = (
+        "import sys; import metricvault.archive.snapshot_format; "
+        "print(sorted(m for m in ('metricvault.archive.snapshot_export', "
+        "'metricvault.store.vault') if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == "[]"
 
 
 def test_time_slices_cover_the_window_at_bucket_boundaries():
-    from metricvault.archive.snapshot import _time_slices
+    from metricvault.archive.snapshot_export import _time_slices
 
     slices = _time_slices(1_000, 1_000_000, rows=10_000_000, align=60_000)
     assert slices[0][0] == 1_000 and slices[-1][1] == 1_000_000
