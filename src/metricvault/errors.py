@@ -1,8 +1,9 @@
-"""Errors raised by metricvault.
+"""Errors raised by metricvault: every exception class of the package is defined here.
 
 Every error carries the HTTP status a gateway answers with and a message that says what was
 wrong, how big it was, which limit applies and how to fix it. Third-party exceptions are
-translated at the boundary (``raise X(...) from exc``).
+translated at the boundary (``raise X(...) from exc``). Errors a caller may simply retry derive
+from :class:`RetryLater`, whose ``retry_after_s`` the gateway sends as ``Retry-After``.
 
     MetricVaultError (500)
     ├── InputError (400)             input that can never succeed as sent
@@ -10,21 +11,35 @@ translated at the boundary (``raise X(...) from exc``).
     │   ├── SelectorError            a PromQL series selector that does not parse
     │   ├── TimeRangeError           an unparseable or inverted start/end/step
     │   └── ValueRangeError          NaN/Inf where not allowed, absurd timestamps
-    ├── TooLargeError (413)          a body or batch over a configured limit
-    ├── UnsupportedError (415)       an encoding or content type we do not speak
+    ├── AuthError (401)              no or unknown gateway credentials
     ├── NotFoundError (404)          a vault, experiment or snapshot that does not exist
+    ├── ReadOnlyError (405)          a write to something opened read-only (a snapshot file)
     ├── ConflictError (409)          an experiment id or archive tag that exists with other content
     ├── ArchiveError (409)           git/DVC refused or is not set up (not a repo, no remote, dirty)
+    ├── SpoolLockedError (409)       another agent holds the push spool directory (a RuntimeError)
+    ├── TooLargeError (413)          a body or batch over a configured limit
+    ├── UnsupportedError (415)       an encoding or content type we do not speak
     ├── ConfigError (400)            a settings file or override that is invalid
+    ├── PromQLError (400/422)        a PromQL query that is bad (400) or fails on the data (422)
     ├── MissingDependencyError (500) an optional extra (e.g. polars) is not installed
+    ├── NvmlUnavailable (500)        NVML cannot start: no driver or library (a RuntimeError)
     ├── SeriesCollisionError (500)   two label sets hashed to one series id (never silently merged)
-    ├── BackpressureError (503)      buffer over its limit; retry after ``retry_after_s``
+    ├── RetryLater (503)             retrying after ``retry_after_s`` seconds can succeed
+    │   ├── CardinalityError (429)   a tenant creates new series faster than allowed
+    │   ├── BackpressureError (503)  the ingest buffer is over its limit
+    │   └── DiskFullError (503)      the disk is full (also a StorageError)
     └── StorageError (503)           the store could not be read or written (retryable)
-        ├── DiskFullError            the disk is full; retry after ``retry_after_s``
+        ├── DiskFullError            (see RetryLater)
         └── CorruptionError          a vault file fails its checksum or does not parse
+            └── CorruptBatch         an ingest-buffer row that is not a sample batch
+
+Private exceptions (a leading ``_``) that a module raises and catches itself, to unwind a
+parser or a scrape, are not part of this tree and stay beside the code they unwind.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class MetricVaultError(Exception):
@@ -57,6 +72,12 @@ class ValueRangeError(InputError):
     pass
 
 
+class AuthError(MetricVaultError):
+    """401: no or unknown credentials."""
+
+    status = 401
+
+
 class TooLargeError(MetricVaultError):
     status = 413
 
@@ -69,6 +90,10 @@ class NotFoundError(MetricVaultError):
     status = 404
 
 
+class ReadOnlyError(MetricVaultError):
+    status = 405
+
+
 class ConflictError(MetricVaultError):
     status = 409
 
@@ -77,35 +102,79 @@ class ArchiveError(MetricVaultError):
     status = 409
 
 
+class SpoolLockedError(MetricVaultError, RuntimeError):
+    """Another process (or another open Spool) holds the spool directory. Still a
+    RuntimeError, as it was before it moved here (issue 12)."""
+
+    status = 409
+
+
 class ConfigError(MetricVaultError):
     status = 400
+
+
+class PromQLError(MetricVaultError):
+    """``kind`` is the Prometheus API error type: ``bad_data`` (the query can never succeed:
+    syntax, types, bad parameters; HTTP 400) or ``execution`` (it failed on the data, e.g.
+    many-to-many matching, duplicate label sets; HTTP 422). Messages are worded as Prometheus
+    words them, so clients that match on them (Grafana, promtool) behave the same."""
+
+    def __init__(self, message: str, kind: str = "execution") -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = 400 if kind == "bad_data" else 422
 
 
 class MissingDependencyError(MetricVaultError):
     """The message names the extra to install (``pip install 'metricvault[polars]'``)."""
 
 
+class NvmlUnavailable(MetricVaultError, RuntimeError):
+    """NVML could not be started: no NVIDIA driver, no NVML library, or mismatched versions.
+    Still a RuntimeError, as it was before it moved here (issue 12)."""
+
+
 class SeriesCollisionError(MetricVaultError):
     status = 500
 
 
-class BackpressureError(MetricVaultError):
-    status = 503
+class RetryLater(MetricVaultError):
+    """The request may succeed if sent again after ``retry_after_s`` seconds; the gateway
+    answers with ``status`` and a ``Retry-After`` header. Subclasses set the default wait."""
 
-    def __init__(self, message: str, retry_after_s: int = 5) -> None:
+    status = 503
+    default_retry_after_s: ClassVar[int] = 5
+
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
         super().__init__(message)
-        self.retry_after_s = retry_after_s
+        self.retry_after_s = self.default_retry_after_s if retry_after_s is None else retry_after_s
+
+
+class CardinalityError(RetryLater):
+    """429: too many new series for a tenant right now; retrying later can succeed."""
+
+    status = 429
+    default_retry_after_s = 60
+
+
+class BackpressureError(RetryLater):
+    status = 503
+    default_retry_after_s = 5
 
 
 class StorageError(MetricVaultError):
     status = 503
 
 
-class DiskFullError(StorageError):
-    def __init__(self, message: str, retry_after_s: int = 30) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+class DiskFullError(StorageError, RetryLater):
+    """A StorageError (the store cannot be written) that retrying later can fix."""
+
+    default_retry_after_s = 30
 
 
 class CorruptionError(StorageError):
     """Retrying will not help until ``metricvault check --repair`` (or a restore) has run."""
+
+
+class CorruptBatch(CorruptionError):
+    """A buffer row whose payload is not a sample batch (damaged on disk, or not ours)."""

@@ -28,16 +28,13 @@ from metricvault.archive.snapshot import (
 )
 from metricvault.config import Settings
 from metricvault.durations import TimeLike, now_ms, parse_duration_ms, parse_time_ms
-from metricvault.errors import InputError, MetricVaultError, TimeRangeError
+from metricvault.errors import InputError, TimeRangeError
+from metricvault.errors import ReadOnlyError as ReadOnlyError  # moved: issue 12
 from metricvault.model import SAMPLE_SCHEMA
 from metricvault.selector import parse_selectors
 from metricvault.store import query as q
 from metricvault.store import rollup
 from metricvault.store.series_index import SeriesIndex
-
-
-class ReadOnlyError(MetricVaultError):
-    status = 405
 
 
 class SnapshotVault:

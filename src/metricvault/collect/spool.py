@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from metricvault.errors import SpoolLockedError  # moved: issue 12
 from metricvault.fsutil import write_atomically
 
 __all__ = ["SPOOL_DROP_REASONS", "Spool", "SpoolLockedError"]
@@ -53,10 +54,6 @@ UNREADABLE, WRITE_ERROR = "unreadable", "write_error"
 SPOOL_DROP_REASONS = (SPOOL_FULL, DISK_FULL, TOO_LARGE, UNREADABLE, WRITE_ERROR)
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 DISK_FULL_LOG_EVERY_S = 60.0
-
-
-class SpoolLockedError(RuntimeError):
-    """Another process (or another open Spool) holds the spool directory."""
 
 
 @dataclass(frozen=True)

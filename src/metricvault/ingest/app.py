@@ -33,11 +33,10 @@ from metricvault.archive.experiments import Experiment, unknown_message
 from metricvault.config import Settings
 from metricvault.durations import parse_duration_ms
 from metricvault.errors import (
-    BackpressureError,
-    DiskFullError,
     InputError,
     MetricVaultError,
     NotFoundError,
+    RetryLater,
     TooLargeError,
 )
 from metricvault.ingest.auth import Principal, authenticate
@@ -49,7 +48,7 @@ from metricvault.ingest.experiments_api import (
     confine,
     visible,
 )
-from metricvault.ingest.limits import CardinalityError, NewSeriesLimiter
+from metricvault.ingest.limits import NewSeriesLimiter
 from metricvault.ingest.metrics import GatewayMetrics
 from metricvault.ingest.protocols.influx_line import decode_line_protocol
 from metricvault.ingest.protocols.remote_write import decode_remote_write
@@ -125,7 +124,7 @@ class Gateway:
     def refuse(self, exc: MetricVaultError) -> Response:
         self.metrics.rejected.labels(type(exc).__name__).inc()
         headers = {}
-        if isinstance(exc, BackpressureError | CardinalityError | DiskFullError):
+        if isinstance(exc, RetryLater):  # rate limits, backpressure, a full disk
             headers["Retry-After"] = str(exc.retry_after_s)
         if exc.status == 401:
             headers["WWW-Authenticate"] = 'Bearer realm="metricvault", Basic realm="metricvault"'

@@ -14,13 +14,8 @@ import ipaddress
 from dataclasses import dataclass
 
 from metricvault.config import Settings
-from metricvault.errors import ConfigError, MetricVaultError
-
-
-class AuthError(MetricVaultError):
-    """401: no or unknown credentials."""
-
-    status = 401
+from metricvault.errors import AuthError as AuthError  # moved: issue 12
+from metricvault.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -13,17 +13,8 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable
 
-from metricvault.errors import MetricVaultError, TooLargeError
-
-
-class CardinalityError(MetricVaultError):
-    """429: too many new series for a tenant right now; retrying later can succeed."""
-
-    status = 429
-
-    def __init__(self, message: str, retry_after_s: int = 60) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+from metricvault.errors import CardinalityError as CardinalityError  # moved: issue 12
+from metricvault.errors import TooLargeError
 
 
 class NewSeriesLimiter:

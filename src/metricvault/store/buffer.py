@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from metricvault.errors import CorruptBatch as CorruptBatch  # moved: issue 12
 from metricvault.errors import DiskFullError, StorageError
 from metricvault.fsutil import write_atomically
 from metricvault.model import SAMPLE_SCHEMA, SERIES_SCHEMA
@@ -311,10 +312,6 @@ def _disk_is_full(path: Path) -> bool:
         return shutil.disk_usage(path.parent).free < _FULL_BELOW_BYTES
     except OSError:
         return False
-
-
-class CorruptBatch(Exception):
-    """A buffer row whose payload is not a sample batch (damaged on disk, or not ours)."""
 
 
 def _from_ipc(payload: object) -> pa.Table:

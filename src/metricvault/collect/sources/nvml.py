@@ -38,6 +38,7 @@ from metricvault.collect.sources._labels import (
     gpu_labels,
     label_pairs,
 )
+from metricvault.errors import NvmlUnavailable as NvmlUnavailable  # moved: issue 12
 
 try:
     import pynvml  # type: ignore[import-untyped]
@@ -106,10 +107,6 @@ _PCIE = (
         _kib,
     ),
 )  # fmt: skip
-
-
-class NvmlUnavailable(RuntimeError):
-    """NVML could not be started: no NVIDIA driver, no NVML library, or mismatched versions."""
 
 
 class _GpuLost(Exception):
