@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,15 +42,29 @@ def _no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(training, "detect_gpu_name", lambda: None)
 
 
-@pytest.fixture
-def clocks(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+class Clocks(list[float]):
     """A controllable monotonic clock (``clocks[0]`` seconds) and a wall clock that advances
-    1 ms per reading, so every logged step gets its own timestamp."""
-    mono = [1000.0]
-    wall = itertools.count(now_ms())
-    monkeypatch.setattr(training, "_monotonic", lambda: mono[0])
-    monkeypatch.setattr(training, "_wall_ms", lambda: next(wall))
-    return mono
+    1 ms per reading, so every logged step gets its own timestamp; handed to ``track`` as
+    ``**clocks.kw``."""
+
+    def __init__(self) -> None:
+        super().__init__([1000.0])
+        self._wall = itertools.count(now_ms())
+
+    def monotonic(self) -> float:
+        return self[0]
+
+    def wall_ms(self) -> int:
+        return next(self._wall)
+
+    @property
+    def kw(self) -> dict[str, Any]:
+        return {"clock": self.monotonic, "wall_clock_ms": self.wall_ms}
+
+
+@pytest.fixture
+def clocks() -> Clocks:
+    return Clocks()
 
 
 @pytest.fixture
@@ -142,8 +155,10 @@ def test_peak_values_are_dense_bf16() -> None:
 
 
 # ---------------------------------------------------------------------------- mfu, tokens
-def test_mfu_tokens_per_second_and_cumulative_tokens(vault: Vault, clocks: list[float]) -> None:
-    with track(ID, data=vault, flops_per_token=6 * 7e9, gpu="H100-SXM", gpus=8, git=False) as run:
+def test_mfu_tokens_per_second_and_cumulative_tokens(vault: Vault, clocks: Clocks) -> None:
+    with track(
+        ID, **clocks.kw, data=vault, flops_per_token=6 * 7e9, gpu="H100-SXM", gpus=8, git=False
+    ) as run:
         clocks[0] += 2.0
         run.log(0, loss=3.0, tokens=48_000)  # 24,000 tokens/s over 8 GPUs
         clocks[0] += 1.0
@@ -162,17 +177,19 @@ def test_mfu_tokens_per_second_and_cumulative_tokens(vault: Vault, clocks: list[
     assert got["train_loss"] == [3.0, 2.9, 2.8]
 
 
-def test_first_tokens_rate_is_measured_from_the_start(vault: Vault, clocks: list[float]) -> None:
-    with track(ID, data=vault, git=False) as run:
+def test_first_tokens_rate_is_measured_from_the_start(vault: Vault, clocks: Clocks) -> None:
+    with track(ID, **clocks.kw, data=vault, git=False) as run:
         clocks[0] += 4.0
         run.log(0, tokens=1000)
     assert _series(vault)["tokens_per_second"] == [250.0]
 
 
-def test_explicit_mfu_and_peak_override(vault: Vault, clocks: list[float]) -> None:
+def test_explicit_mfu_and_peak_override(vault: Vault, clocks: Clocks) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with track(ID, data=vault, flops_per_token=1e9, gpu="A10G", peak_flops=1e12) as run:
+        with track(
+            ID, **clocks.kw, data=vault, flops_per_token=1e9, gpu="A10G", peak_flops=1e12
+        ) as run:
             clocks[0] += 1.0
             run.log(0, tokens=100)  # 100 tokens/s x 1e9 / 1e12
             clocks[0] += 1.0
@@ -184,11 +201,11 @@ def test_explicit_mfu_and_peak_override(vault: Vault, clocks: list[float]) -> No
 
 @pytest.mark.parametrize("gpu", ["A10G", "H100", None])
 def test_unknown_gpu_warns_once_and_writes_no_mfu(
-    vault: Vault, clocks: list[float], gpu: str | None
+    vault: Vault, clocks: Clocks, gpu: str | None
 ) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with track(ID, data=vault, flops_per_token=6 * 7e9, gpu=gpu, git=False) as run:
+        with track(ID, **clocks.kw, data=vault, flops_per_token=6 * 7e9, gpu=gpu, git=False) as run:
             for step in range(5):
                 clocks[0] += 1.0
                 run.log(step, tokens=1000)
@@ -232,8 +249,8 @@ class FakeTensor:
         return self.value
 
 
-def test_series_names_labels_values_and_kinds(vault: Vault, clocks: list[float]) -> None:
-    with track(ID, data=vault, labels={"rank": "0"}, git=False) as run:
+def test_series_names_labels_values_and_kinds(vault: Vault, clocks: Clocks) -> None:
+    with track(ID, **clocks.kw, data=vault, labels={"rank": "0"}, git=False) as run:
         clocks[0] += 1.0
         run.log(
             np.int64(7),
@@ -266,9 +283,9 @@ def test_series_names_labels_values_and_kinds(vault: Vault, clocks: list[float])
     assert kinds["train_loss"] == "gauge"
 
 
-def test_tensors_are_read_in_the_writer_as_logged(vault: Vault, clocks: list[float]) -> None:
+def test_tensors_are_read_in_the_writer_as_logged(vault: Vault, clocks: Clocks) -> None:
     running_loss = FakeTensor(2.0)
-    with track(ID, data=vault, git=False, flush_interval_s=60) as run:
+    with track(ID, **clocks.kw, data=vault, git=False, flush_interval_s=60) as run:
         run.log(0, loss=running_loss)
         running_loss.value = 0.0  # an in-place update (``running_loss.zero_()``) after logging
         run.log(1, loss=running_loss)
@@ -300,8 +317,8 @@ def test_bad_log_calls_fail_fast(vault: Vault) -> None:
         run.log(1, loss=1.0)
 
 
-def test_non_finite_values_are_skipped_and_counted(vault: Vault, clocks: list[float]) -> None:
-    with track(ID, data=vault, git=False) as run:
+def test_non_finite_values_are_skipped_and_counted(vault: Vault, clocks: Clocks) -> None:
+    with track(ID, **clocks.kw, data=vault, git=False) as run:
         run.log(0, loss=float("nan"), grad_norm=1.0)
         run.log(1, loss=float("inf"), grad_norm=2.0)
         run.log(2, loss=1.5, grad_norm=3.0)
@@ -312,28 +329,36 @@ def test_non_finite_values_are_skipped_and_counted(vault: Vault, clocks: list[fl
 
 
 # ---------------------------------------------------------------------------- not blocking
-def test_log_returns_quickly_when_the_vault_is_slow(
-    vault: Vault, clocks: list[float], monkeypatch: pytest.MonkeyPatch
+def test_log_returns_while_the_vault_is_stuck_in_a_write(
+    vault: Vault, clocks: Clocks, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Behaviour, not speed: every log call completes while the writer thread is still inside
+    # its first vault.write. A log that waited for the writer would let that write return
+    # (the gate times out) before the loop ends, and the count below would say so.
+    entered, gate = threading.Event(), threading.Event()
+    returned: list[int] = []
     real_write = vault.write
 
-    def slow_write(data: Any, kinds: Any = None, **kw: Any) -> int:
-        time.sleep(0.3)
+    def stuck_write(data: Any, kinds: Any = None, **kw: Any) -> int:
+        entered.set()
+        gate.wait(10)
+        returned.append(1)
         return real_write(data, kinds, **kw)
 
-    monkeypatch.setattr(vault, "write", slow_write)
-    with track(ID, data=vault, git=False, flush_interval_s=0.01) as run:
-        started = time.perf_counter()
-        for step in range(2000):
+    monkeypatch.setattr(vault, "write", stuck_write)
+    with track(ID, **clocks.kw, data=vault, git=False, flush_interval_s=0.01) as run:
+        run.log(0, loss=1.0, lr=1e-4, tokens=100)
+        assert entered.wait(10), "the writer thread never called vault.write"
+        for step in range(1, 2000):
             run.log(step, loss=1.0, lr=1e-4, tokens=100)
-        spent = time.perf_counter() - started
-    assert spent < 0.25, f"2000 log calls took {spent:.3f} s while the vault was slow"
+        assert returned == [], "a log call waited for the vault's write to finish"
+        gate.set()
     assert run.dropped == 0
     assert len(_series(vault)["train_step"]) == 2000
 
 
 def test_full_queue_drops_the_oldest_and_counts(
-    vault: Vault, clocks: list[float], monkeypatch: pytest.MonkeyPatch
+    vault: Vault, clocks: Clocks, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gate = threading.Event()
     real_write = vault.write
@@ -345,7 +370,7 @@ def test_full_queue_drops_the_oldest_and_counts(
     monkeypatch.setattr(vault, "write", blocked_write)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run = track(ID, data=vault, git=False, max_queue=10, flush_interval_s=0.01)
+        run = track(ID, **clocks.kw, data=vault, git=False, max_queue=10, flush_interval_s=0.01)
         for step in range(100):
             run.log(step, loss=float(step))
         gate.set()
@@ -358,7 +383,7 @@ def test_full_queue_drops_the_oldest_and_counts(
 
 
 def test_failed_writes_are_retried(
-    vault: Vault, clocks: list[float], monkeypatch: pytest.MonkeyPatch
+    vault: Vault, clocks: Clocks, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_write = vault.write
     failures = iter([OSError("disk briefly gone")])
@@ -369,7 +394,7 @@ def test_failed_writes_are_retried(
         return real_write(data, kinds, **kw)
 
     monkeypatch.setattr(vault, "write", flaky_write)
-    with track(ID, data=vault, git=False, flush_interval_s=60) as run:
+    with track(ID, **clocks.kw, data=vault, git=False, flush_interval_s=60) as run:
         run.log(0, loss=1.0)
         run.flush()  # fails: kept
         run.log(1, loss=0.5)
@@ -378,11 +403,12 @@ def test_failed_writes_are_retried(
 
 
 # ---------------------------------------------------------------------------- the record
-def test_experiment_record(repo: Path, tmp_path: Path, clocks: list[float]) -> None:
+def test_experiment_record(repo: Path, tmp_path: Path, clocks: Clocks) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run = track(
             ID,
+            **clocks.kw,
             name="LLaMA 7B, lr 3e-4",
             data=tmp_path / "vault",
             flops_per_token=6 * 7e9,
@@ -440,21 +466,21 @@ def test_no_repository_warns_and_git_false_skips(
     assert vault.experiments.get("other-run").owner == "bob"
 
 
-def test_exception_in_the_block_flushes_ends_and_propagates(
-    vault: Vault, clocks: list[float]
-) -> None:
-    with pytest.raises(ZeroDivisionError), track(ID, data=vault, git=False) as run:
+def test_exception_in_the_block_flushes_ends_and_propagates(vault: Vault, clocks: Clocks) -> None:
+    with pytest.raises(ZeroDivisionError), track(ID, **clocks.kw, data=vault, git=False) as run:
         run.log(0, loss=4.0)
         _ = 1 / 0
     assert vault.experiments.get(ID).end_ms is not None
     assert _series(vault)["train_loss"] == [4.0]
 
 
-def test_running_experiment_is_continued(vault: Vault, clocks: list[float]) -> None:
+def test_running_experiment_is_continued(vault: Vault, clocks: Clocks) -> None:
     first = vault.experiments.create(
         ID, '{experiment="llama-7b-lr3e-4"}', start="-1h", tags=["a"], params={"lr": 1}
     )
-    with track(ID, data=vault, git=False, tags=("b",), params={"resumed": True}) as run:
+    with track(
+        ID, **clocks.kw, data=vault, git=False, tags=("b",), params={"resumed": True}
+    ) as run:
         run.log(100, loss=1.0)
     exp = vault.experiments.get(ID)
     assert exp.start_ms == first.start_ms
@@ -463,12 +489,12 @@ def test_running_experiment_is_continued(vault: Vault, clocks: list[float]) -> N
     assert exp.end_ms is not None
 
 
-def test_ended_experiment_is_refused_unless_reopened(vault: Vault, clocks: list[float]) -> None:
-    with track(ID, data=vault, git=False) as run:
+def test_ended_experiment_is_refused_unless_reopened(vault: Vault, clocks: Clocks) -> None:
+    with track(ID, **clocks.kw, data=vault, git=False) as run:
         run.log(0, loss=2.0)
     with pytest.raises(ConflictError, match="ended; a new run needs a new id"):
-        track(ID, data=vault, git=False)
-    with track(ID, data=vault, git=False, reopen=True) as run:
+        track(ID, **clocks.kw, data=vault, git=False)
+    with track(ID, **clocks.kw, data=vault, git=False, reopen=True) as run:
         assert vault.experiments.get(ID).end_ms is None
         run.log(1, loss=1.0)
     assert _series(vault)["train_loss"] == [2.0, 1.0]
@@ -548,8 +574,8 @@ def test_forward_lightning_metrics() -> None:
     assert len(rec.calls) == 1
 
 
-def test_forwarded_logs_reach_the_vault(vault: Vault, clocks: list[float]) -> None:
-    with track(ID, data=vault, git=False) as run:
+def test_forwarded_logs_reach_the_vault(vault: Vault, clocks: Clocks) -> None:
+    with track(ID, **clocks.kw, data=vault, git=False) as run:
         clocks[0] += 1.0
         forward_hf_logs(run, 3, {"loss": 2.0, "learning_rate": 0.1, "num_input_tokens_seen": 64})
         forward_lightning_metrics(run, {"train/acc": 0.5, "lr-SGD": 0.2, "epoch": 0.0}, 4)

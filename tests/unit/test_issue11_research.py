@@ -10,6 +10,7 @@ import subprocess
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -38,14 +39,28 @@ def _no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(training, "detect_gpu_name", lambda: None)
 
 
+class Clocks(list[float]):
+    """A controllable monotonic clock (``clocks[0]`` seconds) and a wall clock that advances
+    1 s per reading, handed to ``track`` as ``**clocks.kw``."""
+
+    def __init__(self) -> None:
+        super().__init__([1000.0])
+        self._wall = itertools.count(now_ms() + 1000, 1000)  # after the run's start
+
+    def monotonic(self) -> float:
+        return self[0]
+
+    def wall_ms(self) -> int:
+        return next(self._wall)
+
+    @property
+    def kw(self) -> dict[str, Any]:
+        return {"clock": self.monotonic, "wall_clock_ms": self.wall_ms}
+
+
 @pytest.fixture
-def clocks(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """A controllable monotonic clock and a wall clock that advances 1 s per reading."""
-    mono = [1000.0]
-    wall = itertools.count(now_ms() + 1000, 1000)  # after the run's start
-    monkeypatch.setattr(training, "_monotonic", lambda: mono[0])
-    monkeypatch.setattr(training, "_wall_ms", lambda: next(wall))
-    return mono
+def clocks() -> Clocks:
+    return Clocks()
 
 
 @pytest.fixture
@@ -55,9 +70,9 @@ def vault(tmp_path: Path) -> Iterator[Vault]:
     v.close()
 
 
-def _six_second_run(vault: Vault, clocks: list[float]) -> None:
+def _six_second_run(vault: Vault, clocks: Clocks) -> None:
     """A run of six steps one second apart (the wall clock advances 1 s per log call)."""
-    with track(ID, data=vault, git=False) as run:
+    with track(ID, **clocks.kw, data=vault, git=False) as run:
         for step in range(6):
             clocks[0] += 1.0
             run.log(step, loss=4.0 - step * 0.5, lr=1e-3 * (step + 1))
@@ -128,9 +143,7 @@ def test_issue11_history_of_an_opened_snapshot_equals_the_vaults(
         snap.history("ranks", metrics=["train_loss"])
 
 
-def test_issue11_a_six_second_run_compares_at_raw_resolution(
-    vault: Vault, clocks: list[float]
-) -> None:
+def test_issue11_a_six_second_run_compares_at_raw_resolution(vault: Vault, clocks: Clocks) -> None:
     _six_second_run(vault, clocks)
     by_step = curves(vault, [ID], "train_loss", align="step")
     assert by_step["x"].tolist() == [0, 1, 2, 3, 4, 5]
@@ -143,7 +156,7 @@ def test_issue11_a_six_second_run_compares_at_raw_resolution(
 
 
 def test_issue11_compare_on_the_command_line_aligns_a_short_run_by_step(
-    vault: Vault, clocks: list[float], tmp_path: Path
+    vault: Vault, clocks: Clocks, tmp_path: Path
 ) -> None:
     _six_second_run(vault, clocks)
     vault.close()
@@ -261,12 +274,12 @@ def test_issue11_failed_create_does_not_say_it_recorded_a_commit(
 
 # ---------------------------------------------------------------------------- track names
 def test_issue11_track_says_once_which_series_the_names_are_stored_as(
-    vault: Vault, clocks: list[float]
+    vault: Vault, clocks: Clocks
 ) -> None:
     assert "train_loss" in (track.__doc__ or "") and "learning_rate" in (track.__doc__ or "")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with track(ID, data=vault, git=False) as run:
+        with track(ID, **clocks.kw, data=vault, git=False) as run:
             run.log(0, loss=2.0, lr=1e-3, grad_norm=1.0, accuracy=0.5)
             run.log(1, loss=1.9, lr=1e-3)
     notices = [str(w.message) for w in caught if issubclass(w.category, SeriesNamesNotice)]
@@ -276,10 +289,12 @@ def test_issue11_track_says_once_which_series_the_names_are_stored_as(
     assert caught[0].filename == __file__  # points at the user's run.log call
 
 
-def test_issue11_mfu_above_one_warns_once_and_is_kept(vault: Vault, clocks: list[float]) -> None:
+def test_issue11_mfu_above_one_warns_once_and_is_kept(vault: Vault, clocks: Clocks) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with track(ID, data=vault, flops_per_token=6e12, gpu="H100-SXM", git=False) as run:
+        with track(
+            ID, **clocks.kw, data=vault, flops_per_token=6e12, gpu="H100-SXM", git=False
+        ) as run:
             for step in range(3):
                 clocks[0] += 1.0
                 run.log(step, tokens=1000)  # 1000 tok/s x 6e12 / 989.4e12 = 6.06

@@ -48,7 +48,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, SupportsFloat
@@ -91,14 +91,6 @@ class SeriesNamesNotice(UserWarning):
 
 _Entry = tuple[int, dict[str, Any]]  # (ts ms, series -> float or a detached tensor)
 _Sample = tuple[str, dict[str, str], int, float]
-
-# Clocks, module-level so tests can replace them: wall time stamps samples, the monotonic clock
-# measures throughput (immune to NTP steps).
-_monotonic = time.monotonic
-
-
-def _wall_ms() -> int:
-    return now_ms()
 
 
 def series_name(name: str) -> str:
@@ -172,7 +164,13 @@ class Run:
         flush_interval_s: float = 2.0,
         max_queue: int = 100_000,
         owns_vault: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock_ms: Callable[[], int] = now_ms,
     ) -> None:
+        # Two clocks, injectable for tests: the wall clock stamps samples, the monotonic one
+        # measures throughput (immune to NTP steps).
+        self._clock = clock
+        self._wall_clock_ms = wall_clock_ms
         self.vault = vault
         self.experiment = experiment
         self.labels = dict(labels)
@@ -191,7 +189,7 @@ class Run:
         self._closed = False
         self._warned: set[str] = set()
         self._tokens_total = 0.0
-        self._tokens_mono = _monotonic()
+        self._tokens_mono = clock()
         self._last_ts = 0
         self._last_queued_ts = 0
         self._thread = threading.Thread(
@@ -213,7 +211,7 @@ class Run:
         """Queue one step's values; returns at once (see the module docstring for names)."""
         if self._closed:
             raise RuntimeError(f"run {self.experiment_id!r} is closed; log before closing it")
-        ts, mono = _wall_ms(), _monotonic()
+        ts, mono = self._wall_clock_ms(), self._clock()
         series: dict[str, Any] = {STEP: eager_number("step", step)}
         tokens = values.pop("tokens", None)
         renamed = {}
@@ -384,7 +382,7 @@ class Run:
             if self._retry:
                 self._write_pending()  # one last try for what failed in the loop
             self._report_lost()
-            end = max(_wall_ms(), self._last_ts + 1, self.experiment.start_ms + 1)
+            end = max(self._wall_clock_ms(), self._last_ts + 1, self.experiment.start_ms + 1)
             self.experiment = self.vault.experiments.end(self.experiment_id, end)
         finally:
             if self._owns_vault:
@@ -433,6 +431,8 @@ def track(
     reopen: bool = False,
     flush_interval_s: float = 2.0,
     max_queue: int = 100_000,
+    clock: Callable[[], float] = time.monotonic,
+    wall_clock_ms: Callable[[], int] = now_ms,
 ) -> Run:
     """Start (or continue) experiment ``experiment_id`` and return its :class:`Run`.
 
@@ -453,7 +453,9 @@ def track(
     ``selector``: the experiment's series (default ``{experiment="<id>"}``). ``labels``: extra
     labels on every series (e.g. ``{"rank": "0"}``). ``git``: record the current directory's
     repository commit (a dirty tree warns). ``reopen``: continue the experiment even if it
-    has ended (its end is cleared; e.g. a test phase after training).
+    has ended (its end is cleared; e.g. a test phase after training). ``clock`` (monotonic
+    seconds, for tokens/s) and ``wall_clock_ms`` (sample timestamps) replace the system clocks,
+    e.g. in tests.
     """
     from metricvault.archive.experiments import validate_id
 
@@ -489,6 +491,8 @@ def track(
         flush_interval_s=flush_interval_s,
         max_queue=max_queue,
         owns_vault=owns_vault,
+        clock=clock,
+        wall_clock_ms=wall_clock_ms,
     )
 
 
