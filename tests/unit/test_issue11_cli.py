@@ -269,5 +269,9 @@ def test_issue11_import_reads_in_bounded_batches_and_names_a_bad_time(tmp_path, 
         monkeypatch.setattr(v, "write", lambda t: seen.append(t.num_rows) or original(t))
         with pytest.raises(InputError, match="'yesterday' is neither epoch milliseconds"):
             importer.import_file(v, csv)
+        # issue 10/11: bad input changes nothing, even when the bad row is the file's last
+        assert seen == [] and v.query("m", T0, T0 + 30_000_000, output="arrow").num_rows == 0
+        csv.write_text("metric,timestamp,value,host\n" + rows)
+        assert importer.import_file(v, csv) == 20_000
         assert len(seen) > 5 and max(seen) < 5_000  # never the whole file at once
-        assert v.query("m", T0, T0 + 30_000_000, output="arrow").num_rows == sum(seen)
+        assert v.query("m", T0, T0 + 30_000_000, output="arrow").num_rows == sum(seen) == 20_000

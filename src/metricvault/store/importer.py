@@ -5,6 +5,15 @@ peaked at 1.1 GB). Here the CSV is read block by block (``pyarrow.csv.open_csv``
 row group by row group, and every batch is written (durably) before the next is read; the
 vault's flusher turns the buffer into Parquet files as it fills. A ``timestamp`` column may mix
 epoch milliseconds and ISO times (with or without a zone; none means UTC) in one file.
+
+Bad input changes nothing: a first pass parses and validates every batch (names, values,
+times, the raw horizon) without writing, so a bad row near the end of a large file is refused
+before the first sample is stored. Parsing is cheap next to writing (the pass costs ~30 % of
+the import's time), and it is the only way to be all-or-nothing without holding the file.
+
+The CSV is read through a memory map: with a file object pyarrow's streaming reader keeps
+anonymous memory that grows with the file (a 327 MB CSV: 355 MB, vs 84 MB mapped), while mapped
+pages are the page cache's to drop.
 """
 
 from __future__ import annotations
@@ -12,7 +21,7 @@ from __future__ import annotations
 import csv
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,25 +42,56 @@ def import_file(vault: Vault, path: str | Path, progress: Progress | None = None
     if not path.is_file():
         raise NotFoundError(f"{path} does not exist (give a long-shape CSV or Parquet file)")
     size = path.stat().st_size
+    checked = _passes(path, lambda table: _validate(vault, table), _halves(progress, 0, size))
+    written = _passes(path, vault.write, _halves(progress, size, size))
+    assert written == checked, (written, checked)  # the same file, read twice
+    return written
+
+
+def _passes(path: Path, each: Callable[[pa.Table], int], progress: Progress | None) -> int:
     total = 0
-    with path.open("rb") as fh:
-        batches = _parquet_batches(fh) if path.suffix == ".parquet" else _csv_batches(fh, path)
+    with _open(path) as source:
+        batches = (
+            _parquet_batches(source) if path.suffix == ".parquet" else _csv_batches(source, path)
+        )
         for number, batch in enumerate(batches):
             try:
-                total += vault.write(with_epoch_ms(batch))
+                total += each(with_epoch_ms(batch))
             except InputError as exc:
                 raise type(exc)(f"{path}, batch {number + 1} (after {total:,} rows): "
-                                f"{exc.message}") from exc  # fmt: skip
+                                f"{exc.message}; nothing was written") from exc  # fmt: skip
             if progress:
-                progress(fh.tell(), size)
+                progress(source.tell(), 0)
     return total
 
 
-def _csv_batches(fh: BinaryIO, path: Path) -> Iterator[pa.RecordBatch]:
+def _validate(vault: Vault, table: pa.Table) -> int:
+    """What ``vault.write`` would refuse, without writing (InputError subclasses)."""
+    from metricvault.store.normalize import normalize
+
+    batch = normalize(table)
+    vault.check_writable(batch.samples)
+    return int(batch.samples.num_rows)
+
+
+def _halves(progress: Progress | None, offset: int, size: int) -> Progress | None:
+    """Progress over both passes: the first covers the first half of the bar."""
+    if progress is None:
+        return None
+    return lambda done, _: progress(offset + done, 2 * size)
+
+
+def _open(path: Path) -> Any:
+    import pyarrow as pa
+
+    return pa.memory_map(str(path)) if path.stat().st_size else pa.OSFile(str(path))
+
+
+def _csv_batches(fh: Any, path: Path) -> Iterator[pa.RecordBatch]:
     import pyarrow.csv as pacsv
 
-    header = next(csv.reader([fh.readline().decode("utf-8-sig")]), [])
-    fh.seek(0)
+    with path.open("rb") as head:
+        header = next(csv.reader([head.readline().decode("utf-8-sig")]), [])
     if not header:
         raise InputError(f"{path} is empty: a CSV needs a header (metric,timestamp,value,...)")
     # labels and times stay text (a label "007" is not the number 7; times may be mixed)
@@ -68,7 +108,7 @@ def _csv_batches(fh: BinaryIO, path: Path) -> Iterator[pa.RecordBatch]:
         raise InputError(f"{path} is not a readable long-shape CSV: {exc}") from exc
 
 
-def _parquet_batches(fh: BinaryIO) -> Iterator[pa.RecordBatch]:
+def _parquet_batches(fh: Any) -> Iterator[pa.RecordBatch]:
     import pyarrow.parquet as pq
 
     yield from pq.ParquetFile(fh).iter_batches(batch_size=200_000)

@@ -222,6 +222,11 @@ class Vault:
             return 0
         return -(-(snap.raw_horizon_ms + self._lookback) // HOUR_MS) * HOUR_MS
 
+    def check_writable(self, samples: pa.Table) -> None:
+        """Raise what :meth:`write` would for these (normalized) samples' times, writing
+        nothing: ``metricvault import`` checks a whole file before its first write."""
+        self._check_horizon(samples)
+
     def _check_horizon(self, samples: pa.Table) -> None:
         bound = self.min_writable_ms()
         if bound and int(pc.min(samples["ts"]).as_py()) < bound:
