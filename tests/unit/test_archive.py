@@ -402,3 +402,15 @@ def test_time_slices_cover_the_window_at_bucket_boundaries():
     assert slices[0][0] == 1_000 and slices[-1][1] == 1_000_000
     assert all(a[1] == b[0] for a, b in itertools.pairwise(slices))
     assert all(lo % 60_000 == 0 for lo, _ in slices[1:])
+
+
+def test_issue12_a_catalog_version_is_not_called_a_snapshot(tmp_path):
+    """``Vault.catalog_version()`` is the vault's current catalog version (which files make it
+    up); ``Vault.snapshot()`` stays as its old name. Experiment snapshot files keep the word."""
+    with Vault.open(str(tmp_path / "v")) as v:
+        empty = v.catalog_version()
+        v.write([("gpu_util", {"gpu": "0"}, SPEC.start_ms, 1.0)])
+        v.maintain(now_ms=SPEC.start_ms + HOUR)
+        flushed = v.catalog_version()
+        assert flushed.version > empty.version and flushed.files and not empty.files
+        assert v.snapshot() == flushed  # the old name, kept for compatibility

@@ -392,8 +392,15 @@ class Vault:
 
         return Experiments(self.location)
 
-    def snapshot(self) -> Snapshot:
+    def catalog_version(self) -> Snapshot:
+        """The current catalog version: the immutable list of files that make up the vault
+        now (``.version``, ``.files``, ``.dirty_hours``). Not an experiment snapshot file
+        (``metricvault archive export``): those are opened with ``Vault.open("x.parquet")``."""
         return self.catalog.current()
+
+    def snapshot(self) -> Snapshot:
+        """The old name of :meth:`catalog_version`, kept for compatibility (issue 12)."""
+        return self.catalog_version()
 
     def refresh(self) -> None:
         """Pick up series that other processes registered (queries do this by themselves)."""

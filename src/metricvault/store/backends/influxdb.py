@@ -346,11 +346,15 @@ class InfluxVault:
     def sql(self, statement: str, output: str = "pandas") -> Any:
         raise UnsupportedError(SQL_UNSUPPORTED)
 
-    def snapshot(self) -> Any:
+    def catalog_version(self) -> Any:
         raise UnsupportedError(
-            "catalog snapshots exist only on the embedded store: InfluxDB keeps no versions "
+            "catalog versions exist only on the embedded store: InfluxDB keeps no versions "
             "of its data. Freeze an experiment with `metricvault archive export` instead"
         )
+
+    def snapshot(self) -> Any:
+        """The old name of :meth:`catalog_version`, kept for compatibility (issue 12)."""
+        return self.catalog_version()
 
     def stats(self, now: int | None = None) -> dict[str, Any]:
         """Series, and points/series/bytes/coverage per policy (from SHOW and count queries);
