@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from metricvault.archive.compare import compare, display_table
+from metricvault.cli.progress import console_progress
 from metricvault.demo_archive import archive_first_job
 from metricvault.durations import DAY_MS, now_ms
 from metricvault.sim import ClusterSpec, generate, total_samples
@@ -37,12 +38,13 @@ def run_demo(
         f'(seed {seed}; every series is labelled simulated="true") into {path}'
     )
     began = time.monotonic()
-    with Vault.open(str(path)) as vault:
+    with Vault.open_local(str(path)) as vault:
         if fresh:
             (path / DEMO_MARKER).write_text("made by 'metricvault demo'; it may replace it\n")
         written = _backfill(vault, spec, console)
         console.print("maintaining: flush, compact, roll up to 1m and 1h, retention ...")
-        vault.maintain(progress=True)
+        with console_progress() as progress:
+            vault.maintain(progress=progress)
         stats = vault.stats()
         ids = register_jobs(vault, spec)
         jobs = compare(vault, ids)

@@ -185,12 +185,14 @@ def maintain(
     """
     settings = load_settings(data, config, set_)
     interval = parse_duration_ms(settings.maintain_interval) / 1000
+    from metricvault.cli.progress import console_progress
     from metricvault.store.vault import Vault
 
     with Vault.open(settings.data, settings, create=False) as vault:
         while True:
             started = time.monotonic()
-            report = vault.maintain(parse_time_ms(now) if now else None, progress=True)
+            with console_progress() as progress:
+                report = vault.maintain(parse_time_ms(now) if now else None, progress)
             console.print(_report_line(report, time.monotonic() - started))
             if not loop:
                 return

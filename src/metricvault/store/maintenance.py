@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from rich.progress import Progress
 
 from metricvault.durations import DAY_MS, HOUR_MS, now_ms, parse_duration_ms
 from metricvault.model import TIERS
@@ -34,42 +32,39 @@ if TYPE_CHECKING:
 log = logging.getLogger("metricvault")
 MINUTE_MS = 60_000
 
+ProgressCallback = Callable[[str, int, int], None]
+"""``progress(step, done, total)``: called with ``done`` = 0, 1, ..., ``total`` for each step
+that has work (``compacting``, ``rolling up``, ``retention <tier>``). The store draws nothing
+itself, so it imports no terminal library; :func:`metricvault.cli.progress.console_progress`
+is the rich bar the CLI and the demo pass."""
 
-def maintain(vault: Vault, now: int | None, progress: bool) -> dict[str, Any]:
+
+def maintain(
+    vault: Vault, now: int | None = None, progress: ProgressCallback | None = None
+) -> dict[str, Any]:
     now = now_ms() if now is None else now
     report: dict[str, Any] = {"flushed_samples": vault.flush() + vault.flush_other_buffers()}
-    with _progress(progress) as bar:
-        report["compacted_partitions"] = compact(vault, now, bar)
-        report["rolled_up_hours"] = roll_up(vault, bar)
-        report["retention"] = apply_retention(vault, now, bar)
+    report["compacted_partitions"] = compact(vault, now, progress)
+    report["rolled_up_hours"] = roll_up(vault, progress)
+    report["retention"] = apply_retention(vault, now, progress)
     report["expired"] = expire(vault, now)
     lag = vault.snapshot().dirty_hours
     report["rollup_pending_hours"] = len(lag)
     return report
 
 
-@contextmanager
-def _progress(enabled: bool) -> Iterator[Progress | None]:
-    if not enabled:
-        yield None
-        return
-    with Progress(transient=True) as bar:
-        yield bar
-
-
-def _track(bar: Progress | None, items: list[Any], label: str) -> Iterable[Any]:
-    if bar is None or not items:
+def _track(progress: ProgressCallback | None, items: list[Any], step: str) -> Iterable[Any]:
+    if progress is None or not items:
         yield from items
         return
-    task = bar.add_task(label, total=len(items))
-    for item in items:
+    progress(step, 0, len(items))
+    for done, item in enumerate(items, 1):
         yield item
-        bar.advance(task)
-    bar.remove_task(task)
+        progress(step, done, len(items))
 
 
 # ---------------------------------------------------------------- compaction
-def compact(vault: Vault, now: int, bar: Progress | None = None) -> int:
+def compact(vault: Vault, now: int, progress: ProgressCallback | None = None) -> int:
     """Merge the small files of each partition into one, dropping duplicate samples.
 
     A closed day (past one counter lookback and an hour of slack) is merged whole; a day that
@@ -81,7 +76,7 @@ def compact(vault: Vault, now: int, bar: Progress | None = None) -> int:
         groups[(f.tier, f.day)].append(f)
     todo = [k for k, v in groups.items() if len(_compactable(vault, v, k[1], now)) >= 2]
     done = 0
-    for tier, day in _track(bar, sorted(todo), "compacting"):
+    for tier, day in _track(progress, sorted(todo), "compacting"):
         with vault.writer_lock():
             files = [f for f in vault.snapshot().files if f.tier == tier and f.day == day]
             chosen = _compactable(vault, files, day, now)
@@ -125,13 +120,13 @@ def _day_end(day: str) -> int:
 
 
 # ---------------------------------------------------------------- rollups
-def roll_up(vault: Vault, bar: Progress | None = None) -> int:
+def roll_up(vault: Vault, progress: ProgressCallback | None = None) -> int:
     """Recompute the 1m and 1h rollups of every dirty hour, one day at a time."""
     by_day: dict[int, list[int]] = defaultdict(list)
     for h in vault.snapshot().dirty_hours:
         by_day[h * HOUR_MS // DAY_MS].append(h)
     total = 0
-    for day_no in _track(bar, sorted(by_day), "rolling up"):
+    for day_no in _track(progress, sorted(by_day), "rolling up"):
         with vault.writer_lock():
             snap = vault.snapshot()
             hours = [h for h in snap.dirty_hours if h * HOUR_MS // DAY_MS == day_no]
@@ -208,7 +203,9 @@ def _retention_rules(vault: Vault, tier: str) -> tuple[int | None, list[tuple[An
     return vault.settings.retention_ms(tier), rules
 
 
-def apply_retention(vault: Vault, now: int, bar: Progress | None = None) -> dict[str, int]:
+def apply_retention(
+    vault: Vault, now: int, progress: ProgressCallback | None = None
+) -> dict[str, int]:
     """Drop (or trim) day partitions past their tier's retention; never unrolled raw data."""
     dropped: dict[str, int] = {}
     for tier in TIERS:
@@ -221,7 +218,7 @@ def apply_retention(vault: Vault, now: int, bar: Progress | None = None) -> dict
         days = sorted({f.day for f in vault.snapshot().tier_files(tier)})
         due = [d for d in days if _day_end(d) <= now - shortest]
         count = 0
-        for day in _track(bar, due, f"retention {tier}"):
+        for day in _track(progress, due, f"retention {tier}"):
             with vault.writer_lock():
                 count += _expire_day(vault, tier, day, now, default, rules)
         dropped[tier] = count

@@ -47,6 +47,7 @@ from metricvault.store.series_index import SeriesIndex
 
 if TYPE_CHECKING:
     from metricvault.archive.experiments import Experiments
+    from metricvault.store.maintenance import ProgressCallback
 
 log = logging.getLogger("metricvault")
 
@@ -508,11 +509,21 @@ class Vault:
         return stats(self, now)
 
     # ------------------------------------------------------------------ maintenance
-    def maintain(self, now_ms: int | None = None, progress: bool = False) -> dict[str, Any]:
-        """Flush, compact, roll up, apply retention and expire snapshots. Idempotent."""
+    def maintain(
+        self, now_ms: int | None = None, progress: bool | ProgressCallback = False
+    ) -> dict[str, Any]:
+        """Flush, compact, roll up, apply retention and expire snapshots. Idempotent.
+
+        ``progress``: a ``ProgressCallback`` (``progress(step, done, total)``), or True for a
+        rich bar on the terminal (the CLI layer's, imported only then)."""
         from metricvault.store.maintenance import maintain
 
-        return maintain(self, now_ms, progress)
+        if progress is True:
+            from metricvault.cli.progress import console_progress
+
+            with console_progress() as bar:
+                return maintain(self, now_ms, bar)
+        return maintain(self, now_ms, progress or None)
 
 
 def _owner_gone(buffer_name: str) -> bool:

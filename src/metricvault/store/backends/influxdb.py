@@ -365,7 +365,9 @@ class InfluxVault:
         return stats(self, now_ms() if now is None else now)
 
     # ------------------------------------------------------------------ maintenance
-    def maintain(self, now_ms: int | None = None, progress: bool = False) -> dict[str, Any]:
+    def maintain(
+        self, now_ms: int | None = None, progress: bool | Callable[[str, int, int], None] = False
+    ) -> dict[str, Any]:
         """Recompute the 1-minute rollups of every minute that received writes since the last
         run (late and out-of-order data included), with the continuous query's own SELECT, and
         the ``increase`` of counters; then delete the markers it consumed. Idempotent; safe to
