@@ -10,7 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -176,21 +176,32 @@ def test_metrics_server_tls(registry, self_signed_cert):
         server.stop()
 
 
+def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    """Poll until ``condition`` holds; fail (by timeout, not by a measured duration) if not."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s} s"
+        time.sleep(0.01)
+
+
 def test_agent_exports_window_statistics_and_self_metrics(tmp_path):
-    gpu = FakeGpu([10, 90] * 100)
+    # The agent's clock is injected: the window is exactly the clock time between scrapes.
+    gpu, clock = FakeGpu([10, 90] * 100), Clock()
     opts = AgentOptions(listen="127.0.0.1:0", state_dir=tmp_path, sample_hz=50)
-    agent = Agent(opts, sources=[gpu])
+    agent = Agent(opts, sources=[gpu], clock=clock)
     agent.start()
     try:
         assert agent.server is not None
-        time.sleep(0.5)
+        _wait_for(lambda: gpu.reads >= 4, "four fast readings")
         _get(agent.server.url)
-        time.sleep(0.6)
+        clock.now += 1.5
+        reads = gpu.reads
+        _wait_for(lambda: gpu.reads >= reads + 4, "four more fast readings")
         status, _, body = _get(agent.server.url)
         assert status == 200
         parsed = {f.name: f for f in text_string_to_metric_families(body)}
         window = parsed["metricvault_agent_window_seconds"].samples[0].value
-        assert 0.5 <= window <= 2.0, "the window is the time since the previous scrape"
+        assert window == 1.5, "the window is the time since the previous scrape"
         assert parsed["metricvault_gpu_util_window_max"].samples[0].value == 90
         assert 10 < parsed["metricvault_gpu_util_window_mean"].samples[0].value < 90
         assert parsed["metricvault_agent_sample_rate_hz"].samples[0].value > 0

@@ -11,7 +11,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -95,8 +95,11 @@ class Agent:
         opts: AgentOptions,
         settings: Settings | None = None,
         sources: Sequence[Source] | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.opts = opts
+        self._clock = clock  # monotonic seconds: sampling times and scrape windows (tests inject)
         # a bad URL or credential file stops the agent before anything starts
         self.push_url = push_endpoint(opts.push_url) if opts.push_url else ""
         self.push_auth = push_auth(opts) if opts.push_url else None
@@ -121,6 +124,7 @@ class Agent:
             load_high=opts.load_high,
             load_low=opts.load_low,
             load=_host_load,
+            clock=clock,
         )
         self._last_collect: float | None = None
         self._window_s = opts.first_window_s
@@ -218,7 +222,7 @@ class Agent:
     # ------------------------------------------------------------------ own metrics
     def collect(self) -> Iterable[Metric]:
         """Window statistics of the fast sampler and the agent's self-metrics."""
-        now = time.monotonic()
+        now = self._clock()
         if self._last_collect is not None:
             since = now - self._last_collect
             self._window_s = min(max(since, 2.0 / self.sampler.target_hz), self.opts.max_window_s)
