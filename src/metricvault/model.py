@@ -13,14 +13,24 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
-
-import pyarrow as pa
+from functools import cache, lru_cache
+from typing import TYPE_CHECKING, Any, Literal
 
 from metricvault.errors import LabelError
 
-METRIC_NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# The name rules below are the only copy: the decoders, ``normalize``, the agent's encoder and
+# the CLI import them (issue 12: four copies had drifted apart). This module imports no pyarrow
+# (the Arrow schemas at the end are built on first use), so the agent can import the rules.
+METRIC_NAME_PATTERN = "[a-zA-Z_:][a-zA-Z0-9_:]*"
+LABEL_NAME_PATTERN = "[a-zA-Z_][a-zA-Z0-9_]*"
+METRIC_NAME_RE = re.compile(f"^{METRIC_NAME_PATTERN}$")
+LABEL_NAME_RE = re.compile(f"^{LABEL_NAME_PATTERN}$")
+_METRIC_NAME_FULL = re.compile(METRIC_NAME_PATTERN)
+_LABEL_NAME_FULL = re.compile(LABEL_NAME_PATTERN)
+METRIC_NAME_LABEL = "__name__"  # the label that carries the metric name on the wire
 MAX_LABEL_VALUE_BYTES = 4096
 MAX_LABELS = 64
 # Control characters refused in label values: Unicode category Cc (C0, DEL, C1) except tab,
@@ -28,8 +38,77 @@ MAX_LABELS = 64
 # Prometheus itself only requires valid UTF-8; we refuse these because no sender means them
 # (they come from binary data or bugs), and they make values unreadable in every UI.
 CONTROL_CHARACTERS_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-# Columns of the long shape that are not labels; a label may not take one of these names.
-RESERVED_COLUMNS = frozenset({"metric", "timestamp", "value", "ts"})
+
+TIERS = ("raw", "1m", "1h")  # finest first; rollup tiers are named by their resolution
+# Bucket width of each rollup tier, coarsest first (the order the query layer tries them).
+TIER_RESOLUTION_MS: dict[str, int] = {"1h": 3_600_000, "1m": 60_000}
+AGGREGATES = ("mean", "min", "max", "count", "sum", "last", "increase")
+# Label names that are column names of a table the store takes or hands back, beside the label
+# columns: the long shape (metric, timestamp or ts, value, and one column per aggregate when
+# queried with a step) and the series table (series_id, metric, kind). A label of such a name
+# would be hidden by, or hide, the column: ``kind="prod"`` once showed as the series' kind.
+RESERVED_LABEL_NAMES = frozenset({"metric", "timestamp", "ts", "value", "series_id", "kind"}) | (
+    frozenset(AGGREGATES)
+)
+RESERVED_COLUMNS = RESERVED_LABEL_NAMES  # the name earlier issues used
+_MAX_SHOWN_NAME = 60
+
+
+def shown_name(name: str) -> str:
+    """A name quoted (JSON style, so control characters are visible) and clipped for messages."""
+    suffix = f"...({len(name):,} chars)" if len(name) > _MAX_SHOWN_NAME else ""
+    return json.dumps(name[:_MAX_SHOWN_NAME], ensure_ascii=False) + suffix
+
+
+@lru_cache(maxsize=4096)
+def label_name_problem(name: str) -> str | None:
+    """Why ``name`` may not be a label name, or None when it may: the one rule of every path.
+
+    ``__name__`` is refused too: where a wire format carries the metric name as that label, the
+    decoder takes it out before asking. Cached: a handful of distinct names recur in every
+    request (bounded, as a hostile sender can make up names without end).
+    """
+    if not isinstance(name, str) or _LABEL_NAME_FULL.fullmatch(name) is None:
+        if not isinstance(name, str):
+            return f"invalid label name {name!r}: label names are strings"
+        if not name:
+            return (
+                f'invalid label name "": the name is empty; drop the label or give it a name '
+                f"matching {LABEL_NAME_PATTERN}"
+            )
+        return (
+            f"invalid label name {shown_name(name)}: label names must match "
+            f"{LABEL_NAME_PATTERN} (Prometheus data model); rename it, e.g. replace other "
+            "characters with '_'"
+        )
+    if name.startswith("__"):
+        return (
+            f"invalid label name {shown_name(name)}: names starting with '__' are reserved by "
+            "Prometheus for internal use; rename the label (or drop it when relabelling)"
+        )
+    if name in RESERVED_LABEL_NAMES:
+        return (
+            f"invalid label name {shown_name(name)}: it is reserved, as metricvault's tables "
+            f"have a column of that name ({', '.join(sorted(RESERVED_LABEL_NAMES))}) that the "
+            f"label would shadow; rename it, e.g. to 'exported_{name}' (a relabel rule can)"
+        )
+    return None
+
+
+def label_name_ok(name: str) -> bool:
+    return label_name_problem(name) is None
+
+
+def metric_name_problem(metric: str) -> str | None:
+    """Why ``metric`` may not be a metric name, or None when it may."""
+    if isinstance(metric, str) and _METRIC_NAME_FULL.fullmatch(metric) is not None:
+        return None
+    shown = shown_name(metric) if isinstance(metric, str) else repr(metric)
+    return (
+        f"invalid metric name {shown}: names must match {METRIC_NAME_PATTERN} "
+        "(Prometheus data model); rename the metric, e.g. replace '-' and '.' with '_'"
+    )
+
 
 Kind = Literal["gauge", "counter"]
 KINDS: tuple[Kind, ...] = ("gauge", "counter")
@@ -61,11 +140,9 @@ def kind_from_name(metric: str) -> Kind:
 
 
 def validate_metric_name(metric: str) -> None:
-    if not isinstance(metric, str) or not METRIC_NAME_RE.match(metric):
-        raise LabelError(
-            f"invalid metric name {metric!r}: names must match [a-zA-Z_:][a-zA-Z0-9_:]* "
-            "(Prometheus data model); rename the metric, e.g. replace '-' and '.' with '_'"
-        )
+    problem = metric_name_problem(metric)
+    if problem is not None:
+        raise LabelError(problem)
 
 
 def validate_labels(labels: Mapping[str, str], metric: str = "") -> dict[str, str]:
@@ -80,16 +157,9 @@ def validate_labels(labels: Mapping[str, str], metric: str = "") -> dict[str, st
         )
     clean: dict[str, str] = {}
     for name, value in labels.items():
-        if not isinstance(name, str) or not LABEL_NAME_RE.match(name) or name.startswith("__"):
-            raise LabelError(
-                f"invalid label name {name!r} on metric {metric!r}: names must match "
-                "[a-zA-Z_][a-zA-Z0-9_]* and must not start with '__' (reserved)"
-            )
-        if name in RESERVED_COLUMNS:
-            raise LabelError(
-                f"label name {name!r} on metric {metric!r} is reserved for a column of the "
-                f"long table shape ({', '.join(sorted(RESERVED_COLUMNS))}); rename the label"
-            )
+        problem = label_name_problem(name)
+        if problem is not None:
+            raise LabelError(f"metric {metric!r}: {problem}")
         if value is None:
             continue
         if not isinstance(value, str):
@@ -160,22 +230,38 @@ def series_id_of(canonical: str) -> int:
 # Timestamps outside MIN_TS_MS .. MAX_TS_MS (durations.py) are refused as absurd.
 
 
-SAMPLE_SCHEMA = pa.schema(
-    [
-        pa.field("series_id", pa.int64(), nullable=False),
-        pa.field("ts", pa.int64(), nullable=False),
-        pa.field("value", pa.float64(), nullable=False),
-    ]
-)
+@cache
+def _arrow_schemas() -> dict[str, pa.Schema]:
+    import pyarrow as pa
 
-SERIES_SCHEMA = pa.schema(
-    [
-        pa.field("series_id", pa.int64(), nullable=False),
-        pa.field("metric", pa.string(), nullable=False),
-        pa.field("labels", pa.string(), nullable=False),  # canonical JSON object
-        pa.field("kind", pa.string(), nullable=False),
-    ]
-)
+    return {
+        "SAMPLE_SCHEMA": pa.schema(
+            [
+                pa.field("series_id", pa.int64(), nullable=False),
+                pa.field("ts", pa.int64(), nullable=False),
+                pa.field("value", pa.float64(), nullable=False),
+            ]
+        ),
+        "SERIES_SCHEMA": pa.schema(
+            [
+                pa.field("series_id", pa.int64(), nullable=False),
+                pa.field("metric", pa.string(), nullable=False),
+                pa.field("labels", pa.string(), nullable=False),  # canonical JSON object
+                pa.field("kind", pa.string(), nullable=False),
+            ]
+        ),
+    }
 
-TIERS = ("raw", "1m", "1h")  # finest first; rollup tiers are named by their resolution
-AGGREGATES = ("mean", "min", "max", "count", "sum", "last", "increase")
+
+if TYPE_CHECKING:
+    SAMPLE_SCHEMA: pa.Schema
+    SERIES_SCHEMA: pa.Schema
+
+
+def __getattr__(name: str) -> Any:
+    # SAMPLE_SCHEMA and SERIES_SCHEMA are made when first asked for (PEP 562), so importing the
+    # name rules costs no pyarrow (~40 MB): the agent's memory budget is small.
+    schemas = _arrow_schemas()
+    if name in schemas:
+        return schemas[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

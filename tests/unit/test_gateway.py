@@ -140,7 +140,7 @@ def test_metadata_decides_counter_kind(make_client):
             bytes(cramjam.snappy.compress_raw(b"\x0a\x02\x0a\x00")),
             RW1,
             400,
-            'series #0 {=""}: label #0 has an empty name; drop it or give it a name matching',
+            'series #0 {=""}: invalid label name "": the name is empty; drop the label',
         ),
     ],
 )

@@ -26,17 +26,17 @@ from metricvault.errors import (
     TooLargeError,
     UnsupportedError,
 )
-from metricvault.ingest.proto import messages
 from metricvault.ingest.protocols import remote_write
 from metricvault.ingest.protocols.remote_write import (
     DecodedWrite,
     MetricMetadata,
     decode_remote_write,
 )
+from metricvault.wire.proto import messages
 
 # Real Prometheus 2.42 bodies kept in the repository (see its README), so no clone skips them.
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "prometheus_remote_write"
-PROTO_DIR = Path(remote_write.__file__).resolve().parents[1] / "proto"
+PROTO_DIR = Path(messages.__file__).resolve().parent  # the .proto files beside the classes
 STALE_NAN = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]
 CT_V1 = "application/x-protobuf"
 CT_V2 = "application/x-protobuf;proto=io.prometheus.write.v2.Request"
@@ -732,9 +732,9 @@ BAD_INPUTS: list[tuple[str, Callable[[], bytes], dict[str, Any], type[MetricVaul
     ("no labels at all", lambda: v1_body(OK, OK, ([], [(1.0, 1)])), V1, LabelError,
      "series #2 {}: the series has no __name__ label"),
     ("empty label name", lambda: v1_body(([("", "v"), ("__name__", "up")], [(1.0, 1)])), V1,
-     LabelError, 'series #0 up{="v"}: label #0 has an empty name'),
+     LabelError, 'series #0 up{="v"}: invalid label name "": the name is empty'),
     ("invalid label name", lambda: v1_body(([("__name__", "up"), ("pod-name", "p")], [])), V1,
-     LabelError, 'label name "pod-name" is invalid'),
+     LabelError, 'invalid label name "pod-name": label names must match'),
     ("invalid metric name", lambda: v1_body(([("__name__", "1up")], [(1.0, 1)])), V1, LabelError,
      'series #0 "1up"{}: metric name "1up" is invalid'),
     ("empty metric name", lambda: v1_body(([("__name__", ""), ("job", "x")], [(1.0, 1)])), V1,
@@ -744,7 +744,7 @@ BAD_INPUTS: list[tuple[str, Callable[[], bytes], dict[str, Any], type[MetricVaul
     ("duplicate labels", lambda: v1_body(([("__name__", "up"), ("a", "1"), ("a", "2")], [])), V1,
      LabelError, 'series #0 up{a="2"}: label \'a\' is duplicated'),
     ("reserved label value", lambda: v1_body(([("__name__", "up"), ("value", "1")], [])), V1,
-     LabelError, "label name 'value' is reserved"),
+     LabelError, 'invalid label name "value": it is reserved'),
     ("reserved label metric", lambda: v1_body(([("__name__", "up"), ("metric", "m")], [])), V1,
      LabelError, "'exported_metric'"),
     ("label value not UTF-8", bad_utf8_label_body, V1, LabelError,

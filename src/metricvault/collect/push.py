@@ -1,9 +1,10 @@
 """The agent's push mode: Prometheus remote-write 1.0 to the gateway, through an on-disk spool.
 
-:func:`encode_write_request` turns samples into a request body; :func:`samples_from_registry`
-reads them from a prometheus-client registry. :class:`PushClient` spools every body first
-(``submit``), then a sender thread delivers the spool in order, one request at a time, and
-deletes an entry only once the gateway answered 2xx (stored) or a 4xx (it can never succeed).
+:func:`encode_write_request` (from ``metricvault.wire.remote_write``) turns samples into a
+request body; :func:`samples_from_registry` reads them from a prometheus-client registry.
+:class:`PushClient` spools every body first (``submit``), then a sender thread delivers the
+spool in order, one request at a time, and deletes an entry only once the gateway answered 2xx
+(stored) or a 4xx (it can never succeed).
 Everything else is retried with the same bytes, so delivery is at-least-once; the gateway stores
 a re-sent sample once, which makes the end result exactly-once.
 
@@ -20,12 +21,10 @@ from __future__ import annotations
 
 import base64
 import email.utils
-import functools
 import http.client
 import logging
 import math
 import random
-import re
 import ssl
 import threading
 import time
@@ -36,11 +35,13 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-import cramjam
-
 from metricvault import __version__
 from metricvault.collect.spool import SPOOL_DROP_REASONS, Spool
-from metricvault.ingest.proto import messages
+from metricvault.wire.remote_write import (  # the encoder moved: issue 12
+    SERVER_TIME_HEADER,
+    SampleTuple,
+    encode_write_request,
+)
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -60,11 +61,7 @@ __all__ = [
 
 log = logging.getLogger("metricvault.agent.push")
 
-SampleTuple = tuple[str, Mapping[str, str], int, float]  # metric, labels, timestamp ms, value
-
 USER_AGENT = f"metricvault-agent/{__version__}"
-# The gateway's clock in epoch milliseconds, on GET /-/healthy (Date has 1 s resolution).
-SERVER_TIME_HEADER = "X-Metricvault-Server-Time-Ms"
 WRITE_PATH = "/api/v1/write"
 PROTOCOL_HEADERS = {
     "Content-Encoding": "snappy",
@@ -92,10 +89,6 @@ RETRY_STATUSES = frozenset({408, 425, 429})
 BATCH_STATUSES = frozenset({400, 413})
 EMPTY_REQUEST = b"\x00"  # a snappy-compressed empty WriteRequest: valid, stores nothing
 
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-# The gateway stores metric, timestamp and value as columns and refuses labels of these names.
-_RESERVED_LABELS = frozenset({"metric", "timestamp", "value"})
 _CREATED_FAMILIES = frozenset({"counter", "histogram", "summary"})
 _NO_LABELS: Mapping[str, str] = MappingProxyType({})
 _TRANSPORT_ERRORS = (OSError, http.client.HTTPException)
@@ -106,68 +99,6 @@ _STALE_CONNECTION = (
     BrokenPipeError,
     ConnectionAbortedError,
 )
-
-
-# --------------------------------------------------------------------------- encoding
-def encode_write_request(samples: Sequence[SampleTuple]) -> bytes:
-    """A snappy-compressed remote-write 1.0 ``WriteRequest`` holding ``samples``.
-
-    One time series per distinct (metric, labels), in order of first appearance; labels sorted
-    by name (byte order, which the spec requires and the gateway checks: ``__name__`` is first
-    unless a label name starts with an upper-case letter); samples sorted by time within a
-    series. A label with an empty value is left out (the same as no label). Raises ValueError
-    for a name the gateway would refuse, since one bad series gets the whole request refused.
-    """
-    request = messages.WriteRequest()
-    for labels, points in _group_series(samples).items():
-        series = request.timeseries.add()
-        for name, value in labels:
-            series.labels.add(name=name, value=value)
-        points.sort(key=lambda point: point[0])  # stable: equal timestamps keep their order
-        for timestamp, sample_value in points:
-            series.samples.add(value=sample_value, timestamp=timestamp)
-    return bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
-
-
-def _group_series(
-    samples: Sequence[SampleTuple],
-) -> dict[tuple[tuple[str, str], ...], list[tuple[int, float]]]:
-    groups: dict[tuple[tuple[str, str], ...], list[tuple[int, float]]] = {}
-    for metric, labels, timestamp, value in samples:
-        key = _series_key(metric, labels)
-        groups.setdefault(key, []).append((int(timestamp), float(value)))
-    return groups
-
-
-def _series_key(metric: str, labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    if not _metric_name_ok(metric):
-        raise ValueError(
-            f"metric name {metric!r} is invalid: it must match [a-zA-Z_:][a-zA-Z0-9_:]*"
-        )
-    pairs = [("__name__", metric)]
-    for name, value in labels.items():
-        if not _label_name_ok(name):
-            raise ValueError(
-                f"label {name!r} of {metric} is invalid: label names must match "
-                f"[a-zA-Z_][a-zA-Z0-9_]* and not be __name__, metric, timestamp or value"
-            )
-        if value:
-            pairs.append((name, value))
-    return tuple(sorted(pairs))
-
-
-@functools.lru_cache(maxsize=4096)
-def _metric_name_ok(name: str) -> bool:
-    return _METRIC_NAME.fullmatch(name) is not None
-
-
-@functools.lru_cache(maxsize=4096)
-def _label_name_ok(name: str) -> bool:
-    return (
-        _LABEL_NAME.fullmatch(name) is not None
-        and name != "__name__"
-        and name not in _RESERVED_LABELS
-    )
 
 
 class RegistrySamples(list[SampleTuple]):

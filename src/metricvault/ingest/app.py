@@ -56,8 +56,8 @@ from metricvault.redact import redact_logs
 from metricvault.redact import remember as remember_secrets
 from metricvault.store.buffer import quarantined_batches
 from metricvault.store.vault import Vault
+from metricvault.wire.remote_write import SERVER_TIME_HEADER  # defined once: issue 12
 
-SERVER_TIME_HEADER = "X-Metricvault-Server-Time-Ms"
 log = logging.getLogger("metricvault.gateway")
 PRECISIONS = {"ns", "n", "us", "u", "ms", "s", "m", "h"}
 

@@ -1,1 +1,1 @@
-"""Prometheus remote-write schemas: readable ``.proto`` files and the classes built from them."""
+"""Moved to :mod:`metricvault.wire.proto` (issue 12); ``messages`` is re-exported here."""

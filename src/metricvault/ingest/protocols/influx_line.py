@@ -75,7 +75,7 @@ from metricvault.ingest.limits import DecodeBudget, check_label_names
 from metricvault.model import (
     MAX_LABEL_VALUE_BYTES,
     MAX_LABELS,
-    RESERVED_COLUMNS,
+    label_name_problem,
 )
 
 __all__ = ["DecodedLines", "LineError", "decode_line_protocol"]
@@ -418,18 +418,10 @@ class _Decoder:
         label = _LABEL_BAD_CHARS.sub("_", key)
         if label[0] in _DIGITS:
             label = "_" + label
-        if label.startswith("__"):
-            raise _LineProblem(
-                f"tag {_q(key)} becomes label {_q(label)}, and names starting with '__' are "
-                "reserved by Prometheus; rename the tag",
-                LabelError,
-            )
-        if label in RESERVED_COLUMNS:
-            raise _LineProblem(
-                f"tag {_q(key)} becomes label {_q(label)}, a reserved column of metricvault's "
-                f"table shape ({', '.join(sorted(RESERVED_COLUMNS))}); rename the tag",
-                LabelError,
-            )
+        problem = label_name_problem(label)
+        if problem is not None:
+            mapped = f" becomes label {_q(label)}" if label != key else ""
+            raise _LineProblem(f"tag {_q(key)}{mapped}: {problem}", LabelError)
         self.label_names[key] = label
         self.labels.add(label)
         check_label_names(len(self.labels), self.max_label_names, _q(label))

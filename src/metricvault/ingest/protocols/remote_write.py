@@ -50,6 +50,7 @@ import pyarrow.compute as pc
 from metricvault.errors import InputError, LabelError, TooLargeError, UnsupportedError
 from metricvault.ingest.limits import DecodeBudget, check_label_names
 from metricvault.ingest.proto import messages
+from metricvault.model import METRIC_NAME_LABEL, label_name_ok, label_name_problem
 
 __all__ = [
     "STALE_NAN_BITS",
@@ -67,8 +68,6 @@ _CT_V2 = f"{_MEDIA_TYPE};proto={PROTO_V2}"
 _FRAMED_SNAPPY_MAGIC = b"\xff\x06\x00\x00sNaPpY"
 # One snappy copy element of 3 bytes emits at most 64 bytes: no valid block expands further.
 _SNAPPY_MAX_RATIO = 22
-_RESERVED_COLUMNS = frozenset({"metric", "timestamp", "value"})
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _METRIC_NAME_ANCHORED = f"^{_METRIC_NAME.pattern}$"  # for Arrow's RE2, over a whole column
 _METRIC_TYPES = (
@@ -562,7 +561,7 @@ def _label_columns(flat: _Flat, series_of_label: Any, rows: Any) -> dict[str, An
 
 
 def _label_name_ok(name: str) -> bool:
-    return _LABEL_NAME.fullmatch(name) is not None and name not in _RESERVED_COLUMNS
+    return name == METRIC_NAME_LABEL or label_name_ok(name)
 
 
 def _check_series_count(count: int, max_series: int | None) -> None:
@@ -581,21 +580,9 @@ def _check_series_count(count: int, max_series: int | None) -> None:
 def _check_series(names: Sequence[str], values: Sequence[str | None], describe: Describe) -> None:
     previous = ""
     for position, name in enumerate(names):
-        if not name:
-            raise LabelError(
-                f"{describe()}: label #{position} has an empty name; drop it or give it a name "
-                f"matching [a-zA-Z_][a-zA-Z0-9_]*"
-            )
-        if _LABEL_NAME.fullmatch(name) is None:
-            raise LabelError(
-                f"{describe()}: label name {_show(name)} is invalid; label names must match "
-                f"[a-zA-Z_][a-zA-Z0-9_]* (relabel it, e.g. replace other characters with '_')"
-            )
-        if name in _RESERVED_COLUMNS:
-            raise LabelError(
-                f"{describe()}: label name {name!r} is reserved (the store's columns are metric, "
-                f"timestamp and value); rename it, e.g. with a relabel rule to 'exported_{name}'"
-            )
+        problem = None if name == METRIC_NAME_LABEL else label_name_problem(name)
+        if problem is not None:
+            raise LabelError(f"{describe()}: {problem}")
         if position and name <= previous:
             problem = "is duplicated" if name == previous else f"comes after {previous!r}"
             raise LabelError(

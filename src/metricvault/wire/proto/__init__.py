@@ -1,0 +1,1 @@
+"""Prometheus remote-write schemas: readable ``.proto`` files and the classes built from them."""
