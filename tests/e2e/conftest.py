@@ -418,6 +418,9 @@ def prometheus(tmp_path: Path) -> Iterator[Any]:
                     f"--storage.tsdb.path={directory / 'data'}",
                     f"--web.listen-address=127.0.0.1:{port}",
                     "--web.enable-lifecycle",
+                    # On shutdown Prometheus waits this long to flush remote_write (default
+                    # 1m): teardown, often after the gateway has stopped, must not wait it.
+                    "--storage.remote.flush-deadline=1s",
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -81,6 +81,7 @@ def _start_prometheus(tmp_path: Path, write_url: str, scrape: list[str]) -> Any:
                 f"--config.file={tmp_path / 'prometheus.yml'}",
                 f"--storage.tsdb.path={tmp_path / 'prom-data'}",
                 f"--web.listen-address=127.0.0.1:{port}",
+                "--storage.remote.flush-deadline=1s",  # teardown must not wait to flush
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,
