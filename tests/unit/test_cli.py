@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from metricvault import Vault
 from metricvault.cli.main import app
+from metricvault.errors import InputError
 
 T0 = 1_767_225_600_000
 runner = CliRunner()
@@ -323,3 +324,65 @@ def test_experiment_create_records_the_git_head_of_the_current_repository(
     with Vault.open(vault_dir) as v:
         exp = v.experiments.get("r1")
     assert exp.git_sha == head and exp.git_repo == "https://example.org/lab/train.git"
+
+
+# --------------------------------------------------------------------------- issue 12
+def _two_runs(vault_dir):
+    for run_id, lr in (("run-1", "3e-4"), ("run-2", "1e-4")):
+        selector = f'gpu_util{{gpu="{run_id[-1]}"}}'
+        made = run(
+            "experiment", "create", run_id, "-d", vault_dir, "-l", selector,
+            "--start", str(T0), "--end", str(T0 + 3_600_000), "--param", f"lr={lr}", "--no-git",
+        )  # fmt: skip
+        assert made.exit_code == 0, made.output
+
+
+def test_issue12_experiment_show_f_json_is_the_record_and_json_stays_its_alias(vault_dir):
+    _two_runs(vault_dir)
+    spelled = run("experiment", "show", "run-1", "-d", vault_dir, "-f", "json")
+    assert spelled.exit_code == 0, spelled.output
+    record = json.loads(spelled.output)
+    assert record["id"] == "run-1" and record["params"] == {"lr": 3e-4}
+    assert (
+        json.loads(run("experiment", "show", "run-1", "-d", vault_dir, "--json").output) == record
+    )
+    long = run("experiment", "show", "run-1", "-d", vault_dir, "--format", "json").output
+    assert json.loads(long) == record
+    table = run("experiment", "show", "run-1", "-d", vault_dir, "-f", "table").output
+    assert "selector" in table and not table.lstrip().startswith("{")
+    refused = runner.invoke(app, ["experiment", "show", "run-1", "-d", vault_dir, "-f", "csv"])
+    assert refused.exit_code != 0 and isinstance(refused.exception, InputError)
+    assert "-f table or -f json, not 'csv'" in str(refused.exception)
+
+
+def test_issue12_piped_compare_prints_two_tab_separated_tables(vault_dir):
+    """Not on a terminal, the summary and the side-by-side details are each plain TSV (every
+    row as wide as its header), separated by one blank line."""
+    _two_runs(vault_dir)
+    done = subprocess.run(
+        [sys.executable, "-m", "metricvault.cli", "experiment", "compare", "run-1", "run-2",
+         "-d", vault_dir],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    blocks = done.stdout.rstrip("\n").split("\n\n")
+    assert len(blocks) == 2, done.stdout
+    summary, details = ([line.split("\t") for line in b.splitlines()] for b in blocks)
+    assert summary[0][0] == "experiment" and [r[0] for r in summary[1:]] == ["run-1", "run-2"]
+    assert details[0] == ["", "field / param", "run-1", "run-2"]
+    for table in (summary, details):
+        assert len({len(row) for row in table}) == 1, table
+    lr = next(row for row in details if row[1] == "lr")
+    assert lr == ["≠", "lr", "0.0003", "0.0001"]
+    assert not any("─" in line or "┃" in line for line in done.stdout.splitlines())
+
+
+def test_issue12_experiment_commands_have_their_own_module():
+    from metricvault.cli import archive, experiments
+
+    assert archive.experiment_app is experiments.experiment_app  # the old import path works
+    names = {c.name for c in experiments.experiment_app.registered_commands}
+    assert names == {"create", "update", "end", "show", "list", "compare"}
+    assert {c.name for c in archive.archive_app.registered_commands} == {
+        "export", "restore", "open", "verify", "list",
+    }  # fmt: skip

@@ -24,7 +24,7 @@ import typer
 from rich.table import Table
 
 from metricvault.cli.agent import AGENT_CONTEXT, agent
-from metricvault.cli.archive import archive_app, experiment_app
+from metricvault.cli.archive import archive_app
 from metricvault.cli.common import (
     ConfigOpt,
     DataOpt,
@@ -37,6 +37,7 @@ from metricvault.cli.common import (
     load_settings,
     open_vault,
 )
+from metricvault.cli.experiments import experiment_app
 from metricvault.cli.influx import influx_app
 from metricvault.cli.light import run_query, run_series, run_stats
 from metricvault.config import describe
