@@ -1,7 +1,7 @@
 """metricvault: keep the metrics of GPU clusters and LLM training/inference for years.
 
 import metricvault
-vault = metricvault.Vault.open("./metricvault-data")
+vault = metricvault.open("./metricvault-data", need="read+write")  # or Vault.open(...)
 vault.write(frame)
 vault.query('DCGM_FI_DEV_GPU_UTIL{Hostname="node01"}', "-7d", "now", step="1h")
 with metricvault.track("llama-7b-lr3e-4", flops_per_token=6 * 7e9, gpu="H100-SXM") as run:
@@ -20,6 +20,7 @@ __all__ = [
     "Settings",
     "Vault",
     "__version__",
+    "open",
     "parse_selector",
     "track",
 ]
@@ -34,6 +35,11 @@ _LAZY = {
     "track": "metricvault.collect.training",
     "Run": "metricvault.collect.training",
 }
+
+# Eager, and light (it imports the backends only when called): ``import metricvault.open``
+# binds the submodule as the package attribute ``open`` when it first loads, so the function
+# must be bound after that has happened, here, or ``metricvault.open`` would be the module.
+from metricvault.open import open as open  # noqa: E402
 
 if TYPE_CHECKING:
     from metricvault.collect.training import Run, track

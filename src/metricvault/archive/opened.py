@@ -18,7 +18,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from metricvault.archive.experiments import Experiment, experiments_table
 from metricvault.archive.snapshot import (
     ROLLUP_COLUMNS,
     TIER_MS,
@@ -30,15 +29,25 @@ from metricvault.config import Settings
 from metricvault.durations import TimeLike, now_ms, parse_duration_ms, parse_time_ms
 from metricvault.errors import InputError, TimeRangeError
 from metricvault.errors import ReadOnlyError as ReadOnlyError  # moved: issue 12
+from metricvault.experiment import Experiment, experiments_table
 from metricvault.model import SAMPLE_SCHEMA
+from metricvault.protocols import require
 from metricvault.selector import parse_selectors
 from metricvault.store import query as q
 from metricvault.store import rollup
+from metricvault.store.reading import answer
 from metricvault.store.series_index import SeriesIndex
 
 
 class SnapshotVault:
     """Read-only, query-compatible view of one snapshot file."""
+
+    capabilities = frozenset({"read", "sql"})
+    backend_name = "experiment snapshot"
+    unsupported_hint = (
+        "A snapshot is a frozen, read-only file: query it, or open the vault directory it was "
+        "exported from (or `metricvault archive restore` it into one) to do that."
+    )
 
     def __init__(self, path: str | Path, settings: Settings | None = None) -> None:
         self.path = Path(path)
@@ -57,10 +66,20 @@ class SnapshotVault:
         self._file = pq.ParquetFile(self.path)
         settings = settings or Settings.load()
         self._lookback = parse_duration_ms(settings.counter_lookback)
+        self.lookback_ms = self._lookback
 
     @property
     def experiment(self) -> Experiment:
         return self.info.experiment
+
+    @property
+    def uri(self) -> str:
+        return str(self.path)
+
+    @property
+    def experiments(self) -> Any:
+        """A snapshot holds one experiment (:attr:`experiment`), not a registry: says so."""
+        require(self, "experiments", str(self.path))
 
     def __enter__(self) -> SnapshotVault:
         return self
@@ -84,18 +103,33 @@ class SnapshotVault:
         """As :meth:`Vault.query`; ``start``/``end`` default to the snapshot's whole range."""
         t0, t1 = self._window(start, end)
         step_ms = q.parse_step(step)
-        ids = self.index.match(parse_selectors(selector))
-        if step_ms is None:
-            if self.tier != "raw":
-                raise InputError(
-                    f"{self.path.name} holds {self.tier} rollups, not raw samples: pass a step "
-                    f"that is a multiple of {self.tier} (or step='all')"
-                )
-            samples = self._read(ids, t0, t1)
-            return q.shape(self.index, samples, {"value": samples["value"]}, output)
-        agg_names = q.check_aggs(aggs)
-        partials = self._aggregate(ids, t0, t1, step_ms)
-        return q.shape(self.index, partials, q.finish_aggregates(partials, agg_names), output)
+        if step_ms is None and self.tier != "raw":
+            raise InputError(
+                f"{self.path.name} holds {self.tier} rollups, not raw samples: pass a step "
+                f"that is a multiple of {self.tier} (or step='all')"
+            )
+        if step_ms is not None:
+            self._check_step(step_ms)
+        agg_names = q.check_aggs(aggs) if step_ms is not None else ()
+        return answer(self, parse_selectors(selector), t0, t1, step_ms, agg_names, output)
+
+    # the SampleReader the shared query layer (metricvault.store.reading) reads through
+    raw_horizon_ms = 0  # a snapshot holds its whole range
+
+    def raw_samples(self, series_ids: list[int], start: int, end: int) -> pa.Table:
+        return self._read(series_ids, start, end)
+
+    def partials(self, series_ids: list[int], start: int, end: int, step: int) -> pa.Table:
+        self._check_step(step)
+        return self._aggregate(series_ids, start, end, step)
+
+    def _check_step(self, step: int) -> None:
+        res = TIER_MS.get(self.tier, 0)
+        if res and step != -1 and step % res:
+            raise InputError(
+                f"{self.path.name} holds {self.tier} rollups: the step must be a multiple "
+                f"of {self.tier}, got {step} ms"
+            )
 
     def history(self, experiment: Any, metrics: Sequence[str], **options: Any) -> Any:
         """A frame indexed by training step, one column per metric: each metric's samples
@@ -121,11 +155,6 @@ class SnapshotVault:
             lo, hi = (t0 // res * res, -(-t1 // res) * res) if res else (t0, t1)
             width, origin = hi - lo, lo
         else:
-            if res and step % res:
-                raise InputError(
-                    f"{self.path.name} holds {self.tier} rollups: the step must be a multiple "
-                    f"of {self.tier}, got {step} ms"
-                )
             width, origin = step, 0
             lo, hi = t0 // step * step, -(-t1 // step) * step
         if not ids:

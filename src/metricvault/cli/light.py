@@ -22,7 +22,6 @@ from metricvault.errors import ConfigError, MetricVaultError
 
 if TYPE_CHECKING:
     from metricvault.config import Settings
-    from metricvault.store.vault import Vault
 
 HOT_COMMANDS = ("query", "series", "stats")
 FULL_CLI_ENV = "_METRICVAULT_FULL_CLI"  # set when a hot command reruns through typer
@@ -47,12 +46,20 @@ def open_vault(
     config: Path | str | None,
     overrides: list[str] | None,
     create: bool = False,
-) -> Vault:
-    """Open the vault; commands that only read refuse to create an empty one by mistake."""
-    from metricvault.store.vault import Vault
+    need: str = "read",
+) -> Any:
+    """Open the vault for what the command ``need``s (a capability of
+    :mod:`metricvault.protocols`: a snapshot cannot be written, a gateway URL not read), so a
+    store that cannot do it is refused with a clear error before any work; commands that only
+    read refuse to create an empty one by mistake."""
+    return open_with(load_settings(data, config, overrides), need, create=create)
 
-    settings = load_settings(data, config, overrides)
-    return Vault.open(settings.data, settings, create=create)
+
+def open_with(settings: Settings, need: str = "read", create: bool = False) -> Any:
+    """:func:`open_vault` for commands that have loaded their settings already."""
+    from metricvault.open import open as open_store
+
+    return open_store(settings.data, settings, need=need, create=create)  # type: ignore[call-overload]
 
 
 def run_query(

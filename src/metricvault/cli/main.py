@@ -186,10 +186,10 @@ def maintain(
     """
     settings = load_settings(data, config, set_)
     interval = parse_duration_ms(settings.maintain_interval) / 1000
+    from metricvault.cli.light import open_with
     from metricvault.cli.progress import console_progress
-    from metricvault.store.vault import Vault
 
-    with Vault.open(settings.data, settings, create=False) as vault:
+    with open_with(settings, need="maintain") as vault:
         while True:
             started = time.monotonic()
             with console_progress() as progress:
@@ -351,7 +351,7 @@ def serve(
     warning = check_listener(settings, insecure_no_auth)
     if warning:
         err.print(f"[bold yellow]warning[/]: {warning}")
-    from metricvault.store.vault import Vault
+    from metricvault.open import open as open_store
 
     raise_open_file_limit()  # stalled clients must hit gateway_max_connections first
     host, _, port = settings.listen.rpartition(":")
@@ -359,7 +359,7 @@ def serve(
     scheme = "https" if settings.tls_cert else "http"
     where = redact(settings.data)
     if settings.gateway_workers > 1:
-        Vault.open(settings.data, settings).close()  # fail fast on a bad vault
+        open_store(settings.data, settings, need="serve").close()  # fail fast on a bad vault
         os.environ[SETTINGS_ENV] = json.dumps(dataclasses.asdict(settings))
         err.print(
             f"metricvault gateway on {scheme}://{host}:{port}, "
@@ -372,9 +372,9 @@ def serve(
             **options,
         )
         return
-    vault = Vault.open(settings.data, settings)
+    vault = open_store(settings.data, settings, need="serve")
     err.print(
-        f"metricvault gateway on {scheme}://{host}:{port} storing into {redact(vault.location.uri)}"
+        f"metricvault gateway on {scheme}://{host}:{port} storing into {redact(vault.uri)}"
     )
     # uvicorn re-raises SIGTERM after its graceful shutdown (drain, then the app's lifespan
     # flush); exit through the finally below instead of dying with status 143

@@ -16,15 +16,15 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from metricvault.archive.experiments import Experiment
-from metricvault.durations import TimeLike
 from metricvault.errors import (
     ConflictError,
     InputError,
     MetricVaultError,
     NotFoundError,
     StorageError,
+    UnsupportedError,
 )
+from metricvault.experiment import Experiment, RegistryBase
 
 TIMEOUT_S = 30.0
 _ERRORS: dict[int, type[MetricVaultError]] = {
@@ -35,7 +35,15 @@ _ERRORS: dict[int, type[MetricVaultError]] = {
 
 
 class GatewayVault:
-    """The part of the :class:`~metricvault.Vault` API a training run uses, over HTTP."""
+    """The part of the :class:`~metricvault.Vault` API a training run uses, over HTTP: writing
+    and the experiment registry. Reading goes to the vault behind the gateway."""
+
+    capabilities = frozenset({"write", "experiments"})
+    backend_name = "gateway"
+    unsupported_hint = (
+        "A gateway URL takes writes and experiments only: open the vault the gateway stores "
+        "into (its --data) to read or maintain it."
+    )
 
     def __init__(self, url: str, token: str | None = None) -> None:
         self.base = url.rstrip("/")
@@ -45,10 +53,26 @@ class GatewayVault:
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.experiments = RemoteExperiments(self)
 
+    @property
+    def uri(self) -> str:
+        return self.base
+
     def write(
-        self, samples: Sequence[tuple[str, Mapping[str, str], int, float]], kinds: Any = None
+        self,
+        samples: Sequence[tuple[str, Mapping[str, str], int, float]],
+        kinds: Any = None,
+        *,
+        admit_new_series: Any = None,
     ) -> int:
-        """Send samples with remote_write 1.0 (metric kinds follow the names at the gateway)."""
+        """Send samples with remote_write 1.0 (metric kinds follow the names at the gateway).
+        The gateway applies its own cardinality limit, so ``admit_new_series`` is refused."""
+        if admit_new_series is not None:
+            raise UnsupportedError(
+                "admit_new_series cannot be applied through a gateway: it enforces its own "
+                "limit (max_new_series_per_minute); write without it"
+            )
+        if not samples:
+            return 0
         from metricvault.collect.push import encode_write_request
 
         body = encode_write_request(samples)
@@ -79,6 +103,26 @@ class GatewayVault:
             raise StorageError(f"cannot reach the gateway at {self.base}: {exc}") from exc
         return json.loads(payload) if payload.strip().startswith((b"{", b"[")) else None
 
+    def set_metric_kinds(self, kinds: Mapping[str, str]) -> None:
+        """Kinds follow the metric names at the gateway (``_total``: counter); there is no
+        metadata channel through it, so a kind that differs from the name is refused."""
+        from metricvault.model import kind_from_name
+
+        odd = {m: k for m, k in kinds.items() if kind_from_name(m) != k}
+        if odd:
+            raise UnsupportedError(
+                f"a gateway takes metric kinds from the names only; {', '.join(sorted(odd))} "
+                "would need metadata: name counters *_total, or write to the vault directly"
+            )
+
+    def flush(self) -> int:
+        """Nothing to flush: every write was acknowledged by the gateway when it returned."""
+        return 0
+
+    def min_writable_ms(self) -> int:
+        """The gateway checks the horizon of the vault behind it and answers 400 with why."""
+        return 0
+
     def close(self) -> None:
         pass
 
@@ -89,16 +133,30 @@ class GatewayVault:
         self.close()
 
 
-class RemoteExperiments:
-    """The experiment registry behind a gateway (same methods as the vault's)."""
+class RemoteExperiments(RegistryBase):
+    """The experiment registry behind a gateway (same methods as the vault's). The gateway
+    validates and stores; its own messages (tenant-aware) are passed on as they are."""
 
     def __init__(self, gateway: GatewayVault) -> None:
         self.gateway = gateway
+        self.where = gateway.base
 
     def _json(self, method: str, path: str, fields: Mapping[str, Any] | None = None) -> Any:
         body = None if fields is None else json.dumps(fields, default=_jsonable).encode()
         headers = {"Content-Type": "application/json"} if body is not None else {}
         return self.gateway.request(method, "/api/v1/experiments" + path, body, headers)
+
+    def _load(self, experiment_id: str) -> Experiment | None:
+        try:
+            return self.get(experiment_id)
+        except NotFoundError:
+            return None
+
+    def _all(self) -> list[Experiment]:
+        return [Experiment.from_record(r) for r in self._json("GET", "")]
+
+    def _store(self, exp: Experiment, *, new: bool) -> bool:
+        raise NotImplementedError("the gateway stores records: create() and update() ask it")
 
     def create(self, experiment_id: str, selector: str, **fields: Any) -> Experiment:
         record = self._json("POST", "", {"id": experiment_id, "selector": selector, **fields})
@@ -107,24 +165,8 @@ class RemoteExperiments:
     def get(self, experiment_id: str) -> Experiment:
         return Experiment.from_record(self._json("GET", f"/{experiment_id}"))
 
-    def ids(self) -> list[str]:
-        return sorted(e.id for e in self.list())
-
-    def list(self) -> list[Experiment]:
-        return [Experiment.from_record(r) for r in self._json("GET", "")]
-
-    def __contains__(self, experiment_id: str) -> bool:
-        try:
-            self.get(experiment_id)
-        except NotFoundError:
-            return False
-        return True
-
     def update(self, experiment_id: str, **changes: Any) -> Experiment:
         return Experiment.from_record(self._json("PATCH", f"/{experiment_id}", changes))
-
-    def end(self, experiment_id: str, at: TimeLike = "now") -> Experiment:
-        return self.update(experiment_id, end=at)
 
 
 def _jsonable(value: Any) -> Any:

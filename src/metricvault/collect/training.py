@@ -59,8 +59,9 @@ from metricvault.errors import ArchiveError, ConflictError, InputError
 from metricvault.model import LABEL_NAME_RE, METRIC_NAME_RE
 
 if TYPE_CHECKING:
-    from metricvault.archive.experiments import Experiment, Experiments
-    from metricvault.collect.remote import GatewayVault, RemoteExperiments
+    from metricvault.collect.remote import GatewayVault
+    from metricvault.experiment import Experiment
+    from metricvault.protocols import ExperimentRegistry, TrackingStore
     from metricvault.store.vault import Vault
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ class Run:
 
     def __init__(
         self,
-        vault: Vault | GatewayVault,
+        vault: Vault | GatewayVault | TrackingStore,
         experiment: Experiment,
         labels: Mapping[str, str],
         *,
@@ -457,7 +458,7 @@ def track(
     seconds, for tokens/s) and ``wall_clock_ms`` (sample timestamps) replace the system clocks,
     e.g. in tests.
     """
-    from metricvault.archive.experiments import validate_id
+    from metricvault.experiment import validate_id
 
     validate_id(experiment_id)
     _check_options(gpus, flops_per_token, peak_flops, flush_interval_s, max_queue)
@@ -604,7 +605,8 @@ def _git_fields(enabled: bool) -> dict[str, str]:
 
 def _open_vault(
     data: str | os.PathLike[str] | Vault | None,
-) -> tuple[Vault | GatewayVault, bool]:
+) -> tuple[Vault | GatewayVault | TrackingStore, bool]:
+    from metricvault.open import open as open_store
     from metricvault.store.vault import Vault
 
     if isinstance(data, Vault):
@@ -613,11 +615,13 @@ def _open_vault(
         from metricvault.collect.remote import GatewayVault
 
         return GatewayVault(data), True
-    return Vault.open(None if data is None else os.fspath(data)), True
+    # a run writes samples and registers itself: a snapshot is refused here, clearly
+    path = None if data is None else os.fspath(data)
+    return open_store(path, need="write+experiments"), True
 
 
 def _register(
-    experiments: Experiments | RemoteExperiments,
+    experiments: ExperimentRegistry,
     experiment_id: str,
     record: dict[str, Any],
     reopen: bool,

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from metricvault.archive.experiments import EDITABLE, Experiment, unknown_message
 from metricvault.errors import InputError, NotFoundError
+from metricvault.experiment import EDITABLE, Experiment, unknown_message
 from metricvault.selector import Matcher, Selector, SelectorUnion, parse_selectors
 
 _TIME = "a time (ISO 8601 string, epoch milliseconds or a relative time like '-1h')"

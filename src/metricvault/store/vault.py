@@ -9,7 +9,8 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,31 +23,27 @@ from metricvault.durations import (
     TimeLike,
     day_of,
     ms_to_datetime,
-    now_ms,
     parse_duration_ms,
-    parse_time_ms,
 )
 from metricvault.errors import (
     BackpressureError,
     InputError,
     StorageError,
-    TimeRangeError,
-    ValueRangeError,
 )
-from metricvault.model import SAMPLE_SCHEMA
-from metricvault.selector import parse_selectors
 from metricvault.store import files as fmt
+from metricvault.store import layout
 from metricvault.store import query as q
 from metricvault.store.buffer import IngestBuffer
 from metricvault.store.catalog import Catalog, Change, DataFile, SeriesFile, Snapshot
 from metricvault.store.layout import Location, open_location
 from metricvault.store.normalize import normalize
 from metricvault.store.reader import FileCache, Reader, read_error
-from metricvault.store.rollup import empty_partials
+from metricvault.store.reading import check_horizon, run_query
 from metricvault.store.series_index import SeriesIndex
 
 if TYPE_CHECKING:
-    from metricvault.archive.experiments import Experiments
+    from metricvault.open import AnyStore
+    from metricvault.store.experiments import Experiments
     from metricvault.store.maintenance import ProgressCallback
 
 log = logging.getLogger("metricvault")
@@ -61,16 +58,18 @@ class Vault:
     ...             aggs=("mean", "max"))
     """
 
-    def __init__(self, location: Location, settings: Settings, buffer_name: str = "buffer") -> None:
+    def __init__(
+        self, location: Location, settings: Settings, buffer_name: str = layout.BUFFER_NAME
+    ) -> None:
         self.settings = settings
         self.location = location
         self.catalog = Catalog(location)
-        self.buffer = IngestBuffer(location.state_dir / f"{buffer_name}.sqlite")
+        self.buffer = IngestBuffer(layout.buffer_file(location.state_dir, buffer_name))
         self.index = SeriesIndex()
         self.reader = Reader(location, FileCache(settings.cache_bytes))
         self._commit_lock = threading.RLock()  # catalog commits (flush, maintenance)
         self._write_lock = threading.Lock()  # buffer appends and the series index
-        self._lock_file = open(location.state_dir / "vault.lock", "a+")  # noqa: SIM115
+        self._lock_file = open(location.state_dir / layout.VAULT_LOCK, "a+")  # noqa: SIM115
         self._lookback = parse_duration_ms(settings.counter_lookback)
         self._flusher: threading.Thread | None = None
         self._flush_wanted = threading.Event()
@@ -82,6 +81,9 @@ class Vault:
         self._pending_samples = self.buffer.depth()[0]
 
     # ------------------------------------------------------------------ opening
+    capabilities = frozenset({"read", "write", "maintain", "experiments", "sql", "serve"})
+    backend_name = "embedded vault"
+
     @classmethod
     def open(
         cls,
@@ -91,33 +93,57 @@ class Vault:
         create: bool = True,
         buffer_name: str = "buffer",
         **overrides: Any,
-    ) -> Vault:
-        """Open the vault at a directory or ``s3://bucket/prefix`` (``create``: make a new
+    ) -> AnyStore:
+        """Open the store at a directory or ``s3://bucket/prefix`` (``create``: make a new
         local vault if the directory does not exist; otherwise raise NotFoundError).
         ``buffer_name`` gives a writer process its own ingest buffer file (gateway workers);
         maintenance flushes every buffer file it finds, so none is ever left behind.
 
         ``influxdb://[user:pass@]host:port/db`` (or ``influxdbs://``) opens an InfluxDB 1.x
         database set up with ``metricvault influx setup``. A path ending in ``.parquet`` opens
-        an experiment snapshot (``metricvault archive
-        export``) read-only, with the same ``query``, ``series``, ``sql`` and ``stats``.
+        an experiment snapshot (``metricvault archive export``) read-only, with the same
+        ``query``, ``series``, ``sql`` and ``stats``; an ``http(s)://`` gateway URL a
+        write-only store. The result is typed as the backend it may be: use
+        :func:`metricvault.open` with ``need=`` to be given (and typed) what you need.
 
         Keyword overrides are settings (see ``metricvault config``), e.g.
         ``Vault.open("s3://b/p", s3_endpoint="http://127.0.0.1:9000")``.
         """
+        from metricvault.open import open_store
+
+        return open_store(uri, settings, create=create, buffer_name=buffer_name, **overrides)
+
+    @classmethod
+    def open_local(
+        cls,
+        uri: str | None = None,
+        settings: Settings | None = None,
+        *,
+        create: bool = True,
+        buffer_name: str = "buffer",
+        **overrides: Any,
+    ) -> Vault:
+        """The embedded vault at a directory or ``s3://bucket/prefix`` (no other backend)."""
         settings = (settings or Settings.load()).with_overrides(**overrides)
-        uri = uri or settings.data
-        from metricvault.store.backends import is_influx_uri
+        return cls(
+            open_location(uri or settings.data, settings, create=create), settings, buffer_name
+        )
 
-        if is_influx_uri(uri):  # InfluxDB 1.x: the same API, see docs/influxdb.md
-            from metricvault.store.backends.influxdb import InfluxVault
+    # ------------------------------------------------------------------ the store boundary
+    @property
+    def uri(self) -> str:
+        return self.location.uri
 
-            return cast(Vault, InfluxVault.open(uri, settings))
-        if uri.endswith(".parquet"):  # a frozen experiment snapshot: same query API, read-only
-            from metricvault.archive.opened import SnapshotVault
+    @property
+    def state_dir(self) -> Path:
+        return self.location.state_dir
 
-            return cast(Vault, SnapshotVault(uri, settings))
-        return cls(open_location(uri, settings, create=create), settings, buffer_name)
+    def buffered(self) -> tuple[int, int]:
+        """Samples and bytes in this process's ingest buffer, not yet in data files."""
+        return self.buffer.depth()
+
+    def series_count(self) -> int:
+        return len(self.index)
 
     def _upgrade_catalog(self) -> None:
         """Rewrite a format-1 catalog (absolute paths) with relative ones, once, on open."""
@@ -229,16 +255,14 @@ class Vault:
         self._check_horizon(samples)
 
     def _check_horizon(self, samples: pa.Table) -> None:
-        bound = self.min_writable_ms()
-        if bound and int(pc.min(samples["ts"]).as_py()) < bound:
-            oldest = int(pc.min(samples["ts"]).as_py())
-            raise ValueRangeError(
-                f"sample at {ms_to_datetime(oldest):%Y-%m-%d %H:%M:%S} UTC is older than "
-                f"{ms_to_datetime(bound):%Y-%m-%d %H:%M:%S} UTC: raw data before that was dropped "
-                f"by retention (retention_raw={self.settings.retention_raw}), so it can no "
-                "longer be deduplicated or rolled up exactly. Nothing was written; drop samples "
-                "that old, or raise retention_raw before they expire"
-            )
+        check_horizon(
+            samples,
+            self.min_writable_ms(),
+            f"raw data before that was dropped by retention (retention_raw="
+            f"{self.settings.retention_raw}), so it can no longer be deduplicated or rolled up "
+            "exactly. Nothing was written; drop samples that old, or raise retention_raw "
+            "before they expire",
+        )
 
     def _check_backpressure(self) -> None:
         _, size = self.buffer.depth() if self._pending_samples else (0, 0)
@@ -309,7 +333,7 @@ class Vault:
         Safe while they run: flushes of one buffer are serialised by the writer lock and
         exactly-once by its watermark, whichever process does them."""
         total = 0
-        for path in sorted(self.location.state_dir.glob("*.sqlite")):
+        for path in layout.buffer_files(self.location.state_dir):
             if path == self.buffer.path:
                 continue
             other = Vault(self.location, self.settings, path.stem)
@@ -389,7 +413,7 @@ class Vault:
     @property
     def experiments(self) -> Experiments:
         """The experiment registry: ``vault.experiments.create("r3", '{job="r3"}')``."""
-        from metricvault.archive.experiments import Experiments
+        from metricvault.store.experiments import Experiments
 
         return Experiments(self.location)
 
@@ -425,27 +449,11 @@ class Vault:
         ``"all"`` for one bucket over the whole range. ``start``/``end`` take datetimes, ISO
         strings, epoch ms, ``"now"`` and relative forms like ``"-30d"``.
         """
-        sel = parse_selectors(selector)
-        now = now_ms()
-        t0, t1 = parse_time_ms(start, now=now), parse_time_ms(end, now=now)
-        if t1 <= t0:
-            raise TimeRangeError(f"start {start!r} is not before end {end!r}")
-        step_ms = q.parse_step(step)
-        agg_names = q.check_aggs(aggs) if step_ms is not None else ()
+        return run_query(selector, start, end, step, aggs, output, self._query_reader)
+
+    def _query_reader(self, _selector: Any) -> q.ContextReader:
         self.flush_for_read()
-        ctx = self._context()
-        series_ids = self.index.match(sel)
-        if step_ms is None:
-            samples = (
-                q.raw_samples(ctx, series_ids, t0, t1)
-                if series_ids
-                else SAMPLE_SCHEMA.empty_table()
-            )
-            return q.shape(self.index, samples, {"value": samples["value"]}, output)
-        partials = (
-            q.aggregate(ctx, series_ids, t0, t1, step_ms)[0] if series_ids else empty_partials()
-        )
-        return q.shape(self.index, partials, q.finish_aggregates(partials, agg_names), output)
+        return q.ContextReader(self._context())
 
     def history(self, experiment: Any, metrics: Sequence[str], **options: Any) -> Any:
         """A frame indexed by training step, one column per metric: each metric's samples
@@ -528,11 +536,11 @@ class Vault:
 
 def _owner_gone(buffer_name: str) -> bool:
     """A worker buffer ``buffer-worker-<pid>`` whose process no longer exists."""
-    prefix = "buffer-worker-"
-    if not buffer_name.startswith(prefix) or not buffer_name[len(prefix) :].isdigit():
+    pid = layout.worker_pid(buffer_name)
+    if pid is None:
         return False
     try:
-        os.kill(int(buffer_name[len(prefix) :]), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:

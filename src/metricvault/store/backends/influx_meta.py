@@ -20,17 +20,9 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from metricvault.archive.experiments import (
-    Experiment,
-    apply_changes,
-    make_experiment,
-    unknown_message,
-    validate_id,
-)
-from metricvault.durations import TimeLike
-from metricvault.errors import ConflictError, InputError, NotFoundError
+from metricvault.errors import InputError
+from metricvault.experiment import Experiment, RegistryBase
 from metricvault.store.backends.influx_client import InfluxClient, ident, literal
 from metricvault.store.backends.influx_lines import escape_tag, string_field
 
@@ -41,9 +33,9 @@ MAX_STRING_BYTES = 64 * 1024  # InfluxDB 1.x's limit for a string field value
 MINUTE_MS = 60_000
 
 
-class InfluxExperiments:
+class InfluxExperiments(RegistryBase):
     """The experiment registry of an InfluxDB-backed vault; the same methods, checks and
-    errors as :class:`metricvault.archive.experiments.Experiments`.
+    errors as every registry (:class:`metricvault.experiment.RegistryBase`).
 
     InfluxDB has no conditional write, so two processes creating the same id at the same
     moment can both succeed (the later record wins); a single process gets ConflictError."""
@@ -51,43 +43,19 @@ class InfluxExperiments:
     def __init__(self, client: InfluxClient, rp: str) -> None:
         self.client = client
         self.rp = rp
+        self.where = client.target.uri
 
-    def create(self, experiment_id: str, selector: str, **fields: Any) -> Experiment:
-        """Register a new experiment (see :func:`make_experiment` for the fields)."""
-        exp = make_experiment(experiment_id, selector, **fields)
-        if exp.id in self:
-            raise ConflictError(
-                f"experiment {exp.id!r} already exists: choose another id, or change it with "
-                f"`metricvault experiment update {exp.id} ...`"
-            )
+    def _load(self, experiment_id: str) -> Experiment | None:
+        return self._records(experiment_id).get(experiment_id)
+
+    def _all(self) -> list[Experiment]:
+        return list(self._records().values())
+
+    def _store(self, exp: Experiment, *, new: bool) -> bool:
+        if new and exp.id in self:
+            return False
         self._put(exp)
-        return exp
-
-    def get(self, experiment_id: str) -> Experiment:
-        record = self._records(validate_id(experiment_id)).get(experiment_id)
-        if record is None:
-            raise NotFoundError(self._unknown(experiment_id))
-        return record
-
-    def __contains__(self, experiment_id: str) -> bool:
-        return validate_id(experiment_id) in self._records(experiment_id)
-
-    def ids(self) -> list[str]:
-        return sorted(self._records())
-
-    def list(self) -> list[Experiment]:
-        """Every experiment, by start time."""
-        return sorted(self._records().values(), key=lambda e: (e.start_ms, e.id))
-
-    def update(self, experiment_id: str, **changes: Any) -> Experiment:
-        """Change fields of an experiment (the id never changes). Times take the usual forms."""
-        updated = apply_changes(self.get(experiment_id), changes)
-        self._put(updated)
-        return updated
-
-    def end(self, experiment_id: str, at: TimeLike = "now") -> Experiment:
-        """Mark an experiment finished at ``at`` (default: now)."""
-        return self.update(experiment_id, end=at)
+        return True
 
     # ------------------------------------------------------------------ storage
     def _put(self, exp: Experiment) -> None:
@@ -112,9 +80,6 @@ class InfluxExperiments:
                 exp = Experiment.from_record(json.loads(record))
                 found[exp.id] = exp
         return found
-
-    def _unknown(self, experiment_id: str) -> str:
-        return unknown_message(experiment_id, self.ids(), self.client.target.uri)
 
 
 # --------------------------------------------------------------------------- metric kinds

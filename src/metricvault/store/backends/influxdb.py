@@ -19,34 +19,27 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from metricvault.config import Settings
 from metricvault.durations import (
     HOUR_MS,
     TimeLike,
     format_duration_ms,
-    ms_to_datetime,
     now_ms,
     parse_duration_ms,
-    parse_time_ms,
 )
 from metricvault.errors import (
     LabelError,
     NotFoundError,
-    TimeRangeError,
     UnsupportedError,
-    ValueRangeError,
 )
-from metricvault.model import SAMPLE_SCHEMA, kind_from_name
+from metricvault.model import kind_from_name
 from metricvault.selector import SelectorUnion, parse_selectors
-from metricvault.store import query as q
 from metricvault.store import rollup
 from metricvault.store.backends import influx_meta as meta
 from metricvault.store.backends.influx_client import InfluxClient, ident, parse_uri
@@ -67,6 +60,7 @@ from metricvault.store.backends.influx_setup import (
     show_policies,
 )
 from metricvault.store.normalize import normalize
+from metricvault.store.reading import check_horizon, run_query
 from metricvault.store.series_index import SeriesIndex
 
 log = logging.getLogger("metricvault")
@@ -83,40 +77,22 @@ SQL_UNSUPPORTED = (
 )
 
 
-@dataclass
-class InfluxLocation:
-    """What the gateway reads from ``vault.location``: a printable URI and a local directory
-    for its lock files (created on first use)."""
-
-    uri: str
-    base: Path
-
-    @property
-    def state_dir(self) -> Path:
-        self.base.mkdir(parents=True, exist_ok=True)
-        return self.base.resolve()
-
-
-class _NoBuffer:
-    """Writes go straight to InfluxDB, so there is never anything buffered."""
-
-    def depth(self) -> tuple[int, int]:
-        return 0, 0
-
-
 class InfluxVault:
     """A vault on an InfluxDB 1.x database. Open with :meth:`open` (or ``Vault.open``)."""
 
     backend = "influxdb"
+    backend_name = "InfluxDB database"
+    # no "sql": InfluxDB has InfluxQL, not DuckDB views over files
+    capabilities = frozenset({"read", "write", "maintain", "experiments", "serve"})
+    unsupported_hint = "Use query() (or InfluxQL directly against the database)."
 
     def __init__(self, client: InfluxClient, settings: Settings, pol: Policies) -> None:
         self.client = client
         self.settings = settings
         self.policies = pol
         self.index = SeriesIndex()
-        self.buffer = _NoBuffer()
         self.last_flush_error: str | None = None
-        self.location = InfluxLocation(client.target.uri, _state_dir(settings, client))
+        self._state_dir = _state_dir(settings, client)
         self._lookback = parse_duration_ms(settings.counter_lookback)
         self._prefixes: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -152,6 +128,24 @@ class InfluxVault:
         if not self._closed:
             self._closed = True
             self.client.close()
+
+    # ------------------------------------------------------------------ the store boundary
+    @property
+    def uri(self) -> str:
+        return self.client.target.uri
+
+    @property
+    def state_dir(self) -> Path:
+        """Local lock files of a gateway serving this database (created on first use)."""
+        self._state_dir.mkdir(parents=True, exist_ok=True)
+        return self._state_dir.resolve()
+
+    def buffered(self) -> tuple[int, int]:
+        """Writes go straight to InfluxDB, so nothing is ever buffered."""
+        return 0, 0
+
+    def series_count(self) -> int:
+        return len(self.index)
 
     # ------------------------------------------------------------------ writing
     def write(
@@ -214,17 +208,14 @@ class InfluxVault:
         return 0
 
     def _check_horizon(self, samples: pa.Table) -> None:
-        bound = self.min_writable_ms()
-        oldest = int(pc.min(samples["ts"]).as_py())
-        if bound and oldest < bound:
-            raise ValueRangeError(
-                f"sample at {ms_to_datetime(oldest):%Y-%m-%d %H:%M:%S} UTC is older than "
-                f"{ms_to_datetime(bound):%Y-%m-%d %H:%M:%S} UTC: InfluxDB drops points older "
-                f"than the raw retention policy {self.policies.raw} "
-                f"({format_duration_ms(self.policies.raw_ms or 0)}, less a 5-minute margin). "
-                "Nothing was written; drop samples that old, or raise retention_raw and run "
-                "`metricvault influx setup` again"
-            )
+        check_horizon(
+            samples,
+            self.min_writable_ms(),
+            f"InfluxDB drops points older than the raw retention policy {self.policies.raw} "
+            f"({format_duration_ms(self.policies.raw_ms or 0)}, less a 5-minute margin). "
+            "Nothing was written; drop samples that old, or raise retention_raw and run "
+            "`metricvault influx setup` again",
+        )
 
     def _prefix_column(self, series: list[tuple[int, str, str, str]], sids: Any) -> pa.Array:
         """Each sample's line prefix ``metric,tags value=``; LabelError (before anything is
@@ -290,21 +281,11 @@ class InfluxVault:
         """Samples or per-step aggregates for the series matching a PromQL selector, in the
         same long shape as ``Vault.query`` (see there). Steps of whole minutes read the
         1-minute rollups where they are complete, everything else raw samples."""
-        sel = parse_selectors(selector)
-        now = now_ms()
-        t0, t1 = parse_time_ms(start, now=now), parse_time_ms(end, now=now)
-        if t1 <= t0:
-            raise TimeRangeError(f"start {start!r} is not before end {end!r}")
-        step_ms = q.parse_step(step)
-        agg_names = q.check_aggs(aggs) if step_ms is not None else ()
-        self.refresh(sel)
-        ids = self.index.match(sel)
-        reader = self._reader()
-        if step_ms is None:
-            samples = reader.raw_samples(ids, t0, t1) if ids else SAMPLE_SCHEMA.empty_table()
-            return q.shape(self.index, samples, {"value": samples["value"]}, output)
-        partials = reader.partials(ids, t0, t1, step_ms) if ids else rollup.empty_partials()
-        return q.shape(self.index, partials, q.finish_aggregates(partials, agg_names), output)
+        return run_query(selector, start, end, step, aggs, output, self._query_reader)
+
+    def _query_reader(self, selector: SelectorUnion) -> InfluxReader:
+        self.refresh(selector)
+        return self._reader()
 
     def history(self, experiment: Any, metrics: Sequence[str], **options: Any) -> Any:
         """A frame indexed by training step, one column per metric: each metric's samples
