@@ -1,0 +1,72 @@
+"""The query layer, written once over :class:`~metricvault.store.backend.SampleReader`: every
+backend (embedded, InfluxDB, an opened snapshot) answers ``query()`` through :func:`answer`,
+and refuses writes older than its horizon through :func:`check_horizon`, so the long shape,
+the empty answers and the messages are the same on all of them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from metricvault.durations import TimeLike, ms_to_datetime, now_ms, parse_time_ms
+from metricvault.errors import TimeRangeError, ValueRangeError
+from metricvault.model import SAMPLE_SCHEMA
+from metricvault.selector import SelectorUnion, parse_selectors
+from metricvault.store import query as q
+from metricvault.store.backend import SampleReader
+from metricvault.store.rollup import empty_partials
+
+
+def run_query(
+    selector: str,
+    start: TimeLike,
+    end: TimeLike,
+    step: str | int | None,
+    aggs: Sequence[str],
+    output: str,
+    reader_for: Callable[[SelectorUnion], SampleReader],
+) -> Any:
+    """Parse and check the arguments of ``query()`` (before any I/O), then ask the reader
+    that ``reader_for(selector)`` gives (it may refresh the series it knows first)."""
+    sel = parse_selectors(selector)
+    now = now_ms()
+    t0, t1 = parse_time_ms(start, now=now), parse_time_ms(end, now=now)
+    if t1 <= t0:
+        raise TimeRangeError(f"start {start!r} is not before end {end!r}")
+    step_ms = q.parse_step(step)
+    agg_names = q.check_aggs(aggs) if step_ms is not None else ()
+    return answer(reader_for(sel), sel, t0, t1, step_ms, agg_names, output)
+
+
+def answer(
+    reader: SampleReader,
+    sel: SelectorUnion,
+    t0: int,
+    t1: int,
+    step_ms: int | None,
+    agg_names: Sequence[str],
+    output: str,
+) -> Any:
+    """Raw samples in ``[t0, t1)`` (``step_ms`` None) or per-step aggregates, long shape."""
+    ids = reader.index.match(sel)
+    if step_ms is None:
+        samples = reader.raw_samples(ids, t0, t1) if ids else SAMPLE_SCHEMA.empty_table()
+        return q.shape(reader.index, samples, {"value": samples["value"]}, output)
+    partials = reader.partials(ids, t0, t1, step_ms) if ids else empty_partials()
+    return q.shape(reader.index, partials, q.finish_aggregates(partials, agg_names), output)
+
+
+def check_horizon(samples: pa.Table, bound: int, why: str) -> None:
+    """ValueRangeError if a sample is older than ``bound`` (0: no bound); ``why`` says what
+    dropped the data there and how to keep such samples."""
+    if not bound or samples.num_rows == 0:
+        return
+    oldest = int(pc.min(samples["ts"]).as_py())
+    if oldest < bound:
+        raise ValueRangeError(
+            f"sample at {ms_to_datetime(oldest):%Y-%m-%d %H:%M:%S} UTC is older than "
+            f"{ms_to_datetime(bound):%Y-%m-%d %H:%M:%S} UTC: {why}"
+        )

@@ -1,0 +1,129 @@
+"""Issue 12: the shared behaviour suite of the store boundary (metricvault.protocols).
+
+Every backend that can read answers the same query the same way; every backend that cannot
+do something says so with UnsupportedError (or ReadOnlyError) naming what it is and what to
+do instead, before any work. The InfluxDB parametrisation needs a real influxd and lives in
+tests/e2e; the embedded vault on S3 is covered by the S3 tests.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import metricvault
+from metricvault.archive.snapshot import export_snapshot
+from metricvault.errors import MetricVaultError, ReadOnlyError, UnsupportedError
+from metricvault.open import open_store
+from metricvault.protocols import has
+
+T0 = 1_700_000_000_000  # a whole hour
+SAMPLES = [
+    ("gpu_util", {"host": f"n{h}"}, T0 + i * 10_000, float(i + h))
+    for h in (1, 2)
+    for i in range(360)
+]
+SELECTOR = '{job="r1"} or gpu_util'
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """The embedded vault and a raw snapshot exported from it, both opened by URI."""
+    base = tmp_path_factory.mktemp("contract")
+    with metricvault.open(str(base / "v"), need="read+write") as vault:
+        vault.write(SAMPLES)
+    embedded = open_store(str(base / "v"))
+    embedded.experiments.create("r1", "gpu_util", start=T0, end=T0 + 3_600_000)
+    info = export_snapshot(embedded, "r1", base / "snap")
+    snapshot = open_store(str(info.path))
+    yield {"embedded": embedded, "snapshot": snapshot}
+    embedded.close()
+    snapshot.close()
+
+
+@pytest.mark.parametrize("step", [None, "1m", "all"])
+@pytest.mark.parametrize("backend", ["snapshot"])
+def test_issue12_every_reader_answers_a_query_alike(stores, backend, step):
+    want = stores["embedded"].query("gpu_util", T0, T0 + 3_600_000, step=step, output="arrow")
+    got = stores[backend].query("gpu_util", T0, T0 + 3_600_000, step=step, output="arrow")
+    assert want.num_rows == 720 if step is None else want.num_rows > 0
+    assert got.to_pylist() == want.to_pylist()
+
+
+@pytest.mark.parametrize("backend", ["embedded", "snapshot"])
+def test_issue12_every_reader_lists_the_same_series(stores, backend):
+    table = stores[backend].series("gpu_util", output="arrow")
+    assert table.num_rows == 2 and set(table["metric"].to_pylist()) == {"gpu_util"}
+
+
+def test_issue12_capabilities_say_what_each_backend_does(stores):
+    assert has(stores["embedded"], "serve") and has(stores["embedded"], "sql")
+    assert has(stores["snapshot"], "read") and not has(stores["snapshot"], "write")
+    gateway = open_store("http://127.0.0.1:9/")
+    assert has(gateway, "write") and not has(gateway, "read")
+
+
+@pytest.mark.parametrize(
+    ("need", "what"),
+    [
+        ("serve", "serving a gateway"),
+        ("write", "writing samples"),
+        ("experiments", "the experiment registry"),
+        ("maintain", "maintenance"),
+    ],
+)
+def test_issue12_a_snapshot_refuses_what_it_cannot_do(stores, need, what):
+    path = str(stores["snapshot"].path)
+    with pytest.raises(UnsupportedError) as caught:
+        metricvault.open(path, need=need)  # type: ignore[call-overload]
+    message = str(caught.value)
+    assert f"{path} is an experiment snapshot, which cannot do {what}" in message
+    assert "supports read, sql" in message and "vault directory" in message
+
+
+def test_issue12_a_snapshot_says_it_has_no_registry_and_cannot_be_written(stores):
+    with pytest.raises(UnsupportedError, match="cannot do the experiment registry"):
+        stores["snapshot"].experiments.list()
+    with pytest.raises(ReadOnlyError, match="frozen"):
+        stores["snapshot"].write(SAMPLES)
+
+
+def test_issue12_a_gateway_url_refuses_reading_before_any_request():
+    with pytest.raises(
+        UnsupportedError, match=r"http://127\.0\.0\.1:9 is a gateway, which cannot do reading"
+    ):
+        metricvault.open("http://127.0.0.1:9/")
+
+
+def test_issue12_the_embedded_store_says_what_sql_lacks_on_no_backend(stores):
+    """Every capability the embedded vault claims is one it answers (no UnsupportedError)."""
+    vault = stores["embedded"]
+    assert vault.sql("SELECT count(*) AS n FROM series", output="arrow")["n"].to_pylist() == [2]
+    assert vault.experiments.ids() == ["r1"]
+    assert isinstance(vault.maintain(), dict)
+
+
+def test_issue12_metricvault_open_is_the_function_after_importing_its_module():
+    import metricvault.open as _module  # noqa: F401  (binds the submodule on first import)
+
+    assert callable(metricvault.open) and metricvault.open.__name__ == "open"
+
+
+@pytest.mark.parametrize("args", [["experiment", "list"], ["serve"]])
+def test_issue12_cli_on_a_snapshot_is_a_clear_error_not_a_traceback(stores, args):
+    path = str(stores["snapshot"].path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "metricvault.cli", *args, "--data", path],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr and "AttributeError" not in proc.stderr
+    assert "experiment snapshot, which cannot do" in " ".join(proc.stderr.split()), proc.stderr
+
+
+def test_issue12_errors_of_the_boundary_are_metricvault_errors():
+    assert issubclass(UnsupportedError, MetricVaultError)
