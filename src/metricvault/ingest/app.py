@@ -55,6 +55,7 @@ from metricvault.ingest.protocols.remote_write import decode_remote_write
 from metricvault.redact import redact_logs
 from metricvault.redact import remember as remember_secrets
 from metricvault.store.buffer import quarantined_batches
+from metricvault.store.layout import MAINTAIN_LOCK, worker_buffer_name
 from metricvault.store.vault import Vault
 from metricvault.wire.remote_write import SERVER_TIME_HEADER  # defined once: issue 12
 
@@ -342,7 +343,7 @@ class Gateway:
     async def maintainer(self) -> None:
         """Maintenance in one worker at a time (the first to take ``maintain.lock``)."""
         interval = parse_duration_ms(self.settings.maintain_interval) / 1000
-        path = self.vault.location.state_dir / "maintain.lock"
+        path = self.vault.location.state_dir / MAINTAIN_LOCK
         with open(path, "a+") as lock_file:
             while True:
                 await asyncio.sleep(interval)
@@ -395,7 +396,7 @@ def app_from_environment() -> Starlette:
     settings = Settings.load(env={}, **json.loads(os.environ[SETTINGS_ENV]))
     # each worker appends to its own buffer file, so workers never wait on each other's
     # SQLite write lock; maintenance (and every worker's start) flushes all of them
-    vault = Vault.open(settings.data, settings, buffer_name=f"buffer-worker-{os.getpid()}")
+    vault = Vault.open(settings.data, settings, buffer_name=worker_buffer_name(os.getpid()))
     vault.flush_other_buffers()
     # the workers' self-metrics go to files shared by this serve run (prometheus-client's
     # multiprocess mode), so /metrics counts every worker whichever one answers

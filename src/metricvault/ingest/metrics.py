@@ -24,13 +24,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from metricvault.store.layout import GATEWAY_METRICS_DIR, WORKERS_LOCK
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-RUNS_DIR = "gateway-metrics"  # under the vault's local state directory, or in /dev/shm
+RUNS_DIR = GATEWAY_METRICS_DIR  # under the vault's local state directory, or in /dev/shm
 SHARED_MEMORY = Path("/dev/shm")
-LOCK_NAME = "workers.lock"  # each worker of a run holds a shared flock on it while it runs
+LOCK_NAME = WORKERS_LOCK  # each worker of a run holds a shared flock on it while it runs
 
 
 class GatewayMetrics:

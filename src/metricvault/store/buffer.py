@@ -25,9 +25,9 @@ from metricvault.errors import CorruptBatch as CorruptBatch  # moved: issue 12
 from metricvault.errors import DiskFullError, StorageError
 from metricvault.fsutil import write_atomically
 from metricvault.model import SAMPLE_SCHEMA, SERIES_SCHEMA
+from metricvault.store.layout import QUARANTINE_DIR as QUARANTINE_DIR  # moved: issue 12
 
 log = logging.getLogger("metricvault")
-QUARANTINE_DIR = "quarantine"  # beside the buffer files, in the vault's state directory
 _FULL_BELOW_BYTES = 64 * 1024  # less free than a WAL file's first frames need
 DISK_FULL_RETRY_S = 30  # freeing disk space takes a person or a cleanup job, not a moment
 

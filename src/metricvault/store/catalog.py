@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from metricvault.errors import StorageError
-from metricvault.store.layout import Location
+from metricvault.store.layout import CATALOG_DIR, Location
 
 FORMAT = 2
 LEGACY_FORMAT = 1  # absolute paths, no vault id, no replacement times
@@ -185,14 +185,14 @@ class Catalog:
 
     def _versions(self) -> list[int]:
         found = []
-        for info in self.loc.list_files("catalog"):
+        for info in self.loc.list_files(CATALOG_DIR):
             m = _VERSION_RE.search(info.path)
             if m:
                 found.append(int(m.group(1)))
         return sorted(found)
 
     def _path(self, version: int) -> str:
-        return self.loc.path("catalog", f"v{version:012d}.json")
+        return self.loc.path(CATALOG_DIR, f"v{version:012d}.json")
 
     def _load(self, version: int) -> Snapshot | None:
         """The snapshot of ``version``, or None (warned once) when its file is damaged."""

@@ -33,7 +33,7 @@ from metricvault.errors import MetricVaultError
 from metricvault.model import SERIES_SCHEMA
 from metricvault.store import files as fmt
 from metricvault.store.catalog import Catalog, Change, DataFile, SeriesFile, Snapshot
-from metricvault.store.layout import Location
+from metricvault.store.layout import CATALOG_DIR, VAULT_LOCK, Location, buffer_files
 
 _SHOWN_IDS = 20  # lost series ids printed in full; the rest are counted
 
@@ -253,7 +253,7 @@ def _rows_elsewhere(
     for snapshot in _history(location):
         older += [s.path for s in snapshot.series_files if s.path not in broken]
     rows = _series_rows(location, sorted(set(older) - {s.path for s in snap.series_files}))
-    for buffer in sorted(location.state_dir.glob("*.sqlite")):
+    for buffer in buffer_files(location.state_dir):
         for row in _buffer_series(buffer):
             rows.setdefault(row[0], row)
     return rows
@@ -282,7 +282,7 @@ def _ids_in(location: Location, files: list[DataFile]) -> set[int]:
 # ------------------------------------------------------------------ helpers
 def _history(location: Location) -> Iterator[Snapshot]:
     """Every catalog snapshot still on disk (unreadable ones are skipped: this is salvage)."""
-    for info in location.list_files("catalog"):
+    for info in location.list_files(CATALOG_DIR):
         if info.path.endswith(".json"):
             try:
                 yield Snapshot.from_json(location.read_bytes(info.path), location)
@@ -293,7 +293,7 @@ def _history(location: Location) -> Iterator[Snapshot]:
 @contextlib.contextmanager
 def _writer_lock(location: Location) -> Iterator[None]:
     """The lock every catalog commit takes (see Vault.writer_lock), across processes."""
-    with open(location.state_dir / "vault.lock", "a+") as handle:
+    with open(location.state_dir / VAULT_LOCK, "a+") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

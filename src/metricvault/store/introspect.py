@@ -14,6 +14,7 @@ from metricvault.selector import parse_selectors
 from metricvault.store import files as fmt
 from metricvault.store import query as q
 from metricvault.store.buffer import quarantined_batches
+from metricvault.store.layout import BUFFER_SUFFIX, CATALOG_DIR, DATA_DIR, SERIES_DIR
 from metricvault.store.rollup import ROLLUP_SCHEMA, fetch_arrow
 
 if TYPE_CHECKING:
@@ -56,10 +57,12 @@ def stats(vault: Vault, now: int | None = None) -> dict[str, Any]:
     pending_samples, pending_bytes = vault.buffer.depth()
     disk = sum(
         i.size
-        for prefix in ("data", "series", "catalog")
+        for prefix in (DATA_DIR, SERIES_DIR, CATALOG_DIR)
         for i in vault.location.list_files(prefix)
     )
-    buffer_files = sum(p.stat().st_size for p in vault.location.state_dir.glob("*.sqlite*"))
+    buffer_files = sum(  # SQLite's -wal and -shm files too
+        p.stat().st_size for p in vault.location.state_dir.glob(f"*{BUFFER_SUFFIX}*")
+    )
     watermark = snap.rollup_watermark_ms()
     return {
         "uri": vault.location.uri,

@@ -5,9 +5,17 @@
     <root>/data/<tier>/day=YYYY-MM-DD/part-<id>-<owner>-<uuid>.parquet
     <root>/experiments/<id>.json               the experiment registry (one file each)
     <state>/buffer.sqlite                      the durable ingest buffer (always local disk)
+    <state>/buffer-worker-<pid>.sqlite         the buffer of one gateway worker process
+    <state>/quarantine/                        corrupt buffer batches, kept for inspection
     <state>/vault.lock                         serialises catalog commits between processes
+    <state>/maintain.lock                      one gateway worker at a time runs maintenance
+    <state>/gateway-metrics/<run>/             gateway workers' prometheus-client files
+                                               (with workers.lock; or under /dev/shm)
 
 A local vault keeps ``<state>`` inside ``<root>``; an ``s3://`` vault keeps it in ``state_dir``.
+Every name above is defined once, below, and used from here by the store, the gateway and
+maintenance (issue 12). The agent's own state (spool, counters) is not a vault's: its names stay
+in ``metricvault.collect``, which must not import the store.
 
 The catalog names files relative to ``<root>`` (so a vault still works after ``mv``, ``cp -a``,
 ``rsync``, a new mount point or a copy to another S3 prefix); ``<owner>`` is the first 16 hex
@@ -34,6 +42,20 @@ from metricvault.errors import ConfigError, NotFoundError, StorageError
 from metricvault.fsutil import durable_tmp, durable_tmp_at, fsync_directory, write_atomically
 
 OWNER_CHARS = 16
+
+CATALOG_DIR = "catalog"
+SERIES_DIR = "series"
+DATA_DIR = "data"
+EXPERIMENTS_DIR = "experiments"
+STATE_DIR = "state"
+BUFFER_NAME = "buffer"
+BUFFER_SUFFIX = ".sqlite"
+WORKER_BUFFER_PREFIX = "buffer-worker-"
+QUARANTINE_DIR = "quarantine"
+VAULT_LOCK = "vault.lock"
+MAINTAIN_LOCK = "maintain.lock"
+GATEWAY_METRICS_DIR = "gateway-metrics"
+WORKERS_LOCK = "workers.lock"
 # a catalog path of any vault, old or new: what follows the root, whatever the root was
 _VAULT_TAIL_RE = re.compile(r"(?:^|/)((?:data/[^/]+/day=[^/]+|series)/[^/]+\.parquet)$")
 
@@ -154,10 +176,34 @@ class Location:
             self.fs.delete_file(path)
 
     def new_data_path(self, tier: str, day: str, file_id: int, owner: str = "") -> str:
-        return self.path("data", tier, f"day={day}", _file_name(file_id, owner))
+        return self.path(DATA_DIR, tier, f"day={day}", _file_name(file_id, owner))
 
     def new_series_path(self, file_id: int, owner: str = "") -> str:
-        return self.path("series", _file_name(file_id, owner))
+        return self.path(SERIES_DIR, _file_name(file_id, owner))
+
+
+def buffer_file(state_dir: Path, name: str = BUFFER_NAME) -> Path:
+    """The ingest buffer called ``name`` (``buffer``, or a worker's) in a state directory."""
+    return state_dir / f"{name}{BUFFER_SUFFIX}"
+
+
+def buffer_files(state_dir: Path) -> list[Path]:
+    """Every ingest buffer of a state directory (SQLite's -wal/-shm files left out)."""
+    return sorted(state_dir.glob(f"*{BUFFER_SUFFIX}"))
+
+
+def worker_buffer_name(pid: int) -> str:
+    """A gateway worker's own buffer: one writer per SQLite file, named so that a later
+    process can tell whether its writer is still alive (:func:`worker_pid`)."""
+    return f"{WORKER_BUFFER_PREFIX}{pid}"
+
+
+def worker_pid(buffer_name: str) -> int | None:
+    """The pid in a worker buffer's name, or None for any other buffer."""
+    digits = buffer_name.removeprefix(WORKER_BUFFER_PREFIX)
+    if digits == buffer_name or not digits.isdigit():
+        return None
+    return int(digits)
 
 
 def _file_name(file_id: int, owner: str) -> str:
@@ -196,7 +242,7 @@ def open_location(uri: str, settings: Settings, create: bool = True) -> Location
                 "to it (metricvault import, metricvault demo, Vault.open(path))"
             )
         root.mkdir(parents=True)
-    state = root / "state"
+    state = root / STATE_DIR
     state.mkdir(exist_ok=True)
     return Location(str(root), pafs.LocalFileSystem(), str(root), state, remote=False)
 

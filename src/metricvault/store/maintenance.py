@@ -23,7 +23,7 @@ from metricvault.selector import parse_selector
 from metricvault.store import files as fmt
 from metricvault.store import rollup
 from metricvault.store.catalog import Change, DataFile
-from metricvault.store.layout import written_by
+from metricvault.store.layout import DATA_DIR, SERIES_DIR, written_by
 from metricvault.store.reader import float_columns
 
 if TYPE_CHECKING:
@@ -318,7 +318,7 @@ def expire(vault: Vault, now: int) -> dict[str, int]:
         in_use = set().union(*(s.paths() for s in [current, *kept]))
         on_disk = {
             i.path: i
-            for i in [*vault.location.list_files("data"), *vault.location.list_files("series")]
+            for i in [*vault.location.list_files(DATA_DIR), *vault.location.list_files(SERIES_DIR)]
             if i.path.endswith(".parquet")
         }
         wall = now_ms()
