@@ -26,7 +26,7 @@ from metricvault.errors import (
     TooLargeError,
     UnsupportedError,
 )
-from metricvault.ingest.protocols import remote_write
+from metricvault.ingest.protocols import remote_write_checks, remote_write_columns
 from metricvault.ingest.protocols.remote_write import (
     DecodedWrite,
     MetricMetadata,
@@ -249,10 +249,10 @@ def test_golden_stale_markers_are_dropped_not_stored() -> None:
 def test_label_cache_eviction_and_threads_change_no_result(monkeypatch: Any) -> None:
     bodies = [(GOLDEN / name).read_bytes() for name in golden_files()]
     expected = [decode_v1(body).table for body in bodies]
-    monkeypatch.setattr(remote_write, "_CACHE_MAX", 64)  # evict constantly, from cold
-    monkeypatch.setattr(remote_write, "_PAIR_IDS", {})
-    monkeypatch.setattr(remote_write, "_PAIR_NAMES", [])
-    monkeypatch.setattr(remote_write, "_PAIR_VALUES", [])
+    monkeypatch.setattr(remote_write_columns, "_CACHE_MAX", 64)  # evict constantly, from cold
+    monkeypatch.setattr(remote_write_columns, "_PAIR_IDS", {})
+    monkeypatch.setattr(remote_write_columns, "_PAIR_NAMES", [])
+    monkeypatch.setattr(remote_write_columns, "_PAIR_VALUES", [])
     results: dict[int, list[pa.Table]] = {}
 
     def work(worker: int) -> None:
@@ -812,7 +812,7 @@ def test_invalid_metric_names_are_rejected_by_both_paths(metric: str) -> None:
 
 
 def test_the_label_cell_limit_guards_against_sparse_label_bombs(monkeypatch: Any) -> None:
-    monkeypatch.setattr(remote_write, "_MAX_LABEL_CELLS", 1000)
+    monkeypatch.setattr(remote_write_columns, "_MAX_LABEL_CELLS", 1000)
     series = [([("__name__", "m"), (f"label_{i}", "v")], [(1.0, 1)]) for i in range(40)]
     with pytest.raises(TooLargeError, match="41 distinct label names"):
         decode_v1(v1_body(*series))
@@ -840,12 +840,12 @@ def test_a_rejected_request_names_the_first_bad_series_among_good_ones() -> None
 )
 def test_vectorised_sample_decoding_agrees_with_protobuf(encoded: list[bytes]) -> None:
     try:
-        expected = remote_write._decode_samples_slowly(encoded)
-    except remote_write._Invalid:
-        with pytest.raises(remote_write._Invalid):
-            remote_write._decode_samples(encoded)
+        expected = remote_write_columns.decode_samples_slowly(encoded)
+    except remote_write_checks.Invalid:
+        with pytest.raises(remote_write_checks.Invalid):
+            remote_write_columns.decode_samples(encoded)
         return
-    values, timestamps = remote_write._decode_samples(encoded)
+    values, timestamps = remote_write_columns.decode_samples(encoded)
     assert values.tolist() == expected[0].tolist()
     assert timestamps.tolist() == expected[1].tolist()
 

@@ -1,0 +1,300 @@
+"""Remote-write protobuf -> columns: the flat label and sample lists of a request (from the
+C runtime's twin schemas) turned into the long-shape Arrow table, every rule checked on whole
+columns. Any broken rule raises :class:`Invalid`; the slow path then names the series.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from metricvault.errors import TooLargeError
+from metricvault.ingest.limits import DecodeBudget, check_label_names
+from metricvault.ingest.protocols.remote_write_checks import METRIC_NAME, Invalid, show
+from metricvault.ingest.protocols.remote_write_metadata import MetricMetadata
+from metricvault.model import METRIC_NAME_LABEL, label_name_ok
+from metricvault.wire.proto import messages
+
+STALE_NAN_BITS = 0x7FF0000000000002
+_METRIC_NAME_ANCHORED = f"^{METRIC_NAME.pattern}$"  # for Arrow's RE2, over a whole column
+# What the bytes of one 1.0 Label mean, as an id into _PAIR_NAMES/_PAIR_VALUES (value None
+# when empty). Series repeat every scrape and label pairs repeat across series, so most labels
+# cost one dict lookup instead of a protobuf parse and two Python strings. Bounded: emptied when
+# it holds _CACHE_MAX pairs (about 270 bytes each, so ~35 MB at most; a cluster whose distinct
+# label pairs outnumber it still decodes right, only slower). Guarded by a lock: decoders on
+# several threads share it safely. It only holds facts about bytes: it never changes a result.
+_PAIR_IDS: dict[bytes, int] = {}
+_PAIR_NAMES: list[str] = []
+_PAIR_VALUES: list[str | None] = []
+_PAIRS_LOCK = threading.Lock()
+_CACHE_MAX = 1 << 17
+# The long shape has a cell per (row, label name): bound it against requests that combine many
+# series with many distinct label names (a few MB of protobuf could otherwise ask for GBs).
+_MAX_LABEL_CELLS = 1 << 25
+BUDGET_EVERY = 4096  # labels parsed between two looks at the decode time budget
+
+
+@dataclass(frozen=True)
+class DecodedWrite:
+    """One decoded remote-write request.
+
+    ``table`` is the long shape: ``metric`` (string), ``timestamp`` (int64 epoch ms), ``value``
+    (float64), then one string column per label name, sorted by name, null where a series lacks
+    the label. One row per stored sample, in request order. ``series`` (an addition to the
+    gateway contract, defaulted so code that builds one need not pass it) counts the time series
+    in the request, including those whose samples were all dropped or that only carried
+    histograms.
+    """
+
+    table: pa.Table
+    kinds: dict[str, str]  # metric name -> "counter" | "gauge", from this request's metadata
+    metadata: tuple[MetricMetadata, ...]
+    version: str  # "1.0" or "2.0"
+    samples: int  # float samples stored in ``table``
+    histograms: int  # native histogram samples received, not stored
+    exemplars: int  # exemplars received, not stored
+    stale_markers: int  # staleness markers received and dropped
+    non_finite: int  # other NaN/±Inf samples received and dropped
+    series: int = 0  # time series in the request (also those whose samples were all dropped)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_series: int | None
+    max_label_names: int | None
+    budget: DecodeBudget
+
+    def check_flat(self, flat: Flat) -> None:
+        """Before the long shape is built: its cost is rows x label names."""
+        names = [name for name in flat.names if name != "__name__"]
+        check_label_names(len(names), self.max_label_names, ", ".join(map(show, names[:3])))
+        self.budget.check(f"reading {len(flat.label_counts):,} series")
+
+
+def label_pairs(raw_labels: Any, budget: DecodeBudget) -> tuple[Any, list[str], list[str | None]]:
+    """(pair index per label, name per distinct pair, value per distinct pair) for 1.0 labels.
+
+    ``Invalid`` if a label is not a valid protobuf ``Label``.
+    """
+    with _PAIRS_LOCK:
+        try:
+            ids = [_PAIR_IDS[raw_label] for raw_label in raw_labels]
+        except KeyError:
+            ids = _learn_labels(raw_labels, budget)
+        pair_of_label = np.fromiter(ids, dtype=np.int64, count=len(ids))
+        seen = np.zeros(len(_PAIR_NAMES), dtype=np.bool_)
+        seen[pair_of_label] = True
+        distinct = np.flatnonzero(seen)
+        names = [_PAIR_NAMES[pair] for pair in distinct.tolist()]
+        values = [_PAIR_VALUES[pair] for pair in distinct.tolist()]
+    index_of = np.empty(len(seen), dtype=np.int64)
+    index_of[distinct] = np.arange(len(distinct))
+    return index_of[pair_of_label], names, values
+
+
+def _learn_labels(raw_labels: Any, budget: DecodeBudget) -> list[int]:
+    """Ids for labels, parsing those not seen yet; the registry is emptied when full."""
+    for may_evict in (True, False):
+        ids: list[int] = []
+        for raw_label in raw_labels:
+            pair = _PAIR_IDS.get(raw_label)
+            if pair is None:
+                if not len(_PAIR_NAMES) % BUDGET_EVERY:
+                    budget.check(f"{len(ids):,} of {len(raw_labels):,} labels")
+                if may_evict and len(_PAIR_NAMES) >= _CACHE_MAX:
+                    _PAIR_IDS.clear()
+                    _PAIR_NAMES.clear()
+                    _PAIR_VALUES.clear()
+                    break  # ids taken so far are gone: start this request again
+                try:
+                    label = messages.Label.FromString(raw_label)
+                except messages.DecodeError as exc:
+                    raise Invalid from exc
+                pair = _PAIR_IDS[raw_label] = len(_PAIR_NAMES)
+                _PAIR_NAMES.append(sys.intern(label.name))
+                _PAIR_VALUES.append(label.value or None)
+            ids.append(pair)
+        else:
+            return ids
+    raise AssertionError("unreachable: the second pass never evicts")  # pragma: no cover
+
+
+def decode_samples(raw_samples: list[bytes]) -> tuple[Any, Any]:
+    """Values and timestamps of encoded ``Sample`` messages, decoded with numpy.
+
+    Senders encode a sample as ``09 <8-byte double> 10 <varint ms>``, leaving out a zero value
+    or a zero timestamp (proto3). Those four shapes are decoded for all samples at once; any
+    other encoding (reordered or unknown fields) goes through the protobuf runtime instead.
+    """
+    count = len(raw_samples)
+    if count == 0:
+        return np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64)
+    lengths = np.fromiter(map(len, raw_samples), dtype=np.int64, count=count)
+    buffer = np.frombuffer(b"".join(raw_samples) + bytes(16), dtype=np.uint8)
+    starts = np.cumsum(lengths) - lengths
+    decoded = _decode_canonical_samples(buffer, starts, lengths)
+    return decoded if decoded is not None else decode_samples_slowly(raw_samples)
+
+
+def _decode_canonical_samples(buffer: Any, starts: Any, lengths: Any) -> tuple[Any, Any] | None:
+    has_value = (lengths >= 9) & (buffer[starts] == 0x09)
+    ts_tag_at = np.where(has_value, starts + 9, starts)
+    has_ts = (lengths > np.where(has_value, 9, 0)) & (buffer[ts_tag_at] == 0x10)
+    varint_len = np.where(has_ts, lengths - (ts_tag_at - starts) - 1, 0)
+    shapes_ok = (lengths == 0) | (has_value & (lengths == 9)) | (has_ts & (varint_len >= 1))
+    if not shapes_ok.all() or varint_len.max() > 10:
+        return None
+    value_bytes = buffer[(starts + 1)[:, None] + np.arange(8)]
+    values = np.zeros(len(starts), dtype=np.float64)
+    values[has_value] = value_bytes.view("<f8").ravel()[has_value]
+    timestamps = np.zeros(len(starts), dtype=np.uint64)
+    for k in range(int(varint_len.max())):
+        active = varint_len > k
+        byte = buffer[np.where(active, ts_tag_at + 1 + k, 0)]
+        last = active & (varint_len == k + 1)
+        continues = (byte & 0x80) != 0
+        if (continues & last).any() or (~continues & active & ~last).any():
+            return None  # not a well-formed varint of exactly the remaining bytes
+        if k == 9 and (byte[last] > 1).any():
+            return None  # overflows 64 bits
+        chunk = np.where(active, byte & 0x7F, 0).astype(np.uint64)
+        timestamps |= chunk << np.uint64(7 * k)
+    return values, timestamps.view(np.int64)
+
+
+def decode_samples_slowly(raw_samples: list[bytes]) -> tuple[Any, Any]:
+    try:
+        samples = [messages.Sample.FromString(raw) for raw in raw_samples]
+    except messages.DecodeError as exc:
+        raise Invalid from exc
+    values = np.array([sample.value for sample in samples], dtype=np.float64)
+    timestamps = np.array([sample.timestamp for sample in samples], dtype=np.int64)
+    return values, timestamps
+
+
+@dataclass
+class Flat:
+    """One request's labels and samples as flat arrays, series after series."""
+
+    label_counts: Any  # int64 per series
+    codes: Any  # per label: its name, as an index into ``names``
+    names: list[str]  # distinct label names, not yet checked
+    values: Any  # pa.StringArray per label; null where the value is empty
+    sample_counts: Any  # int64 per series
+    sample_values: Any  # float64 per sample
+    sample_timestamps: Any  # int64 per sample
+
+
+@dataclass
+class Shape:
+    table: pa.Table
+    metrics: Any  # pa.StringArray, one per series
+    samples: int
+    stale: int
+    non_finite: int
+
+
+def assemble(flat: Flat) -> Shape:
+    """The long-shape table, or ``Invalid`` if any series breaks a rule."""
+    n_series = len(flat.label_counts)
+    series_of_label = np.repeat(np.arange(n_series), flat.label_counts)
+    metrics = _check_flat_labels(flat, series_of_label)
+    values, timestamps = flat.sample_values, flat.sample_timestamps
+    finite = np.isfinite(values)
+    stale = int(np.count_nonzero(values.view(np.uint64) == STALE_NAN_BITS))
+    non_finite = len(values) - int(np.count_nonzero(finite)) - stale
+    rows = np.repeat(np.arange(n_series), flat.sample_counts)  # series of each row
+    if stale or non_finite:
+        rows, values, timestamps = rows[finite], values[finite], timestamps[finite]
+    columns = {
+        "metric": metrics.take(pa.array(rows)),
+        "timestamp": pa.array(timestamps, type=pa.int64()),
+        "value": pa.array(values, type=pa.float64()),
+    }
+    columns.update(_label_columns(flat, series_of_label, rows))
+    return Shape(pa.table(columns), metrics, len(values), stale, non_finite)
+
+
+def _check_flat_labels(flat: Flat, series_of_label: Any) -> Any:
+    """Check names, order and metric names for all series at once; the metric per series."""
+    n_series = len(flat.label_counts)
+    if not n_series:
+        return pa.array([], type=pa.string())
+    if not all(map(_label_name_ok, flat.names)) or "__name__" not in flat.names:
+        raise Invalid
+    ranks = np.empty(len(flat.names), dtype=np.int64)
+    ranks[sorted(range(len(flat.names)), key=flat.names.__getitem__)] = np.arange(len(ranks))
+    rank = ranks[flat.codes]
+    same_series = series_of_label[1:] == series_of_label[:-1]
+    if (same_series & (rank[1:] <= rank[:-1])).any():
+        raise Invalid  # a series whose labels are not strictly sorted (or repeat a name)
+    is_metric = flat.codes == flat.names.index("__name__")
+    if np.count_nonzero(is_metric) != n_series:  # at most one each (sorted): so one each
+        raise Invalid
+    metrics = flat.values.take(pa.array(np.flatnonzero(is_metric)))
+    if metrics.null_count:
+        raise Invalid
+    if not pc.all(pc.match_substring_regex(metrics, _METRIC_NAME_ANCHORED)).as_py():
+        raise Invalid
+    return metrics
+
+
+def _label_columns(flat: Flat, series_of_label: Any, rows: Any) -> dict[str, Any]:
+    """One string column per label name (sorted), null where a row's series lacks it."""
+    label_codes = [code for code in np.argsort(flat.names) if flat.names[code] != "__name__"]
+    if not label_codes or not len(rows):
+        return {}
+    if len(flat.names) * max(len(rows), len(flat.label_counts)) > _MAX_LABEL_CELLS:
+        raise TooLargeError(
+            f"the request's {len(flat.label_counts):,} series use {len(flat.names):,} distinct "
+            f"label names: a table of {len(rows):,} rows would need "
+            f"{len(flat.names) * len(rows):,} label cells, over the limit of "
+            f"{_MAX_LABEL_CELLS:,}; send fewer series per request"
+        )
+    # One name at a time, with one series-sized scratch array: a names x series matrix cost
+    # 8 bytes per cell on top of the table itself (1 GB for 1,000 series x 33,000 names).
+    order = np.argsort(flat.codes, kind="stable")  # labels grouped by name
+    bounds = np.searchsorted(flat.codes[order], np.arange(len(flat.names) + 1))
+    label_at = np.full(len(flat.label_counts), -1, dtype=np.int64)  # per series, this name's
+    columns = {}
+    for code in label_codes:
+        labels = order[bounds[code] : bounds[code + 1]]
+        label_at[series_of_label[labels]] = labels
+        picks = label_at[rows]
+        label_at[series_of_label[labels]] = -1
+        if (picks >= 0).any():  # a label only dropped samples had gets no column
+            columns[flat.names[code]] = flat.values.take(pa.array(picks, mask=picks < 0))
+    # A name whose every kept value is empty is no label at all (empty value = absent label).
+    return {name: column for name, column in columns.items() if column.null_count < len(rows)}
+
+
+def _label_name_ok(name: str) -> bool:
+    return name == METRIC_NAME_LABEL or label_name_ok(name)
+
+
+def result(
+    shape: Shape,
+    version: str,
+    metadata: tuple[MetricMetadata, ...],
+    kinds: dict[str, str],
+    histograms: int,
+    exemplars: int,
+) -> DecodedWrite:
+    return DecodedWrite(
+        table=shape.table,
+        kinds=kinds,
+        metadata=metadata,
+        version=version,
+        samples=shape.samples,
+        histograms=histograms,
+        exemplars=exemplars,
+        stale_markers=shape.stale,
+        non_finite=shape.non_finite,
+        series=len(shape.metrics),
+    )
