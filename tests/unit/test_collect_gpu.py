@@ -867,3 +867,18 @@ def test_simulated_fast_readings_match_the_exported_values() -> None:
         assert labels["simulated"] == "true"
         assert value(families, reading.metric, **labels) == reading.value
     source.close()
+
+
+def test_issue12_nvml_is_split_by_job_and_keeps_its_names() -> None:
+    """Discovery, readings, per-process attribution and XID events are modules of their own;
+    the old import path keeps its names, and their log lines stay under its logger."""
+    import importlib
+
+    from metricvault.collect.sources import nvml
+    from metricvault.errors import NvmlUnavailable as moved
+
+    assert nvml.NvmlUnavailable is moved and nvml.NvmlSource is NvmlSource
+    assert nvml.DEFAULT_ENV_LABELS["SLURM_JOB_ID"] == "job" and nvml.XID_WAIT_MS > 0
+    for part in ("calls", "devices", "fields", "processes", "xid"):
+        module = importlib.import_module(f"{NVML_LOG}.{part}")
+        assert module.__name__.startswith(NVML_LOG + ".")  # a child of the documented logger
