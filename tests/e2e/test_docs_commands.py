@@ -116,6 +116,9 @@ def _make_workspace(root: Path, vault: Path, page_text: str, influx: str | None)
         GIT_COMMITTER_NAME="docs test",
         GIT_COMMITTER_EMAIL="docs@example.invalid",
         COLUMNS="120",
+        # DVC otherwise leaves an analytics report in the system temp directory per command
+        # (its sender cannot reach the network here) and would phone home where it can.
+        DVC_NO_ANALYTICS="1",
     )
     _git(root, env, "init", "-q", "-b", "main")
     (root / ".gitignore").write_text("metricvault-data/\n")

@@ -554,7 +554,9 @@ def test_sample_buffered_by_other_gateway_across_retention_leaves_rollups_intact
         late, now = [(3, T0 + 2 * DAY + 5 * MINUTE, 245.0)], NOW_DROP_2
     ref = reference_samples(old)
     with tempfile.TemporaryDirectory(prefix="mv-oracle-") as tmp:
-        gateway_a, gateway_b = Vault.open(tmp), _second_gateway(tmp)
+        # B's buffer goes beside the vault, inside the temporary directory, so it is removed too
+        vault_dir = str(Path(tmp) / "vault")
+        gateway_a, gateway_b = Vault.open(vault_dir), _second_gateway(vault_dir)
         try:
             gateway_a.write(to_input(old, "tuples"))
             gateway_a.maintain(now_ms=NOW_KEEP)
