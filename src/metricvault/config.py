@@ -187,6 +187,21 @@ class Settings:
         "Open connections per gateway worker above which requests are answered 503 at once "
         "(uvicorn's limit_concurrency).",
     )
+    query_timeout: str = _setting(
+        "2m",
+        "A PromQL query on the gateway's Prometheus API (/api/v1/query, query_range) that runs "
+        "longer is answered 503 'query timed out' (Prometheus's --query.timeout default).",
+    )
+    query_max_samples: int = _setting(
+        50_000_000,
+        "Samples one PromQL query may load; more is refused with 422 (Prometheus's "
+        "--query.max-samples default): about 1.2 GB of memory at this default.",
+    )
+    lookback_delta: str = _setting(
+        "5m",
+        "How far back a PromQL instant selector looks for a series' latest sample "
+        "(Prometheus's --query.lookback-delta).",
+    )
 
     archive_dir: str = _setting(
         "artifacts/metrics",
@@ -211,6 +226,8 @@ class Settings:
             "gateway_keep_alive",
             "gateway_header_timeout",
             "decode_time_budget",
+            "query_timeout",
+            "lookback_delta",
         ):
             _check(name, parse_duration_ms, getattr(self, name))
         for name in (
@@ -225,6 +242,7 @@ class Settings:
             "compact_small_file_bytes",
             "cache_bytes",
             "gateway_max_connections",
+            "query_max_samples",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name} must be at least 1, got {getattr(self, name)}")

@@ -121,8 +121,8 @@ class PromQLError(MetricVaultError):
 
     def __init__(self, message: str, kind: str = "execution") -> None:
         super().__init__(message)
-        self.kind = kind
-        self.status = 400 if kind == "bad_data" else 422
+        self.kind = kind  # also "timeout" (503) and "internal" (500) from the HTTP API
+        self.status = {"bad_data": 400, "timeout": 503, "internal": 500}.get(kind, 422)
 
 
 class MissingDependencyError(MetricVaultError):

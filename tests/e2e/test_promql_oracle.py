@@ -536,6 +536,11 @@ def _prometheus(url: str, path: str, params: dict[str, str]) -> Normal:
             reply = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         reply = json.loads(exc.read())
+    return normal_reply(reply)
+
+
+def normal_reply(reply: dict[str, Any]) -> Normal:
+    """A Prometheus API answer as (result type, sorted-comparable series), or ("error", ...)."""
     if reply["status"] != "success":
         return "error", (reply.get("errorType", ""), reply.get("error", ""))
     data = reply["data"]

@@ -29,7 +29,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from metricvault.archive.experiments import Experiment, unknown_message
 from metricvault.config import Settings
 from metricvault.durations import parse_duration_ms
 from metricvault.errors import (
@@ -39,6 +38,7 @@ from metricvault.errors import (
     RetryLater,
     TooLargeError,
 )
+from metricvault.experiment import Experiment, unknown_message
 from metricvault.ingest.auth import Principal, authenticate
 from metricvault.ingest.connections import quiet_accept_errors
 from metricvault.ingest.experiments_api import (
@@ -50,13 +50,15 @@ from metricvault.ingest.experiments_api import (
 )
 from metricvault.ingest.limits import NewSeriesLimiter
 from metricvault.ingest.metrics import GatewayMetrics
+from metricvault.ingest.prometheus_api import PrometheusAPI
 from metricvault.ingest.protocols.influx_line import decode_line_protocol
 from metricvault.ingest.protocols.remote_write import decode_remote_write
+from metricvault.open import open as open_store
+from metricvault.protocols import ServingStore
 from metricvault.redact import redact_logs
 from metricvault.redact import remember as remember_secrets
 from metricvault.store.buffer import quarantined_batches
 from metricvault.store.layout import MAINTAIN_LOCK, worker_buffer_name
-from metricvault.store.vault import Vault
 from metricvault.wire.remote_write import SERVER_TIME_HEADER  # defined once: issue 12
 
 log = logging.getLogger("metricvault.gateway")
@@ -65,7 +67,7 @@ PRECISIONS = {"ns", "n", "us", "u", "ms", "s", "m", "h"}
 
 class Gateway:
     def __init__(
-        self, vault: Vault, settings: Settings, metrics: GatewayMetrics | None = None
+        self, vault: ServingStore, settings: Settings, metrics: GatewayMetrics | None = None
     ) -> None:
         self.vault = vault
         self.settings = settings
@@ -310,11 +312,11 @@ class Gateway:
         return self.metrics.render()
 
     def update_gauges(self) -> None:
-        samples, size = self.vault.buffer.depth()
+        samples, size = self.vault.buffered()
         self.metrics.buffer_samples.set(samples)
         self.metrics.buffer_bytes.set(size)
-        self.metrics.series.set(len(self.vault.index))
-        self.metrics.quarantined.set(quarantined_batches(self.vault.location.state_dir))
+        self.metrics.series.set(self.vault.series_count())
+        self.metrics.quarantined.set(quarantined_batches(self.vault.state_dir))
 
     # ------------------------------------------------------------------ background
     async def flusher(self) -> None:
@@ -343,7 +345,7 @@ class Gateway:
     async def maintainer(self) -> None:
         """Maintenance in one worker at a time (the first to take ``maintain.lock``)."""
         interval = parse_duration_ms(self.settings.maintain_interval) / 1000
-        path = self.vault.location.state_dir / MAINTAIN_LOCK
+        path = self.vault.state_dir / MAINTAIN_LOCK
         with open(path, "a+") as lock_file:
             while True:
                 await asyncio.sleep(interval)
@@ -396,11 +398,13 @@ def app_from_environment() -> Starlette:
     settings = Settings.load(env={}, **json.loads(os.environ[SETTINGS_ENV]))
     # each worker appends to its own buffer file, so workers never wait on each other's
     # SQLite write lock; maintenance (and every worker's start) flushes all of them
-    vault = Vault.open(settings.data, settings, buffer_name=worker_buffer_name(os.getpid()))
+    vault = open_store(
+        settings.data, settings, need="serve", buffer_name=worker_buffer_name(os.getpid())
+    )
     vault.flush_other_buffers()
     # the workers' self-metrics go to files shared by this serve run (prometheus-client's
     # multiprocess mode), so /metrics counts every worker whichever one answers
-    metrics = GatewayMetrics.for_worker(vault.location.state_dir)
+    metrics = GatewayMetrics.for_worker(vault.state_dir)
     return create_app(vault, settings, close_vault=True, metrics=metrics)
 
 
@@ -416,7 +420,7 @@ PR_SET_PDEATHSIG = 1
 
 
 def create_app(
-    vault: Vault,
+    vault: ServingStore,
     settings: Settings,
     close_vault: bool = False,
     metrics: GatewayMetrics | None = None,
@@ -462,6 +466,7 @@ def create_app(
         Route("/-/healthy", gateway.healthy, methods=["GET", "HEAD"]),
         Route("/-/ready", gateway.ready_check, methods=["GET", "HEAD"]),
         Route("/metrics", gateway.metrics_page, methods=["GET"]),
+        *PrometheusAPI(gateway).routes(),  # the read side: PromQL and what Grafana asks
     ]
     assert {r.path for r in routes} >= PUBLIC_ROUTES
     app = Starlette(routes=routes, lifespan=lifespan)

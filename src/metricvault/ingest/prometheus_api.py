@@ -1,0 +1,411 @@
+"""The Prometheus HTTP query API on ``metricvault serve`` (the requests Grafana makes).
+
+``/api/v1/query``, ``/api/v1/query_range``, ``/api/v1/series``, ``/api/v1/labels``,
+``/api/v1/label/<name>/values``, ``/api/v1/metadata``, ``/api/v1/query_exemplars`` and
+``/api/v1/status/buildinfo``, GET or form-encoded POST, answering Prometheus's JSON shapes:
+``{"status": "success", "data": ...}`` or ``{"status": "error", "errorType": ..., "error":
+...}`` with its status codes (400 ``bad_data``, 422 ``execution``, 503 ``timeout``). Parameters
+are parsed as Prometheus parses them (times: Unix seconds with fractions or RFC 3339;
+durations: seconds or ``5m``-style), and errors carry Prometheus's words.
+
+The routes are thin: they parse, then call the PromQL engine (:mod:`metricvault.promql`),
+which knows nothing of HTTP. Authentication, the body limit and the caller's tenant come from
+the gateway (:meth:`Gateway.handle`); a tenant's token sees only series carrying its tenant
+label, because every selection the engine makes is narrowed by a tenant matcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import parse_qsl
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from metricvault.durations import parse_duration_ms
+from metricvault.errors import MetricVaultError, PromQLError, SelectorError
+from metricvault.ingest.auth import Principal
+from metricvault.promql import Engine, EngineOptions, SeriesSamples, VaultSource
+from metricvault.protocols import Reading, has
+from metricvault.selector import Matcher, Selector, parse_selector
+
+if TYPE_CHECKING:
+    from metricvault.ingest.app import Gateway
+
+MAX_POINTS_PER_SERIES = 11_000  # Prometheus's own guard on query_range resolution
+PROMETHEUS_COMPATIBLE_VERSION = "2.42.0"  # what Grafana reads from buildinfo to pick features
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_PROM_DURATION = re.compile(r"^(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?$")
+# Prometheus's own min/max time strings (what Grafana and promtool send for "all time")
+_MIN_TIME = {"-292273086-05-16T16:47:06Z", "0001-01-01T00:00:00Z"}
+_MAX_TIME = {"292277025-08-18T07:12:54.999999999Z", "9999-12-31T23:59:59Z"}
+# errors the routes word themselves, which must not get the "query" parameter's prefix
+BAD_PARAM_WORDS = ("invalid parameter", "exceeded maximum resolution", "no match[]",
+                   "invalid label name")  # fmt: skip
+STATUS = {"bad_data": 400, "execution": 422, "timeout": 503, "internal": 500, "not_found": 404}
+
+
+def invalid_param(name: str, detail: str) -> PromQLError:
+    """Prometheus's words for a bad parameter (``answer`` adds the ``query`` one itself)."""
+    return PromQLError(f'invalid parameter "{name}": {detail}', kind="bad_data")
+
+
+# --------------------------------------------------------------------------- parameters
+def parse_time_param(text: str | None, default_ms: int, name: str, wrapped: bool = True) -> int:
+    """Prometheus's ``parseTime``: Unix seconds (fractions allowed) or RFC 3339. ``wrapped``:
+    worded as its ``parseTimeParam`` words it (``time``, and ``start``/``end`` of the metadata
+    endpoints); query_range's ``start``/``end`` are not."""
+    if text is None or text == "":
+        return default_ms
+    try:
+        return _parse_time(text)
+    except ValueError:
+        detail = f'cannot parse "{text}" to a valid timestamp'
+        if wrapped:
+            detail = f"Invalid time value for '{name}': {detail}"
+        raise invalid_param(name, detail) from None
+
+
+def _parse_time(text: str) -> int:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isnan(seconds) and math.isfinite(seconds):
+        return round(seconds * 1000)
+    if text in _MIN_TIME:
+        return -(2**62)
+    if text in _MAX_TIME:
+        return 2**62
+    stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))  # ValueError: not a time
+    if stamp.tzinfo is None:
+        raise ValueError(text)
+    return round(stamp.timestamp() * 1000)
+
+
+def parse_duration_param(text: str | None, name: str) -> int:
+    """Prometheus's ``parseDuration``: seconds (fractions allowed) or ``1h30m``-style."""
+    if text is None or text == "":
+        raise invalid_param(name, 'cannot parse "" to a valid duration')
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if math.isfinite(seconds):
+        return round(seconds * 1000)
+    if _PROM_DURATION.match(text) and text != "0":
+        try:
+            return parse_duration_ms(text)
+        except MetricVaultError:
+            pass
+    raise invalid_param(name, f'cannot parse "{text}" to a valid duration')
+
+
+def parse_matchers(texts: Sequence[str]) -> list[list[Matcher]]:
+    out = []
+    for text in texts:
+        try:
+            out.append(list(parse_selector(text).matchers))
+        except SelectorError as exc:
+            raise invalid_param("match[]", str(exc)) from None
+    return out
+
+
+# --------------------------------------------------------------------------- the source
+@dataclass
+class ScopedSource:
+    """The engine's reads: narrowed to the caller's tenant, counted against the sample limit,
+    and noting when the vault's raw horizon cuts a selection short (a warning)."""
+
+    inner: Any
+    tenant_matchers: tuple[Matcher, ...]
+    max_samples: int
+    raw_horizon_ms: int
+    loaded: int = 0
+    truncated: bool = False
+
+    def select(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int
+    ) -> list[SeriesSamples]:
+        series: list[SeriesSamples] = self.inner.select(
+            [*matchers, *self.tenant_matchers], start_ms, end_ms
+        )
+        self.loaded += sum(int(s.ts.size) for s in series)
+        if self.loaded > self.max_samples:
+            raise PromQLError(
+                "query processing would load too many samples into memory in query execution",
+                kind="execution",
+            )
+        if self.raw_horizon_ms and start_ms < self.raw_horizon_ms:
+            self.truncated = True
+        return series
+
+
+# --------------------------------------------------------------------------- the routes
+class PrometheusAPI:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        settings = gateway.settings
+        self.timeout_s = parse_duration_ms(settings.query_timeout) / 1000
+        self.max_samples = settings.query_max_samples
+        self.options = EngineOptions(lookback_delta_ms=parse_duration_ms(settings.lookback_delta))
+
+    def routes(self) -> list[Route]:
+        both = ["GET", "POST"]
+        return [
+            Route("/api/v1/query", self.query, methods=both),
+            Route("/api/v1/query_range", self.query_range, methods=both),
+            Route("/api/v1/series", self.series, methods=both),
+            Route("/api/v1/labels", self.labels, methods=both),
+            Route("/api/v1/label/{name}/values", self.label_values, methods=["GET"]),
+            Route("/api/v1/metadata", self.metadata, methods=["GET"]),
+            Route("/api/v1/query_exemplars", self.exemplars, methods=both),
+            Route("/api/v1/status/buildinfo", self.buildinfo, methods=["GET"]),
+        ]
+
+    # ------------------------------------------------------------------ plumbing
+    async def answer(
+        self,
+        request: Request,
+        endpoint: str,
+        work: Callable[[dict[str, list[str]], Principal], Awaitable[tuple[Any, list[str]]]],
+    ) -> Response:
+        async def run(req: Request, who: Principal) -> Response:
+            try:
+                params = await self.params(req)
+                data, warnings = await work(params, who)
+            except PromQLError as exc:  # Prometheus: a query that can never run is a bad param
+                bare = exc.kind == "bad_data" and not exc.message.startswith(BAD_PARAM_WORDS)
+                prefix = 'invalid parameter "query": ' if bare else ""
+                return _error(exc.kind, prefix + exc.message)
+            body: dict[str, Any] = {"status": "success", "data": data}
+            if warnings:
+                body["warnings"] = warnings
+            return JSONResponse(body)
+
+        response = await self.gateway.handle(request, endpoint, run)
+        if response.media_type != "application/json":  # auth, body limit: Prometheus's shape
+            kind = "bad_data" if response.status_code < 500 else "internal"
+            text = bytes(response.body).decode(errors="replace").strip()
+            return _error(kind, text, response.status_code, dict(response.headers))
+        return response
+
+    async def params(self, request: Request) -> dict[str, list[str]]:
+        """Query-string and form-encoded body parameters, repeated keys kept (``match[]``)."""
+        pairs = list(request.query_params.multi_items())
+        if request.method == "POST":
+            content_type = request.headers.get("content-type", "")
+            body = await self.gateway.body(request)
+            if body and content_type.startswith("application/x-www-form-urlencoded"):
+                pairs += parse_qsl(body.decode(errors="replace"), keep_blank_values=True)
+        out: dict[str, list[str]] = {}
+        for key, value in pairs:
+            out.setdefault(key, []).append(value)
+        return out
+
+    def store(self) -> Reading:
+        store = self.gateway.vault
+        if not has(store, "read"):
+            raise PromQLError(
+                f"the store behind this gateway ({store.uri}) cannot be read", "internal"
+            )
+        return cast(Reading, store)
+
+    def engine(self, who: Principal) -> tuple[Engine, ScopedSource]:
+        source = ScopedSource(
+            VaultSource(self.store()),
+            self.tenant_matchers(who),
+            self.max_samples,
+            self.gateway.vault.min_writable_ms(),  # raw data before it is gone (retention)
+        )
+        return Engine(source, self.options), source
+
+    def tenant_matchers(self, who: Principal) -> tuple[Matcher, ...]:
+        if not who.tenant:
+            return ()
+        return (Matcher(self.gateway.settings.tenant_label, "=", who.tenant),)
+
+    async def evaluate(self, call: Callable[[], Any]) -> Any:
+        try:
+            return await asyncio.wait_for(run_in_threadpool(call), self.timeout_s)
+        except TimeoutError:
+            raise PromQLError("query timed out in expression evaluation", "timeout") from None
+
+    def warnings(self, source: ScopedSource) -> list[str]:
+        if not source.truncated:
+            return []
+        horizon = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(source.raw_horizon_ms / 1000))
+        return [
+            f"raw samples before {horizon} were dropped by retention (retention_raw): this "
+            "answer covers only the raw data after it; rollup tiers do not answer PromQL yet"
+        ]
+
+    # ------------------------------------------------------------------ endpoints
+    async def query(self, request: Request) -> Response:
+        async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
+            at = parse_time_param(_one(params, "time"), round(time.time() * 1000), "time")
+            expr = _one(params, "query") or ""
+            engine, source = self.engine(who)
+            result = await self.evaluate(lambda: engine.evaluate(expr, at))
+            return result.to_prometheus(), self.warnings(source)
+
+        return await self.answer(request, "/api/v1/query", work)
+
+    async def query_range(self, request: Request) -> Response:
+        async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
+            start = parse_time_param(_one(params, "start"), -1, "start", wrapped=False)
+            end = parse_time_param(_one(params, "end"), -1, "end", wrapped=False)
+            if _one(params, "start") in (None, ""):
+                raise invalid_param("start", 'cannot parse "" to a valid timestamp')
+            if _one(params, "end") in (None, ""):
+                raise invalid_param("end", 'cannot parse "" to a valid timestamp')
+            if end < start:
+                raise invalid_param("end", "end timestamp must not be before start time")
+            step = parse_duration_param(_one(params, "step"), "step")
+            if step <= 0:
+                raise invalid_param(
+                    "step",
+                    "zero or negative query resolution step widths are not accepted. "
+                    "Try a positive integer",
+                )
+            if (end - start) // step > MAX_POINTS_PER_SERIES:
+                raise PromQLError(
+                    "exceeded maximum resolution of 11,000 points per timeseries. Try "
+                    "decreasing the query resolution (?step=XX)",
+                    "bad_data",
+                )
+            expr = _one(params, "query") or ""
+            engine, source = self.engine(who)
+            result = await self.evaluate(lambda: engine.evaluate(expr, start, end, step))
+            return result.to_prometheus(), self.warnings(source)
+
+        return await self.answer(request, "/api/v1/query_range", work)
+
+    def matching_series(
+        self, selectors: list[list[Matcher]], who: Principal, with_kind: bool = False
+    ) -> list[dict[str, str]]:
+        """Label sets (``__name__`` included) of the series any selector matches, sorted;
+        ``with_kind`` adds the metric kind under the key ``" kind"`` (not a label name)."""
+        tenant = self.tenant_matchers(who)
+        found: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+        for matchers in selectors or [[]]:
+            text = str(Selector((*matchers, *tenant))) if (matchers or tenant) else None
+            table = self.store().series(text, output="arrow")
+            names = [c for c in table.column_names if c != "series_id"]
+            for row in table.select(names).to_pylist():
+                kind = row.pop("kind")
+                row["__name__"] = row.pop("metric")
+                labels = {k: row[k] for k in sorted(row) if row[k]}  # Prometheus's label order
+                key = tuple(labels.items())
+                if with_kind:
+                    labels[" kind"] = kind or "unknown"
+                found[key] = labels
+        return [found[k] for k in sorted(found)]
+
+    async def series(self, request: Request) -> Response:
+        async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
+            if not params.get("match[]"):
+                raise PromQLError("no match[] parameter provided", "bad_data")
+            selectors = parse_matchers(params["match[]"])
+            _check_range(params)
+            found = await run_in_threadpool(self.matching_series, selectors, who)
+            return found, _range_note(params)
+
+        return await self.answer(request, "/api/v1/series", work)
+
+    async def labels(self, request: Request) -> Response:
+        async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
+            selectors = parse_matchers(params.get("match[]", []))
+            _check_range(params)
+            found = await run_in_threadpool(self.matching_series, selectors, who)
+            return sorted({name for labels in found for name in labels}), _range_note(params)
+
+        return await self.answer(request, "/api/v1/labels", work)
+
+    async def label_values(self, request: Request) -> Response:
+        name = request.path_params["name"]
+
+        async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
+            if not _LABEL_NAME.match(name):
+                raise PromQLError(f'invalid label name: "{name}"', "bad_data")
+            selectors = parse_matchers(params.get("match[]", []))
+            _check_range(params)
+            found = await run_in_threadpool(self.matching_series, selectors, who)
+            return sorted({s[name] for s in found if name in s}), _range_note(params)
+
+        return await self.answer(request, "/api/v1/label/{name}/values", work)
+
+    async def metadata(self, request: Request) -> Response:
+        async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
+            wanted = _one(params, "metric")
+            found = await run_in_threadpool(self.matching_series, [], who, True)
+            kinds = {s["__name__"]: s[" kind"] for s in found}
+            data: dict[str, list[dict[str, str]]] = {}
+            for metric in sorted(kinds):
+                if wanted and metric != wanted:
+                    continue
+                data[metric] = [{"type": kinds[metric], "help": "", "unit": ""}]
+            limit = _one(params, "limit")
+            if limit and limit.lstrip("-").isdigit() and int(limit) >= 0:
+                data = dict(list(data.items())[: int(limit)])
+            return data, []
+
+        return await self.answer(request, "/api/v1/metadata", work)
+
+    async def exemplars(self, request: Request) -> Response:
+        async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
+            return [], []  # exemplars are counted on ingest, not stored
+
+        return await self.answer(request, "/api/v1/query_exemplars", work)
+
+    async def buildinfo(self, request: Request) -> Response:
+        from metricvault import __version__
+
+        async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
+            return {
+                "version": PROMETHEUS_COMPATIBLE_VERSION,
+                "revision": f"metricvault-{__version__}",
+                "branch": "metricvault",
+                "buildUser": "metricvault",
+                "buildDate": "",
+                "goVersion": "none (Python)",
+            }, []
+
+        return await self.answer(request, "/api/v1/status/buildinfo", work)
+
+
+def _one(params: dict[str, list[str]], name: str) -> str | None:
+    values = params.get(name)
+    return values[-1] if values else None
+
+
+def _check_range(params: dict[str, list[str]]) -> None:
+    parse_time_param(_one(params, "start"), 0, "start")
+    parse_time_param(_one(params, "end"), 0, "end")
+
+
+def _range_note(params: dict[str, list[str]]) -> list[str]:
+    if _one(params, "start") or _one(params, "end"):
+        return ["start/end are not applied: every matching series the vault holds is listed"]
+    return []
+
+
+def _error(
+    kind: str, message: str, status: int | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    passed = ("retry-after", "www-authenticate")
+    keep = {k: v for k, v in (headers or {}).items() if k.lower() in passed}
+    return JSONResponse(
+        {"status": "error", "errorType": kind, "error": message},
+        status_code=status or STATUS.get(kind, 422),
+        headers=keep,
+    )

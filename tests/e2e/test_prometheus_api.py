@@ -1,0 +1,182 @@
+"""The gateway's Prometheus HTTP API against Debian's real Prometheus (issue 13).
+
+The PromQL oracle's samples (tests/e2e/test_promql_oracle.py) sit in Prometheus and in a vault;
+a real ``metricvault serve`` over that vault answers the same HTTP requests. Queries go to our
+gateway the way Grafana's Prometheus data source sends them (form-encoded POST, times as Unix
+seconds with fractions or RFC 3339), to Prometheus as GETs; the JSON answers must agree as
+the compliance tester compares them (values within 1e-5), and the metadata endpoints
+(series, labels, label values) must list the same label sets.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import GatewayProcess
+from .test_promql_oracle import (
+    NOT_IN_VAULT,
+    Oracle,
+    _agree,
+    _cases,
+    _prometheus,
+    normal_reply,
+    oracle,  # noqa: F401  (the module's fixture)
+)
+
+IN_VAULT = '{__name__=~".+", __name__!~"' + "|".join(NOT_IN_VAULT) + '"}'
+
+
+def post_form(url: str, path: str, params: list[tuple[str, str]]) -> tuple[int, dict[str, Any]]:
+    body = urllib.parse.urlencode(params).encode()
+    request = urllib.request.Request(
+        f"{url}{path}",
+        data=body,
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def get_json(url: str, path: str, params: list[tuple[str, str]]) -> tuple[int, dict[str, Any]]:
+    query = urllib.parse.urlencode(params)
+    try:
+        with urllib.request.urlopen(f"{url}{path}?{query}", timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.fixture(scope="module")
+def served(oracle: Oracle, tmp_path_factory: pytest.TempPathFactory) -> Any:  # noqa: F811
+    from .conftest import GATEWAY_DEFAULT_SETTINGS, free_port
+
+    vault_dir = oracle.vault.source.vault.uri  # type: ignore[attr-defined]
+    logs = tmp_path_factory.mktemp("prom_api")
+    gw = GatewayProcess(
+        data_dir=Path(vault_dir),
+        port=free_port(),
+        log_path=logs / "gateway.log",
+        settings=GATEWAY_DEFAULT_SETTINGS,
+    )
+    gw.start()
+    yield gw
+    gw.stop_gracefully()
+
+
+def test_issue13_query_api_answers_as_prometheus_does(oracle: Oracle, served: Any) -> None:  # noqa: F811
+    disagreements, compared = [], 0
+    for expr, path, params, args in _cases(oracle.t0)[::3]:  # every third: the engine is
+        if any(name in expr for name in NOT_IN_VAULT):  # compared in full by the oracle
+            continue
+        expected = _prometheus(oracle.url, path, params)
+        status, reply = post_form(served.url, f"/api/v1/{path}", list(params.items()))
+        got = normal_reply(reply)
+        compared += 1
+        want_status = 200 if expected[0] != "error" else {"bad_data": 400}.get(expected[1][0], 422)
+        if status != want_status or not _agree(expected, got, path == "query" and
+                                                 expr.startswith("sort")):  # fmt: skip
+            disagreements.append(f"{path} {expr!r} {args}: {status}\n  prometheus {expected}"
+                                 f"\n  gateway    {str(got)[:400]}")  # fmt: skip
+    assert compared >= 150
+    assert not disagreements, f"{len(disagreements)} of {compared}:\n" + "\n".join(
+        disagreements[:20]
+    )
+
+
+def test_issue13_rfc3339_times_and_get_requests(oracle: Oracle, served: Any) -> None:  # noqa: F811
+    end = oracle.t0 + 30 * 60_000
+    rfc = datetime.fromtimestamp(end / 1000, UTC).isoformat().replace("+00:00", "Z")
+    for params in (
+        [("query", "sum by (zone) (node_temp_celsius)"), ("time", rfc)],
+        [("query", "rate(http_requests_total[5m])"), ("time", f"{end / 1000:.3f}")],
+    ):
+        status, reply = get_json(served.url, "/api/v1/query", params)
+        assert status == 200, reply
+        expected = _prometheus(oracle.url, "query", dict(params))
+        assert _agree(expected, normal_reply(reply), False), (expected, reply)
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "kind"),
+    [
+        ("/api/v1/query", [("query", "sum(")], "bad_data"),
+        ("/api/v1/query", [("query", "up"), ("time", "yesterday")], "bad_data"),
+        (
+            "/api/v1/query_range",
+            [("query", "up"), ("start", "10"), ("end", "5"), ("step", "1")],
+            "bad_data",
+        ),
+        (
+            "/api/v1/query_range",
+            [("query", "up"), ("start", "0"), ("end", "100000"), ("step", "1")],
+            "bad_data",
+        ),
+        (
+            "/api/v1/query_range",
+            [("query", "up"), ("start", "0"), ("end", "10"), ("step", "0")],
+            "bad_data",
+        ),
+        (
+            "/api/v1/query_range",
+            [("query", "up"), ("start", "0"), ("end", "10"), ("step", "soon")],
+            "bad_data",
+        ),
+        ("/api/v1/series", [], "bad_data"),
+        ("/api/v1/series", [("match[]", "{")], "bad_data"),
+    ],
+)
+def test_issue13_errors_have_prometheus_shape_type_and_status(
+    oracle: Oracle,  # noqa: F811
+    served: Any,
+    path: str,
+    params: list[tuple[str, str]],
+    kind: str,
+) -> None:
+    theirs_status, theirs = get_json(oracle.url, path, params)
+    ours_status, ours = post_form(served.url, path, params)
+    assert theirs["status"] == ours["status"] == "error"
+    assert (theirs["errorType"], theirs_status) == (ours["errorType"], ours_status) == (kind, 400)
+    if "parse error" not in theirs["error"]:  # parse errors are the parser package's words
+        assert ours["error"] == theirs["error"]
+
+
+def test_issue13_series_labels_and_values_list_what_prometheus_lists(
+    oracle: Oracle,  # noqa: F811
+    served: Any,
+) -> None:
+    for path, params in (
+        (
+            "/api/v1/series",
+            [("match[]", "node_temp_celsius"), ("match[]", 'gpu_util_ratio{gpu="1"}')],
+        ),
+        ("/api/v1/labels", [("match[]", IN_VAULT)]),
+        ("/api/v1/label/__name__/values", [("match[]", IN_VAULT)]),
+        ("/api/v1/label/instance/values", [("match[]", IN_VAULT)]),
+    ):
+        _, theirs = get_json(oracle.url, path, params)
+        status, ours = (
+            post_form(served.url, path, params)
+            if "label/" not in path
+            else get_json(served.url, path, params)
+        )
+        assert status == 200 and ours["status"] == "success", ours
+        key = json.dumps  # label sets: compare as sorted JSON
+        assert sorted(map(key, ours["data"])) == sorted(map(key, theirs["data"])), path
+    _, meta = get_json(served.url, "/api/v1/metadata", [])
+    assert meta["data"]["http_requests_total"][0]["type"] == "counter", meta
+    _, info = get_json(served.url, "/api/v1/status/buildinfo", [])
+    assert info["data"]["version"].startswith("2.")
+    _, ex = post_form(served.url, "/api/v1/query_exemplars", [("query", "up")])
+    assert ex == {"status": "success", "data": []}
