@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from metricvault.durations import DAY_MS, HOUR_MS, now_ms, parse_duration_ms
-from metricvault.model import TIERS
+from metricvault.model import TIER_RESOLUTION_MS, TIERS
 from metricvault.selector import parse_selector
 from metricvault.store import files as fmt
 from metricvault.store import rollup
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from metricvault.store.vault import Vault
 
 log = logging.getLogger("metricvault")
-MINUTE_MS = 60_000
+MINUTE_MS = TIER_RESOLUTION_MS["1m"]  # the 1m tier's bucket width; model.py owns it
 
 ProgressCallback = Callable[[str, int, int], None]
 """``progress(step, done, total)``: called with ``done`` = 0, 1, ..., ``total`` for each step

@@ -20,13 +20,13 @@ import pyarrow.compute as pc
 
 from metricvault.durations import parse_duration_ms
 from metricvault.errors import InputError, MissingDependencyError, TimeRangeError
-from metricvault.model import AGGREGATES
+from metricvault.model import AGGREGATES, TIER_RESOLUTION_MS
 from metricvault.store import rollup
 from metricvault.store.catalog import Snapshot
 from metricvault.store.reader import Reader
 from metricvault.store.series_index import SeriesIndex
 
-ROLLUP_TIERS: tuple[tuple[str, int], ...] = (("1h", 3_600_000), ("1m", 60_000))
+ROLLUP_TIERS: tuple[tuple[str, int], ...] = tuple(TIER_RESOLUTION_MS.items())  # model.py owns them
 OUTPUTS = ("pandas", "arrow", "polars")
 
 
