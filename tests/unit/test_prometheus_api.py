@@ -1,0 +1,119 @@
+"""The gateway's Prometheus query API: tenants, auth, limits, parameter parsing (issue 13).
+
+Answers themselves are compared with a real Prometheus in tests/e2e/test_prometheus_api.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from metricvault import Vault
+from metricvault.config import BearerToken, Settings
+from metricvault.errors import PromQLError
+from metricvault.ingest.app import create_app
+from metricvault.ingest.auth import hash_secret
+from metricvault.ingest.prometheus_api import parse_duration_param, parse_time_param
+
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+A = {"Authorization": "Bearer token-a"}
+B = {"Authorization": "Bearer token-b"}
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[tuple[TestClient, Vault]]:
+    settings = Settings.load(
+        env={},
+        gateway_maintain=False,
+        auth_bearer_tokens=(
+            BearerToken(hash_secret("token-a"), "team-a"),
+            BearerToken(hash_secret("token-b"), "team-b"),
+        ),
+    )
+    vault = Vault.open_local(str(tmp_path / "v"), settings)
+    with TestClient(create_app(vault, settings)) as test_client:
+        for headers, value in ((A, 1.0), (B, 2.0)):
+            # line protocol: measurement gpu, field util -> the series gpu_util
+            lines = "".join(f"gpu,gpu=0 util={value} {T0 + i * 15_000}\n" for i in range(20))
+            reply = test_client.post("/write?precision=ms", content=lines, headers=headers)
+            assert reply.status_code == 204, reply.text
+        yield test_client, vault
+    vault.close()
+
+
+def _query(client: TestClient, headers: dict[str, str], **params: str) -> Any:
+    reply = client.post("/api/v1/query", data=params, headers={**headers, **FORM})
+    return reply.status_code, reply.json()
+
+
+def test_issue13_a_tenant_sees_only_its_own_series(client: tuple[TestClient, Vault]) -> None:
+    test_client, _ = client
+    at = f"{(T0 + 200_000) / 1000}"
+    status, body = _query(test_client, A, query='{__name__=~".+"}', time=at)
+    assert status == 200, body
+    assert [r["metric"]["tenant"] for r in body["data"]["result"]] == ["team-a"]
+    assert body["data"]["result"][0]["value"][1] == "1"
+    # a selector naming the other tenant finds nothing: the caller's tenant matcher is ANDed
+    status, body = _query(test_client, A, query='gpu_util{tenant="team-b"}', time=at)
+    assert status == 200 and body["data"]["result"] == []
+    status, body = _query(test_client, B, query="sum(gpu_util)", time=at)
+    assert body["data"]["result"][0]["value"][1] == "2"
+    series = test_client.get("/api/v1/series", params={"match[]": "gpu_util"}, headers=B).json()
+    assert series["data"] == [{"__name__": "gpu_util", "gpu": "0", "tenant": "team-b"}]
+    values = test_client.get("/api/v1/label/tenant/values", headers=A).json()
+    assert values["data"] == ["team-a"]
+
+
+def test_issue13_every_query_route_needs_credentials_and_answers_in_prometheus_shape(
+    client: tuple[TestClient, Vault],
+) -> None:
+    test_client, _ = client
+    for path in ("/api/v1/query", "/api/v1/query_range", "/api/v1/series", "/api/v1/labels"):
+        reply = test_client.post(path, data={"query": "up"}, headers=FORM)
+        assert reply.status_code == 401, (path, reply.text)
+        assert reply.json()["status"] == "error" and "WWW-Authenticate" in reply.headers
+
+
+def test_issue13_too_many_samples_is_an_execution_error(tmp_path: Path) -> None:
+    settings = Settings.load(env={}, gateway_maintain=False, query_max_samples=10)
+    vault = Vault.open_local(str(tmp_path / "v"), settings)
+    with TestClient(create_app(vault, settings)) as test_client:
+        lines = "".join(f"m x={i} {T0 + i * 1000}\n" for i in range(50))
+        assert test_client.post("/write?precision=ms", content=lines).status_code == 204
+        reply = test_client.get(
+            "/api/v1/query", params={"query": "count_over_time(m_x[1m])", "time": T0 / 1000 + 60}
+        )
+    vault.close()
+    assert reply.status_code == 422, reply.text
+    assert reply.json()["errorType"] == "execution"
+    assert "too many samples" in reply.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [
+        ("1767225600", T0),
+        ("1767225600.123", T0 + 123),
+        ("2026-01-01T00:00:00Z", T0),
+        ("2026-01-01T01:00:00.5+01:00", T0 + 500),
+    ],
+)
+def test_issue13_times_are_unix_seconds_or_rfc3339(text: str, ms: int) -> None:
+    assert parse_time_param(text, 0, "time") == ms
+
+
+@pytest.mark.parametrize(("text", "ms"), [("15", 15_000), ("0.5", 500), ("1m30s", 90_000)])
+def test_issue13_durations_are_seconds_or_prometheus_durations(text: str, ms: int) -> None:
+    assert parse_duration_param(text, "step") == ms
+
+
+@pytest.mark.parametrize("text", ["yesterday", "2026-01-01T00:00:00", "1e400x"])
+def test_issue13_bad_times_are_refused_with_prometheus_words(text: str) -> None:
+    with pytest.raises(PromQLError, match=f'cannot parse "{text}" to a valid timestamp') as info:
+        parse_time_param(text, 0, "time")
+    assert info.value.kind == "bad_data"
