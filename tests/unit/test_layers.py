@@ -35,7 +35,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "promql": {"leaf", "store"},
     "archive": {"leaf", "store"},
     "decoders": {"leaf"},  # ingest/protocols, ingest/proto: pure decoding
-    "ingest": {"leaf", "store", "decoders", "open"},
+    "ingest": {"leaf", "store", "decoders", "open", "promql"},  # read routes call the engine
     "collect": {"leaf", "open"},  # reaches a store only through metricvault.open
     "open": {"leaf", "store", "archive", "collect"},
     "app": {"leaf", "store", "promql", "archive", "decoders", "ingest", "collect", "open"},
@@ -63,7 +63,7 @@ TRACKED: dict[tuple[str, str], str] = {
     ("metricvault.store.vault", "metricvault.cli.progress"): "progress bar in maintain",
     ("metricvault.demo", "metricvault.cli.progress"): "demo progress bar",
     ("metricvault.archive.compare", "metricvault.report"): "compare <-> report",
-    ("metricvault.ingest.prometheus_api", "metricvault.promql"): "gateway PromQL API",
+    ("metricvault.store.vault", "metricvault.promql.frame"): "Vault.promql convenience",
     **{
         ("metricvault.collect.sources.simulated", f"metricvault.sim.{m}"): "simulated source"
         for m in ("gpu", "noise", "plan", "spec", "uuids")

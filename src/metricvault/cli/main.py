@@ -119,6 +119,43 @@ def query(
 
 
 @app.command()
+def promql(
+    expr: Annotated[str, typer.Argument(help="PromQL expression, e.g. 'rate(x_total[5m])'.")],
+    start: Annotated[
+        str, typer.Option("--start", "-s", help="Evaluation time (instant) or range start.")
+    ] = "now",
+    end: Annotated[
+        str | None, typer.Option("--end", "-e", help="Range end: with --step, a range query.")
+    ] = None,
+    step: Annotated[str | None, typer.Option(help="Range query resolution (15s, 1m, 1h).")] = None,
+    fmt: FormatOpt = None,
+    output: OutOpt = None,
+    data: DataOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Evaluate PromQL over the vault, as Prometheus would over the same samples.
+
+    Without --end: an instant query at --start (default now). With --end and --step: a range
+    query at start, start+step, ... <= end. Times: ISO, epoch ms, now or -2h. The answer is the
+    long shape (timestamp, metric, labels, value); `-f csv|json|parquet` or `-o FILE`.
+
+    Example: `metricvault promql 'avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)' --start=-1h
+    --end now --step 5m`
+    """
+    from metricvault.cli.output import resolve_format, to_arrow
+
+    kind = resolve_format(fmt, output)
+    if (end is None) != (step is None):
+        raise typer.BadParameter("a range query needs both --end and --step")
+    with open_vault(data, config, set_) as vault:
+        from metricvault.promql.frame import promql_frame
+
+        table = promql_frame(vault, expr, start, end, step, output="arrow")
+    emit(to_arrow(table), kind, output, title=expr)
+
+
+@app.command()
 def sql(
     statement: Annotated[str, typer.Argument(help="DuckDB SQL.")],
     fmt: FormatOpt = None,
@@ -373,9 +410,7 @@ def serve(
         )
         return
     vault = open_store(settings.data, settings, need="serve")
-    err.print(
-        f"metricvault gateway on {scheme}://{host}:{port} storing into {redact(vault.uri)}"
-    )
+    err.print(f"metricvault gateway on {scheme}://{host}:{port} storing into {redact(vault.uri)}")
     # uvicorn re-raises SIGTERM after its graceful shutdown (drain, then the app's lifespan
     # flush); exit through the finally below instead of dying with status 143
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

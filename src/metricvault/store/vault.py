@@ -463,6 +463,21 @@ class Vault:
 
         return history(self, experiment, metrics, **options)
 
+    def promql(
+        self,
+        expr: str,
+        start: TimeLike = "now",
+        end: TimeLike | None = None,
+        step: str | int | None = None,
+        output: str = "pandas",
+    ) -> Any:
+        """A PromQL query in the long shape (``timestamp``, ``metric``, labels, ``value``):
+        instant at ``start`` without ``end``; with ``end`` and ``step`` a range query
+        (``metricvault.promql``; Prometheus's answer for the same samples, tested)."""
+        from metricvault.promql.frame import promql_frame
+
+        return promql_frame(self, expr, start, end, step, output)
+
     def flush_for_read(self) -> None:
         """Reads flush first, so they see every write so far. Where nothing can be written (a
         full disk) they answer from the data files alone, and say what that leaves out."""

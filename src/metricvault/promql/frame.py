@@ -1,0 +1,68 @@
+"""PromQL answers in the vault's long shape: ``vault.promql(...)`` and ``metricvault promql``.
+
+One row per series and evaluation time: ``timestamp`` (UTC), ``metric`` (the result's
+``__name__``, null where PromQL dropped it, e.g. after ``rate`` or ``sum``), one column per
+label, ``value``. Without ``end`` it is an instant query at ``start``; with ``end`` and ``step``
+a range query at ``start, start + step, ... <= end``, exactly as Prometheus aligns it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from metricvault.durations import TimeLike, now_ms, parse_duration_ms, parse_time_ms
+from metricvault.errors import PromQLError
+from metricvault.promql.eval import Engine, EngineOptions
+from metricvault.promql.source import VaultSource
+from metricvault.promql.values import QueryResult
+
+
+def promql_frame(
+    store: Any,
+    expr: str,
+    start: TimeLike = "now",
+    end: TimeLike | None = None,
+    step: str | int | None = None,
+    output: str = "pandas",
+    options: EngineOptions | None = None,
+) -> Any:
+    """Evaluate ``expr`` over ``store`` (anything with the vault's ``query``) as a frame."""
+    from metricvault.store.query import convert
+
+    now = now_ms()
+    at = parse_time_ms(start, now=now)
+    engine = Engine(VaultSource(store), options)
+    if end is None:
+        result = engine.evaluate(expr, at)
+    else:
+        if step is None:
+            raise PromQLError("a range query needs a step, e.g. step='1m'", kind="bad_data")
+        result = engine.evaluate(expr, at, parse_time_ms(end, now=now), parse_duration_ms(step))
+    return convert(long_table(result), output)
+
+
+def long_table(result: QueryResult) -> pa.Table:
+    if result.result_type == "string":
+        raise PromQLError("a string result has no samples to tabulate", kind="bad_data")
+    names = sorted({k for labels, _, _ in result.series for k in labels} - {"__name__"})
+    ts_parts, value_parts, index = [], [], []
+    for i, (_, ts, values) in enumerate(result.series):
+        ts_parts.append(np.asarray(ts, dtype=np.int64))
+        value_parts.append(np.asarray(values, dtype=np.float64))
+        index.append(np.full(len(ts), i, dtype=np.int64))
+    rows = np.concatenate(index) if index else np.zeros(0, dtype=np.int64)
+    columns: dict[str, pa.Array] = {
+        "timestamp": pa.array(
+            np.concatenate(ts_parts) if ts_parts else np.zeros(0, np.int64), pa.int64()
+        ).cast(pa.timestamp("ms", tz="UTC")),
+    }
+    for name in ["__name__", *names]:
+        per_series = pa.array([labels.get(name) for labels, _, _ in result.series], pa.string())
+        columns["metric" if name == "__name__" else name] = per_series.take(pa.array(rows))
+    columns["value"] = pa.array(
+        np.concatenate(value_parts) if value_parts else np.zeros(0), pa.float64()
+    )
+    return pa.table(columns)

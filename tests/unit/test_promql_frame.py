@@ -1,0 +1,59 @@
+"""``vault.promql`` and ``metricvault promql``: PromQL answers in the long shape (issue 13)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from metricvault import Vault
+from metricvault.cli.main import app
+from metricvault.errors import PromQLError
+
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+
+@pytest.fixture
+def vault_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "v"
+    with Vault.open(str(path)) as vault:  # counters rising by 1 (a) and 2 (b) per 15 s
+        vault.write(
+            [
+                ("req_total", {"job": job}, T0 + i * 15_000, float(k * i))
+                for job, k in (("a", 1), ("b", 2))
+                for i in range(41)
+            ]
+        )
+    return path
+
+
+def test_issue13_vault_promql_is_the_long_shape(vault_dir: Path) -> None:
+    with Vault.open(str(vault_dir)) as vault:
+        instant = vault.promql("sum by (job) (rate(req_total[1m]))", T0 + 300_000)
+        ranged = vault.promql("req_total", T0 + 60_000, T0 + 180_000, "1m", output="arrow")
+    assert list(instant.columns) == ["timestamp", "metric", "job", "value"]
+    assert instant["metric"].isna().all()  # rate drops the metric name, as in Prometheus
+    assert dict(zip(instant["job"], instant["value"], strict=True)) == pytest.approx(
+        {"a": 1 / 15, "b": 2 / 15}
+    )
+    assert ranged.num_rows == 6  # 3 steps x 2 series
+    assert ranged["value"].to_pylist() == [4.0, 8.0, 12.0, 8.0, 16.0, 24.0]
+
+
+def test_issue13_a_range_query_needs_a_step(vault_dir: Path) -> None:
+    with Vault.open(str(vault_dir)) as vault, pytest.raises(PromQLError, match="needs a step"):
+        vault.promql("req_total", T0, T0 + 60_000)
+
+
+def test_issue13_promql_on_the_command_line(vault_dir: Path) -> None:
+    args = ["promql", "sum(req_total)", f"--start={T0 + 600_000}", "-d", str(vault_dir)]
+    result = CliRunner().invoke(app, [*args, "-f", "json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert [r["value"] for r in rows] == [120.0]  # 40 + 80 at the 40th sample
+    bad = CliRunner().invoke(app, ["promql", "sum(", "-d", str(vault_dir)])
+    assert isinstance(bad.exception, PromQLError) and "parse error" in str(bad.exception)
+    half = CliRunner().invoke(app, [*args, "--end", "now"])
+    assert half.exit_code != 0 and "--end and --step" in half.output
