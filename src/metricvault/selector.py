@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from metricvault.errors import SelectorError
+from metricvault.model import LABEL_NAME_PATTERN, METRIC_NAME_PATTERN
 
-_METRIC_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_METRIC_RE = re.compile(METRIC_NAME_PATTERN)  # the name rules: metricvault.model
 _MATCHER_RE = re.compile(
-    r"""\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')\s*"""
+    rf"""\s*({LABEL_NAME_PATTERN})\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')\s*"""
 )
 _OR_RE = re.compile(r"\s+or\s+")
 OPS = ("=", "!=", "=~", "!~")

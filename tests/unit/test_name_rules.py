@@ -20,6 +20,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from metricvault import Vault
+from metricvault.collect.sources.host import validate_extra_labels
 from metricvault.config import Settings
 from metricvault.errors import LabelError
 from metricvault.ingest.app import create_app
@@ -94,6 +95,11 @@ def via_encoder(name: str) -> None:
     encode_write_request([("up", {name: "x"}, T0, 1.0)])
 
 
+def via_agent_labels(name: str) -> None:
+    # ``metricvault agent --label NAME=VALUE``: refused at start, not by the gateway forever.
+    validate_extra_labels({name: "x"}, reserved=())
+
+
 PATHS: dict[str, Callable[[str], None]] = {
     "remote_write 1.0": via_v1,
     "remote_write 2.0": via_v2,
@@ -101,6 +107,7 @@ PATHS: dict[str, Callable[[str], None]] = {
     "Vault.write tuples": via_tuples,
     "Vault.write table": via_table,
     "agent encoder": via_encoder,
+    "agent extra labels": via_agent_labels,
 }
 
 

@@ -19,6 +19,7 @@ import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from metricvault.collect.sources import FastReading
+from metricvault.model import label_name_problem
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,6 @@ DEFAULT_DISK_EXCLUDE = r"^(z?ram|loop|fd|(h|s|v|xv)d[a-z]|nvme\d+n\d+p)\d+$"
 # /proc/stat's guest times are already inside user/nice; node_exporter exports them apart.
 CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 _IDLE_MODES = ("idle", "iowait")
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 # (node_exporter name without _total, psutil field, help)
 _DISK_COUNTERS = (
@@ -85,8 +85,9 @@ def validate_extra_labels(
     """Check extra label names: valid Prometheus names that do not clash with a source's own."""
     extra = dict(extra_labels or {})
     for name in extra:
-        if not _LABEL_NAME.match(name) or name.startswith("__"):
-            raise ValueError(f"extra label {name!r} is not a valid Prometheus label name")
+        problem = label_name_problem(name)  # the gateway's rule: refused here, not there
+        if problem is not None:
+            raise ValueError(f"extra label {name!r} is not a valid label name: {problem}")
         if name in reserved:
             raise ValueError(f"extra label {name!r} clashes with a label this source sets")
     return extra
