@@ -35,6 +35,7 @@ lint: $(VENV)/.test-deps
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy --strict src
+	$(BIN)/mypy tests
 
 test: $(VENV)/.test-deps system-deps lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests

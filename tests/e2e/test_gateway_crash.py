@@ -114,8 +114,12 @@ def test_sigkill_twice_under_load_loses_and_duplicates_nothing(
             acked_at_kill = count_lines(acked_log)
             time.sleep(rng.uniform(0.1, 1.0))
             gw.start()
+
+            def recovered(n: int = acked_at_kill) -> bool:
+                return count_lines(acked_log) >= n + PROGRESS
+
             wait_for(
-                lambda n=acked_at_kill: count_lines(acked_log) >= n + PROGRESS,
+                recovered,
                 "the load generator did not recover after a restart",
                 context,
             )

@@ -117,8 +117,8 @@ class Exporter:
             yield f'mv_e2e_temperature_celsius{{gpu="{gpu}"}} {value!r}\n'
         yield "# HELP mv_e2e_latency_seconds Request latency.\n"
         yield "# TYPE mv_e2e_latency_seconds histogram\n"
-        for bound, count in zip((*BUCKETS, "+Inf"), self.buckets, strict=True):
-            yield f'mv_e2e_latency_seconds_bucket{{le="{bound}"}} {count}\n'
+        for le, count in zip((*BUCKETS, "+Inf"), self.buckets, strict=True):
+            yield f'mv_e2e_latency_seconds_bucket{{le="{le}"}} {count}\n'
         yield f"mv_e2e_latency_seconds_sum {self.latency_sum!r}\n"
         yield f"mv_e2e_latency_seconds_count {self.buckets[-1]}\n"
 

@@ -48,9 +48,9 @@ from metricvault.store.backends.influx_client import InfluxClient, parse_uri
 from metricvault.store.backends.influxdb import InfluxVault, setup, setup_statements
 from metricvault.store.vault import Vault
 
+from .conftest import free_port
 from .influx_fixture import (  # noqa: F401
     InfluxServer,
-    free_port,
     influxd,
     influxd_auth,
     influxd_tls,
@@ -377,7 +377,7 @@ def test_queries_pick_the_policy_by_step_and_completeness(influxd):
 
 def _labels(series_row: pd.Series) -> dict[str, str]:
     skip = ("series_id", "metric", "kind")
-    return {k: v for k, v in series_row.items() if k not in skip and isinstance(v, str)}
+    return {str(k): v for k, v in series_row.items() if k not in skip and isinstance(v, str)}
 
 
 # --------------------------------------------------------------------------- archive
@@ -389,7 +389,7 @@ def test_export_gives_the_same_rows_from_both_backends(pair, tmp_path, tier):
         exp_id = f"r3-{tier}"
         if exp_id not in vault.experiments:
             vault.experiments.create(exp_id, '{job="llama-70b-r3"}', **fields)
-        info = export_snapshot(vault, exp_id, tmp_path / name, tier=tier)  # type: ignore[arg-type]
+        info = export_snapshot(vault, exp_id, tmp_path / name, tier=tier)
         paths.append(info.path)
     a, b = (pq.read_table(p) for p in paths)
     assert a.num_rows == b.num_rows > 0
@@ -531,7 +531,7 @@ def test_the_gateway_stores_into_influxdb(influxd, tmp_path, monkeypatch):
         for g in range(2)
         for i in range(5)
     )
-    with fresh_vault(influxd) as vault, TestClient(create_app(vault, settings)) as client:  # type: ignore[arg-type]
+    with fresh_vault(influxd) as vault, TestClient(create_app(vault, settings)) as client:
         reply = client.post("/write?precision=s", content=lines.encode())
         assert reply.status_code == 204, reply.text
         assert client.get("/metrics").status_code == 200

@@ -603,7 +603,7 @@ def _cases(t0: int) -> list[tuple[str, str, dict[str, str], tuple[int, ...]]]:
     instants = [end, end - 7_500, t0 + 20 * 60_000, t0 + 20 * 60_000 + 22_500, end + 180_000,
                 end + 360_000]  # fmt: skip
     ranges = [(t0 + 120_000, end + 120_000, 30_000), (t0 + 300_000, t0 + 1_500_000, 17_000)]
-    cases = []
+    cases: list[tuple[str, str, dict[str, str], tuple[int, ...]]] = []
     for expr in QUERIES:
         for t in instants:
             cases.append((expr, "query", {"query": expr, "time": f"{t / 1000:.3f}"}, (t,)))

@@ -24,6 +24,7 @@ import pytest
 
 from metricvault import Vault
 from metricvault.errors import ConfigError, NotFoundError, StorageError
+from metricvault.store.catalog import DataFile, SeriesFile
 
 from .conftest import S3Server, free_port
 
@@ -261,7 +262,8 @@ def test_objects_are_in_the_bucket(s3_server: S3Server, loaded: Loaded) -> None:
     assert any(k.startswith("series/") and k.endswith(".parquet") for k in rel)
     # Every file the catalog references is there with the size it recorded ...
     snap = loaded.vault.snapshot()
-    for f in [*snap.files, *snap.series_files]:
+    files: list[DataFile | SeriesFile] = [*snap.files, *snap.series_files]
+    for f in files:
         key = f.path.removeprefix(f"{loaded.bucket}/")
         assert keys.get(key) == f.bytes, f"{key}: catalog says {f.bytes} bytes"
     # ... and the ingest buffer stays local, never in the bucket.
@@ -293,7 +295,7 @@ def test_second_reader_with_its_own_state_dir_sees_the_same(
         assert other.snapshot() == loaded.vault.snapshot()
         pd.testing.assert_frame_equal(other.series(), loaded.vault.series())
         for step in (None, "1h", "1m"):
-            kwargs = {} if step is None else {"step": step, "aggs": AGGS}
+            kwargs: dict[str, Any] = {} if step is None else {"step": step, "aggs": AGGS}
             mine = loaded.vault.query('{host="node01"}', T0, T0 + 2 * DAY, **kwargs)
             theirs = other.query('{host="node01"}', T0, T0 + 2 * DAY, **kwargs)
             pd.testing.assert_frame_equal(theirs, mine)

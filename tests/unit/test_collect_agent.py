@@ -111,7 +111,7 @@ def test_window_families_render_as_gauges():
             sampler.sample_once()
             return window_families(sampler.window(1.0), 1.0)
 
-    registry.register(Collector())  # type: ignore[arg-type]
+    registry.register(Collector())
     from prometheus_client import generate_latest
 
     parsed = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
@@ -133,7 +133,7 @@ def _get(url: str, headers: dict[str, str] | None = None, context=None) -> tuple
 @pytest.fixture
 def registry() -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(FakeGpu([42]))  # type: ignore[arg-type]
+    registry.register(FakeGpu([42]))
     return registry
 
 
@@ -217,7 +217,7 @@ def test_openmetrics_output_parses_with_dcgm_counter_names(tmp_path):
     from metricvault.collect.sources.simulated import SimulatedGpuSource
 
     registry = CollectorRegistry()
-    registry.register(SimulatedGpuSource(gpus=1, hostname="node01"))  # type: ignore[arg-type]
+    registry.register(SimulatedGpuSource(gpus=1, hostname="node01"))
     server = MetricsServer(registry, "127.0.0.1", 0)
     server.start()
     try:

@@ -140,7 +140,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     @property
     def fake(self) -> FakeGateway:
-        return self.server.fake  # type: ignore[attr-defined,no-any-return]
+        return self.server.fake  # type: ignore[attr-defined]
 
     def setup(self) -> None:
         super().setup()
@@ -630,7 +630,11 @@ def test_issue10_400_drops_the_request_only_when_an_empty_request_passes(
 def test_issue10_a_400_that_an_empty_request_gets_too_keeps_the_data(
     fake: FakeGateway, clients: list[PushClient], tmp_path: Path
 ) -> None:
-    proxy = (400, {}, "The plain HTTP request was sent to HTTPS port")
+    proxy: tuple[int, dict[str, str], str] = (
+        400,
+        {},
+        "The plain HTTP request was sent to HTTPS port",
+    )
     fake.script = [proxy] * 3
     fake.probe_script = [proxy] * 4  # the start-up check and one after each 400
     client = new_client(clients, fake.url, tmp_path)

@@ -50,7 +50,7 @@ def manifest() -> dict:
 
 @pytest.fixture
 def make_client(tmp_path):
-    clients = []
+    clients: list[tuple[TestClient, Vault]] = []
 
     def make(**overrides):
         settings = Settings.load(env={}, gateway_maintain=False, **overrides)
@@ -278,6 +278,7 @@ def _scrape(run_dir: Path) -> dict[str, float]:
 
 def test_worker_metrics_add_up_over_processes(tmp_path):
     a, b = _worker(tmp_path, 30, 5, 10), _worker(tmp_path, 12, 7, 11)
+    assert a.stdout is not None and b.stdout is not None
     try:
         run_dir = Path(a.stdout.readline().strip())
         assert Path(b.stdout.readline().strip()) == run_dir  # one directory per serve run
@@ -294,7 +295,7 @@ def test_worker_metrics_add_up_over_processes(tmp_path):
         assert (got["metricvault_buffer_samples"], got["metricvault_series"]) == (5, 10)
     finally:
         for proc in (a, b):
-            if proc.poll() is None:
+            if proc.poll() is None and proc.stdin is not None:
                 proc.stdin.close()  # the last worker to stop removes the directory
                 assert proc.wait(timeout=10) == 0
     assert not run_dir.exists()

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -266,7 +267,12 @@ def test_issue11_import_reads_in_bounded_batches_and_names_a_bad_time(tmp_path, 
     seen: list[int] = []
     with Vault.open(str(tmp_path / "v"), create=True) as v:
         original = v.write
-        monkeypatch.setattr(v, "write", lambda t: seen.append(t.num_rows) or original(t))
+
+        def counting_write(table: Any) -> int:
+            seen.append(table.num_rows)
+            return original(table)
+
+        monkeypatch.setattr(v, "write", counting_write)
         with pytest.raises(InputError, match="'yesterday' is neither epoch milliseconds"):
             importer.import_file(v, csv)
         # issue 10/11: bad input changes nothing, even when the bad row is the file's last

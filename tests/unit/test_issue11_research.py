@@ -3,6 +3,7 @@ experiment filters, the training API's series names, the demo report."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import re
 import shlex
@@ -250,7 +251,7 @@ def test_issue11_experiment_list_filters_as_the_docs_show(
     args = _doc_command("metricvault experiment list --tag")
     done = runner.invoke(app, [*args, "-f", "csv"])
     assert done.exit_code == 0, done.output
-    assert pd.read_csv(pd.io.common.StringIO(done.output))["id"].tolist() == ["r3"]
+    assert pd.read_csv(io.StringIO(done.output))["id"].tolist() == ["r3"]
 
 
 def test_issue11_failed_create_does_not_say_it_recorded_a_commit(

@@ -313,7 +313,9 @@ def test_open_days_merge_only_small_files_and_closed_days_merge_whole(tmp_path):
 
 
 def test_sql_rollup_views_restore_elided_values(vault):
-    rows = [("idle", {}, T0 + i * 5000, 0.0) for i in range(24)]  # constant buckets
+    rows: list[tuple[str, dict[str, str], int, float]] = [
+        ("idle", {}, T0 + i * 5000, 0.0) for i in range(24)
+    ]  # constant buckets
     rows += [("sparse", {}, T0 + i * 60_000, float(i) / 4) for i in range(5)]  # one per bucket
     rows += gauge_rows(24, 1)
     vault.write(rows)

@@ -236,7 +236,10 @@ def test_issue10_bit_flip_in_an_s3_object_fails_loudly_and_check_names_it(
     s3_server: S3Server, s3_bucket: str, tmp_path: Path
 ) -> None:
     uri = f"s3://{s3_bucket}/vault"
-    where = {"s3_endpoint": s3_server.endpoint, "state_dir": str(tmp_path / "state")}
+    where: dict[str, Any] = {
+        "s3_endpoint": s3_server.endpoint,
+        "state_dir": str(tmp_path / "state"),
+    }
     with Vault.open(uri, **where) as vault:
         vault.write(frame("gpu_util", {"0": 50.0, "1": 60.0}, 2000))
     damaged = vault.snapshot().files[0]

@@ -24,6 +24,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from metricvault.store.catalog import DataFile, SeriesFile
+from metricvault.store.query import ContextReader
 from metricvault.store.vault import Vault
 
 pytestmark = pytest.mark.e2e
@@ -79,7 +81,8 @@ def parquet_files(root: Path) -> set[Path]:
 
 def referenced(vault: Vault) -> set[Path]:
     snap = vault.snapshot()
-    return {Path(f.path) for f in [*snap.files, *snap.series_files]}
+    files: list[DataFile | SeriesFile] = [*snap.files, *snap.series_files]
+    return {Path(f.path) for f in files}
 
 
 def catalog_json(path: Path) -> list[dict[str, Any]]:
@@ -327,6 +330,7 @@ def test_issue10_reader_keeps_its_files_across_two_maintenance_rounds(tmp_path: 
         for p in parquet_files(vault_dir):  # written long ago: a long export holds them
             os.utime(p, (two_hours_ago, two_hours_ago))
         reader = vault.sample_reader()
+        assert isinstance(reader, ContextReader)  # the embedded store's reader: it holds files
         series_ids = sorted(info.series_id for info in vault.index.all())
         want = reader.raw_samples(series_ids, T0, T0 + DAY)
         held = {Path(f.path) for f in reader.ctx.snapshot.files}

@@ -1,0 +1,1 @@
+"""metricvault test suite (a package so mypy names its modules tests.*)."""

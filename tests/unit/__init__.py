@@ -1,0 +1,1 @@
+"""Unit tests: in-process, no servers."""
