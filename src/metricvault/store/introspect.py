@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from metricvault.archive.experiments import experiments_table
 from metricvault.durations import now_ms
 from metricvault.errors import CorruptionError, InputError
+from metricvault.experiment import experiments_table
 from metricvault.model import TIERS
 from metricvault.selector import parse_selectors
 from metricvault.store import files as fmt
