@@ -10,6 +10,8 @@ why. Before issue 12 each spelled out its own list, and ``kind`` / ``series_id``
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -205,3 +207,23 @@ def test_issue12_series_id_and_kind_labels_are_refused_with_400_everywhere(
     series = vault.series()
     assert list(series["kind"]) == ["gauge"] and list(series["job"]) == ["abc"]
     assert series["series_id"].dtype.kind == "i"
+
+
+def test_issue12_the_documented_relabel_rule_is_a_valid_prometheus_config(tmp_path: Path) -> None:
+    # docs/gateway.md shows senders how to rename a reserved label; promtool must accept it.
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed: apt-get install prometheus")
+    docs = Path(__file__).resolve().parents[2] / "docs" / "gateway.md"
+    block = docs.read_text().split("```yaml\nwrite_relabel_configs:\n", 1)[1].split("```", 1)[0]
+    rules = "".join(f"    {line}\n" for line in block.splitlines())
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "remote_write:\n  - url: http://127.0.0.1:9/api/v1/write\n"
+        f"    write_relabel_configs:\n{rules}"
+    )
+    checked = subprocess.run(
+        [promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=30
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "labelmap" in rules and "exported_kind" in rules

@@ -28,9 +28,10 @@ Mapping to the Prometheus data model (what VictoriaMetrics does with ``-usePromC
   and a leading ``_`` before a digit (``gpu-id`` becomes ``gpu_id``, ``0x`` becomes ``_0x``);
   tag values are kept exactly (non-empty, as InfluxDB requires; at most 4096 bytes and 64 tags,
   the store's limits).
-- A tag key whose label name starts with ``__`` (reserved by Prometheus) or is a column of the
-  long shape (``metric``, ``timestamp``, ``value``, ``series_id``, ``ts``, ``kind``) is an error,
-  as are two tag keys (or two field keys) of one line that map to one name.
+- A tag key whose label name ``metricvault.model`` refuses (starting with ``__``, reserved by
+  Prometheus, or one of ``RESERVED_LABEL_NAMES``, the columns beside the labels: ``metric``,
+  ``timestamp``, ``ts``, ``value``, ``series_id``, ``kind`` and the aggregates) is an error, as
+  are two tag keys (or two field keys) of one line that map to one name.
 
 Errors. A request is atomic: any syntax error, bad value (NaN, Inf, out-of-range numbers or
 timestamps, including ones outside the store's years 1990-2200, with a hint when another precision
