@@ -84,7 +84,7 @@ def main(vault_dir: str, seed: int, n: int) -> None:
 
     done = acked_batches(vault_dir)
     start = done[-1] + 1 if done else 0
-    vault = Vault.open(vault_dir, flush_max_samples=FLUSH_MAX_SAMPLES)
+    vault = Vault.open_local(vault_dir, flush_max_samples=FLUSH_MAX_SAMPLES)
     print("ready", start, flush=True)
     fd = os.open(ack_path(vault_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     for b in range(start, n):

@@ -53,7 +53,7 @@ def test_agent_push_mode_delivers_its_series(gateway, tmp_path):
     finally:
         stop_process(agent)
     gw.stop()
-    with Vault.open(str(gw.data_dir)) as vault:
+    with Vault.open_local(str(gw.data_dir)) as vault:
         util = vault.query('DCGM_FI_DEV_GPU_UTIL{Hostname="node42"}', "-10m", "now")
         assert set(util["gpu"]) == {"0", "1"} and set(util["simulated"]) == {"true"}
         assert len(util) >= 6  # 2 GPUs x at least 3 pushes

@@ -159,7 +159,7 @@ def test_push_client_rides_out_a_gateway_outage_and_an_agent_restart(
     offset = clients[0].clock_offset_s
     assert offset is not None and abs(offset) < 3, f"clock offset to the gateway: {offset}"
 
-    with Vault.open(str(gw.data_dir), create=False) as vault:
+    with Vault.open_local(str(gw.data_dir), create=False) as vault:
         table = vault.query(METRIC, t0_ms - 3_600_000, t0_ms + 3_600_000, output="arrow")
         physical = vault.sql("SELECT count(*) AS rows FROM raw")["rows"].iloc[0]
     ts_column = table["timestamp"].cast(pa.int64())

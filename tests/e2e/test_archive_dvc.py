@@ -39,7 +39,7 @@ QUERIES = [
 def vault(tmp_path_factory):
     if not DVC.exists():
         pytest.fail(f"{DVC} not found: install the test extras (pip install -e '.[test]')")
-    v = Vault.open(str(tmp_path_factory.mktemp("vault") / "v"))
+    v = Vault.open_local(str(tmp_path_factory.mktemp("vault") / "v"))
     for chunk in generate(SPEC):
         v.write(chunk)
     v.maintain(now_ms=SPEC.start_ms + 2 * 86_400_000)
@@ -102,7 +102,7 @@ def round_trip(vault: Vault, repo: Path) -> None:
     shutil.rmtree(repo / ".dvc" / "cache", ignore_errors=True)
     restored = restore("r3", repo)
     assert restored == info.path and sha256(restored) == digest
-    with Vault.open(str(restored)) as snap:
+    with Vault.open_local(str(restored)) as snap:
         for got, want in zip(answers(snap), answers(vault), strict=True):
             pd.testing.assert_frame_equal(got, want)
     assert [c.status for c in verify(repo)] == ["ok"]

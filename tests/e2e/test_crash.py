@@ -119,7 +119,7 @@ def test_kill_9_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     last = acked[-1]
     assert last >= MIN_BATCHES, f"only {last + 1} batches acknowledged: too few to test"
 
-    vault = Vault.open(str(vault_dir))
+    vault = Vault.open_local(str(vault_dir))
     try:
         left_in_buffer = vault.buffer.depth()[0]
         vault.flush()  # take over what the killed writer left in the durable buffer

@@ -69,7 +69,7 @@ def demo_vault(tmp_path_factory: pytest.TempPathFactory) -> Path:
     start = (now_ms() - DAY_MS) // 60_000 * 60_000
     spec = ClusterSpec(nodes=2, days=1.0, seed=3, start_ms=start, jobs=jobs)
     path = tmp_path_factory.mktemp("docs-vault") / "metricvault-data"
-    with Vault.open(str(path)) as vault:
+    with Vault.open_local(str(path)) as vault:
         for chunk in generate(spec):
             vault.write(chunk)
         vault.maintain()

@@ -140,7 +140,7 @@ def test_sigkill_twice_under_load_loses_and_duplicates_nothing(
     assert sent == acked, f"a clean stop leaves nothing unacknowledged: {sent[-3:]} {acked[-3:]}"
     assert stats["retries"], f"no retry happened: the kills missed the load? {stats}"
 
-    with Vault.open(str(gw.data_dir), create=False) as vault:
+    with Vault.open_local(str(gw.data_dir), create=False) as vault:
         assert vault.buffer.depth()[0] == 0, f"SIGTERM left {vault.buffer.depth()} buffered"
         series = vault.series(output="arrow")
         # everything, however old or new: nothing that was never sent may be there

@@ -163,7 +163,7 @@ def test_influx_cli_import_into_gateway(gateway: Any, tmp_path: Path) -> None:
     run_import(influx, gw, packed, compressed=True)  # the same points again
     gw.stop_gracefully()
 
-    with Vault.open(str(gw.data_dir), create=False) as vault:
+    with Vault.open_local(str(gw.data_dir), create=False) as vault:
         actual, rows = vault_samples(vault)
     assert rows == len(actual), f"{rows - len(actual)} samples stored twice"
     missing = sorted(set(expected) - set(actual))

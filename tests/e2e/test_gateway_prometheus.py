@@ -267,7 +267,7 @@ def test_prometheus_remote_write_equals_prometheus_tsdb(
     assert prom.stop() == 0, f"prometheus did not stop cleanly:\n{prom.log_tail()}"
     gw.stop_gracefully()
 
-    with Vault.open(str(gw.data_dir), create=False) as vault:
+    with Vault.open_local(str(gw.data_dir), create=False) as vault:
         # SIGTERM flushed: nothing is left in the ingest buffer for this reader to flush
         assert vault.buffer.depth()[0] == 0, f"SIGTERM left {vault.buffer.depth()} buffered"
         actual = vault_samples(vault, started_ms, t1)

@@ -86,6 +86,6 @@ def test_https_with_bearer_token_and_tenant(
     finally:
         assert stop_process(proc, 30) == 0
         log.close()
-    with Vault.open(str(data)) as vault:
+    with Vault.open_local(str(data)) as vault:
         got = vault.query("m_v", T0, T0 + 1)
     assert got["value"].tolist() == [1.5] and got["tenant"].tolist() == ["lab"]

@@ -35,7 +35,7 @@ def test_two_workers_store_every_acknowledged_sample_once(gateway):
             assert resp.status == 204
         acked += 50
     gw.stop_gracefully()
-    with Vault.open(str(gw.data_dir)) as vault:
+    with Vault.open_local(str(gw.data_dir)) as vault:
         vault.maintain(now_ms=T0 + 86_400_000)
         got = vault.query("load_v", T0, T0 + 60_000)
     assert len(got) == acked

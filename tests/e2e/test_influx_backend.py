@@ -90,7 +90,7 @@ class Pair:
     """The same data in an embedded vault and in InfluxDB, both maintained."""
 
     def __init__(self, server: InfluxServer, directory: Path, data: pa.Table) -> None:
-        self.embedded = Vault.open(str(directory), SETTINGS)
+        self.embedded = Vault.open_local(str(directory), SETTINGS)
         self.influx = fresh_vault(server)
         self.data = data
         self.start = int(pc.min(data["timestamp"]).as_py()) // HOUR_MS * HOUR_MS
@@ -668,7 +668,7 @@ def test_metricvault_serve_stores_into_influxdb(influxd, tmp_path):
                 assert reply.status == 204
     finally:
         stop_process(proc)
-    with Vault.open(uri) as vault:
+    with InfluxVault.open(uri) as vault:
         frame = vault.query('gpu_power{gpu="1"}', t0, t0 + 30 * 5000)
         assert frame["value"].tolist() == [101.0 + i / 4 for i in range(30)]
         assert len(vault.series("gpu_power")) == 2

@@ -39,7 +39,7 @@ def test_issue11_history_on_influxdb_equals_the_embedded_store(
     uri = influxd.uri(f"mv_{uuid.uuid4().hex[:10]}")
     setup(uri, settings)
     frames = []
-    for vault in (Vault.open(str(tmp_path / "v")), InfluxVault.open(uri, settings)):
+    for vault in (Vault.open_local(str(tmp_path / "v")), InfluxVault.open(uri, settings)):
         with vault:
             vault.experiments.create("ranks", '{experiment="ranks"}', start=t0, end=t0 + 10_000)
             vault.write(_samples(t0))

@@ -180,3 +180,68 @@ def test_issue13_series_labels_and_values_list_what_prometheus_lists(
     assert info["data"]["version"].startswith("2.")
     _, ex = post_form(served.url, "/api/v1/query_exemplars", [("query", "up")])
     assert ex == {"status": "success", "data": []}
+
+
+@pytest.fixture(scope="module")
+def reader(served: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A second, empty Debian Prometheus whose only data is the gateway's, via remote_read."""
+    import shutil
+    import subprocess
+
+    from .conftest import free_port, stop_process, wait_http_ok
+
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("the prometheus binary is missing: apt-get install -y prometheus")
+    directory = tmp_path_factory.mktemp("prom_reader")
+    config = directory / "prometheus.yml"
+    config.write_text(
+        json.dumps(
+            {
+                "global": {"evaluation_interval": "1m"},
+                # read_recent: also for the time its own (empty) storage covers
+                "remote_read": [{"url": f"{served.url}/api/v1/read", "read_recent": True}],
+            }
+        )
+    )
+    port = free_port()
+    log_path = directory / "prometheus.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={directory / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=directory,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    wait_http_ok(f"{url}/-/ready", proc, log_path, "prometheus (remote_read)")
+    yield url
+    stop_process(proc, timeout=20)
+
+
+def test_issue13_prometheus_reads_the_vault_through_remote_read(
+    oracle: Oracle,  # noqa: F811
+    reader: str,
+) -> None:
+    """An unmodified Prometheus with remote_read answers as the one holding the samples."""
+    disagreements, compared, answered = [], 0, 0
+    for expr, path, params, args in _cases(oracle.t0)[1::4]:
+        if any(name in expr for name in NOT_IN_VAULT):
+            continue
+        expected = _prometheus(oracle.url, path, params)
+        got = _prometheus(reader, path, params)
+        compared += 1
+        answered += expected[0] != "error" and bool(expected[1])
+        if not _agree(expected, got, path == "query" and expr.startswith("sort")):
+            disagreements.append(f"{path} {expr!r} {args}\n  local  {str(expected)[:300]}"
+                                 f"\n  remote {str(got)[:300]}")  # fmt: skip
+    assert compared >= 100 and answered >= 0.6 * compared, (compared, answered)
+    assert not disagreements, f"{len(disagreements)} of {compared}:\n" + "\n".join(
+        disagreements[:20]
+    )
+
+
+def test_issue13_remote_read_refuses_a_body_that_is_not_a_read_request(served: Any) -> None:
+    request = urllib.request.Request(f"{served.url}/api/v1/read", data=b"not snappy", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)
+    assert info.value.code == 400 and b"snappy" in info.value.read()

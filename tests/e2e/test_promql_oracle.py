@@ -508,7 +508,7 @@ def oracle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Oracle]:
         memory = MemorySource()
         for metric, labels, ts, vs in series:
             memory.add({"__name__": metric, **labels}, ts, vs)
-        vault = Vault.open(str(directory / "vault"))
+        vault = Vault.open_local(str(directory / "vault"))
         vault.write(
             [
                 (metric, labels, int(t), float(v))

@@ -165,7 +165,7 @@ def referenced_keys(vault: Vault, bucket: str) -> set[str]:
 
 
 def open_vault(server: S3Server, bucket: str, state: Path, **settings: Any) -> Vault:
-    return Vault.open(
+    return Vault.open_local(
         f"s3://{bucket}/{PREFIX}", s3_endpoint=server.endpoint, state_dir=str(state), **settings
     )
 
@@ -330,7 +330,7 @@ def test_reader_picks_up_a_writers_later_commit(
 def test_vault_at_the_bucket_root(s3_server: S3Server, s3_bucket: str, tmp_path: Path) -> None:
     samples = make_samples(T0, T0 + HOUR, 5 * SECOND)
     uri = f"s3://{s3_bucket}"
-    with Vault.open(uri, s3_endpoint=s3_server.endpoint, state_dir=str(tmp_path)) as vault:
+    with Vault.open_local(uri, s3_endpoint=s3_server.endpoint, state_dir=str(tmp_path)) as vault:
         vault.write(to_arrow(samples))
         vault.flush()
         assert_raw_equal(vault.query('{host="node01"}', T0, T0 + DAY), samples, T0, T0 + DAY)
@@ -346,7 +346,7 @@ CRASHING_WRITER = textwrap.dedent(
     from metricvault import Vault
 
     uri, endpoint, state, data, crash = sys.argv[1:]
-    vault = Vault.open(uri, s3_endpoint=endpoint, state_dir=state)
+    vault = Vault.open_local(uri, s3_endpoint=endpoint, state_dir=state)
     table = pa.ipc.open_file(data).read_all()
     acknowledged = vault.write(table)
     print(acknowledged, flush=True)
@@ -428,7 +428,7 @@ def test_issue10_vault_copied_to_another_prefix_opens_and_answers(
         target = copy_prefix + key.removeprefix(PREFIX)
         client.copy_object(Bucket=s3_bucket, Key=target, CopySource=f"{s3_bucket}/{key}")
         client.delete_object(Bucket=s3_bucket, Key=key)  # the original prefix is gone
-    copy = Vault.open(
+    copy = Vault.open_local(
         f"s3://{s3_bucket}/{copy_prefix}",
         s3_endpoint=s3_server.endpoint,
         state_dir=str(tmp_path / "copy-state"),
@@ -467,14 +467,14 @@ def test_uri_without_bucket_is_a_config_error(
     s3_server: S3Server, tmp_path: Path, uri: str
 ) -> None:
     with pytest.raises(ConfigError, match="names no bucket"):
-        Vault.open(uri, s3_endpoint=s3_server.endpoint, state_dir=str(tmp_path / "state"))
+        Vault.open_local(uri, s3_endpoint=s3_server.endpoint, state_dir=str(tmp_path / "state"))
 
 
 def test_endpoint_without_scheme_is_a_config_error(
     s3_server: S3Server, s3_bucket: str, tmp_path: Path
 ) -> None:
     with pytest.raises(ConfigError, match="s3_endpoint"):
-        Vault.open(
+        Vault.open_local(
             f"s3://{s3_bucket}/{PREFIX}",
             s3_endpoint=f"localhost:{s3_server.port}",
             state_dir=str(tmp_path / "state"),
@@ -484,7 +484,7 @@ def test_endpoint_without_scheme_is_a_config_error(
 def test_unreachable_endpoint_is_a_storage_error(s3_bucket: str, tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(StorageError, match=f"cannot reach S3 bucket '{s3_bucket}'") as info:
-        Vault.open(f"s3://{s3_bucket}/{PREFIX}", s3_endpoint=dead, state_dir=str(tmp_path))
+        Vault.open_local(f"s3://{s3_bucket}/{PREFIX}", s3_endpoint=dead, state_dir=str(tmp_path))
     assert info.value.status == 503
 
 

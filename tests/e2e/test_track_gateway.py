@@ -39,7 +39,7 @@ def test_track_through_the_gateway(gateway, tmp_path, monkeypatch):
     assert record.end_ms is not None and record.params["lr"] == 1e-3
     assert record.selector == '{experiment="remote-r1"}'
     gw.stop()
-    with Vault.open(str(gw.data_dir)) as vault:
+    with Vault.open_local(str(gw.data_dir)) as vault:
         loss = vault.query('train_loss{experiment="remote-r1"}', record.start_ms, record.end_ms)
         assert loss["value"].tolist() == [10.0 - s * 0.25 for s in range(20)]
         steps = vault.query('train_step{experiment="remote-r1"}', record.start_ms, record.end_ms)

@@ -69,7 +69,7 @@ def clocks() -> Clocks:
 
 @pytest.fixture
 def vault(tmp_path: Path) -> Iterator[Vault]:
-    v = Vault.open(str(tmp_path / "vault"))
+    v = Vault.open_local(str(tmp_path / "vault"))
     yield v
     v.close()
 
@@ -423,7 +423,7 @@ def test_experiment_record(repo: Path, tmp_path: Path, clocks: Clocks) -> None:
         running = run.vault.experiments.get(ID)
         assert running.end_ms is None
         run.log(0, loss=1.0)
-    with Vault.open(str(tmp_path / "vault")) as vault:
+    with Vault.open_local(str(tmp_path / "vault")) as vault:
         exp = vault.experiments.get(ID)
         assert _series(vault)["train_loss"] == [1.0]
     assert exp.selector == f'{{experiment="{ID}"}}'

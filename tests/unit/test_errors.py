@@ -144,7 +144,7 @@ class _QuotaError(errors.RetryLater):
 )
 def test_issue12_the_gateway_sets_retry_after_from_the_retry_later_base(tmp_path, exc, retry_after):
     settings = Settings.load(env={}, gateway_maintain=False)
-    with Vault.open(str(tmp_path / "v"), settings) as vault:
+    with Vault.open_local(str(tmp_path / "v"), settings) as vault:
         response = Gateway(vault, settings).refuse(exc)
     assert response.status_code == exc.status
     assert response.headers.get("retry-after") == retry_after

@@ -54,7 +54,7 @@ def make_client(tmp_path):
 
     def make(**overrides):
         settings = Settings.load(env={}, gateway_maintain=False, **overrides)
-        vault = Vault.open(str(tmp_path / f"v{len(clients)}"), settings)
+        vault = Vault.open_local(str(tmp_path / f"v{len(clients)}"), settings)
         client = TestClient(create_app(vault, settings))
         client.__enter__()
         clients.append((client, vault))

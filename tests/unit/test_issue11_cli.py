@@ -30,7 +30,7 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def vault_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("issue11") / "v"
-    with Vault.open(str(path)) as v:
+    with Vault.open_local(str(path)) as v:
         v.write(
             [
                 ("gpu_util", {"gpu": str(g), "UUID": f"{UUID}-{g}"}, T0 + i * 5000, float(i))
@@ -203,7 +203,7 @@ def test_issue11_polars_output_without_polars_names_the_extra(vault_dir):
 )
 def test_issue11_writing_a_wrong_type_is_a_clear_error(tmp_path, data):
     with (
-        Vault.open(str(tmp_path / "w"), create=True) as v,
+        Vault.open_local(str(tmp_path / "w"), create=True) as v,
         pytest.raises(InputError, match="write cannot take") as info,
     ):
         v.write(data)
@@ -248,7 +248,7 @@ def test_issue11_import_parses_mixed_iso_and_epoch_ms_timestamps(tmp_path):
     )
     done = cli("import", str(csv), "-d", str(tmp_path / "v"))
     assert done.returncode == 0, done.stderr
-    with Vault.open(str(tmp_path / "v")) as v:
+    with Vault.open_local(str(tmp_path / "v")) as v:
         got = v.query("load", T0, T0 + 10_000, output="arrow")
     assert got["value"].to_pylist() == [1.0, 2.0, 3.0, 4.0]
     assert [t.timestamp() * 1000 for t in got["timestamp"].to_pylist()] == [
@@ -265,7 +265,7 @@ def test_issue11_import_reads_in_bounded_batches_and_names_a_bad_time(tmp_path, 
     csv.write_text("metric,timestamp,value,host\n" + rows + "m,yesterday,1.0,a\n")
     monkeypatch.setattr(importer, "CSV_BLOCK_BYTES", 64 * 1024)
     seen: list[int] = []
-    with Vault.open(str(tmp_path / "v"), create=True) as v:
+    with Vault.open_local(str(tmp_path / "v"), create=True) as v:
         original = v.write
 
         def counting_write(table: Any) -> int:

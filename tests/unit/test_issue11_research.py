@@ -66,7 +66,7 @@ def clocks() -> Clocks:
 
 @pytest.fixture
 def vault(tmp_path: Path) -> Iterator[Vault]:
-    v = Vault.open(str(tmp_path / "vault"))
+    v = Vault.open_local(str(tmp_path / "vault"))
     yield v
     v.close()
 
@@ -135,12 +135,12 @@ def test_issue11_history_of_an_opened_snapshot_equals_the_vaults(
     _rank_samples(vault)
     want = vault.history("ranks", metrics=["train_loss", "grad_norm"])
     raw = export_snapshot(vault, "ranks", tmp_path / "raw")
-    with Vault.open(str(raw.path)) as snap:
+    with Vault.open_local(str(raw.path)) as snap:
         pd.testing.assert_frame_equal(snap.history("ranks", metrics=want.columns), want)
         with pytest.raises(NotFoundError, match="holds experiment 'ranks'"):
             snap.history("other", metrics=["train_loss"])
     rollup = export_snapshot(vault, "ranks", tmp_path / "1m", tier="1m")
-    with Vault.open(str(rollup.path)) as snap, pytest.raises(InputError, match="raw"):
+    with Vault.open_local(str(rollup.path)) as snap, pytest.raises(InputError, match="raw"):
         snap.history("ranks", metrics=["train_loss"])
 
 
@@ -179,7 +179,7 @@ SPEC = ClusterSpec(nodes=2, gpus_per_node=2, days=0.25, seed=11)
 def sim_vault(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Vault, list[str]]]:
     from metricvault.demo import register_jobs
 
-    v = Vault.open(str(tmp_path_factory.mktemp("sim") / "v"))
+    v = Vault.open_local(str(tmp_path_factory.mktemp("sim") / "v"))
     for chunk in generate(SPEC):
         v.write(chunk)
     v.maintain(now_ms=SPEC.start_ms + 2 * 86_400_000)

@@ -41,7 +41,7 @@ def test_issue12_importing_the_store_imports_no_terminal_library():
 
 def test_issue12_maintain_reports_each_step_to_a_callback(tmp_path):
     calls: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    with Vault.open(str(tmp_path / "v")) as vault:
+    with Vault.open_local(str(tmp_path / "v")) as vault:
         _two_days(vault)
         report = maintenance.maintain(
             vault, T0 + 3 * D, progress=lambda step, done, total: calls[step].append((done, total))
@@ -55,10 +55,10 @@ def test_issue12_maintain_reports_each_step_to_a_callback(tmp_path):
 
 def test_issue12_vault_maintain_takes_a_callback_or_true(tmp_path, capsys):
     steps: list[str] = []
-    with Vault.open(str(tmp_path / "a")) as vault:
+    with Vault.open_local(str(tmp_path / "a")) as vault:
         _two_days(vault)
         with_callback = vault.maintain(T0 + 3 * D, progress=lambda s, d, t: steps.append(s))
-    with Vault.open(str(tmp_path / "b")) as vault:
+    with Vault.open_local(str(tmp_path / "b")) as vault:
         _two_days(vault)
         with_bar = vault.maintain(T0 + 3 * D, progress=True)  # rich, as before issue 12
     assert "rolling up" in steps

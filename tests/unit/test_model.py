@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from metricvault import model
+from metricvault.durations import parse_duration_ms
 from metricvault.errors import LabelError, SeriesCollisionError
 from metricvault.model import Series, kind_from_name, series_id_of
 from metricvault.store.series_index import SeriesIndex
@@ -99,3 +101,20 @@ def test_issue10_control_character_error_names_the_series_and_the_label():
     message = str(refused.value)
     assert 'gpu_util{gpu="0",mig="\\u0000\\u001e"}' in message
     assert "label 'mig'" in message
+
+
+def test_issue12_tier_resolutions_are_the_tier_names_read_as_durations():
+    # One table, model.TIER_RESOLUTION_MS: the query layer and the rollups read it.
+    assert set(model.TIER_RESOLUTION_MS) == set(model.TIERS) - {"raw"}
+    for tier, width_ms in model.TIER_RESOLUTION_MS.items():
+        assert width_ms == parse_duration_ms(tier)
+    widths = list(model.TIER_RESOLUTION_MS.values())
+    assert widths == sorted(widths, reverse=True)  # coarsest first, the order tiers are tried
+
+
+def test_issue12_arrow_schemas_are_built_on_first_use_and_stay_one_object():
+    assert model.SAMPLE_SCHEMA.names == ["series_id", "ts", "value"]
+    assert model.SERIES_SCHEMA.names == ["series_id", "metric", "labels", "kind"]
+    assert model.SAMPLE_SCHEMA is model.SAMPLE_SCHEMA
+    with pytest.raises(AttributeError, match="NO_SUCH_SCHEMA"):
+        _ = model.NO_SUCH_SCHEMA

@@ -188,7 +188,7 @@ def apply(vault: Vault, workload: Workload, now: int = NOW_KEEP) -> None:
 @contextmanager
 def fresh_vault(**overrides: Any) -> Iterator[Vault]:
     with tempfile.TemporaryDirectory(prefix="mv-oracle-") as tmp:
-        vault = Vault.open(str(tmp), **overrides)
+        vault = Vault.open_local(str(tmp), **overrides)
         try:
             yield vault
         finally:
@@ -531,7 +531,7 @@ def _second_gateway(vault_dir: str) -> Vault:
     several gateways on object storage are (each has its own ``state_dir``), so the first
     gateway cannot see (and flush) it. Locally the buffer is swapped in by hand, outside
     ``state/`` (buffers there are flushed by every maintain)."""
-    other = Vault.open(vault_dir)
+    other = Vault.open_local(vault_dir)
     other.buffer.close()
     elsewhere = Path(vault_dir).parent / (Path(vault_dir).name + "-machine-b")
     elsewhere.mkdir()
@@ -556,7 +556,7 @@ def test_sample_buffered_by_other_gateway_across_retention_leaves_rollups_intact
     with tempfile.TemporaryDirectory(prefix="mv-oracle-") as tmp:
         # B's buffer goes beside the vault, inside the temporary directory, so it is removed too
         vault_dir = str(Path(tmp) / "vault")
-        gateway_a, gateway_b = Vault.open(vault_dir), _second_gateway(vault_dir)
+        gateway_a, gateway_b = Vault.open_local(vault_dir), _second_gateway(vault_dir)
         try:
             gateway_a.write(to_input(old, "tuples"))
             gateway_a.maintain(now_ms=NOW_KEEP)

@@ -18,7 +18,7 @@ T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 @pytest.fixture
 def vault_dir(tmp_path: Path) -> Path:
     path = tmp_path / "v"
-    with Vault.open(str(path)) as vault:  # counters rising by 1 (a) and 2 (b) per 15 s
+    with Vault.open_local(str(path)) as vault:  # counters rising by 1 (a) and 2 (b) per 15 s
         vault.write(
             [
                 ("req_total", {"job": job}, T0 + i * 15_000, float(k * i))
@@ -30,7 +30,7 @@ def vault_dir(tmp_path: Path) -> Path:
 
 
 def test_issue13_vault_promql_is_the_long_shape(vault_dir: Path) -> None:
-    with Vault.open(str(vault_dir)) as vault:
+    with Vault.open_local(str(vault_dir)) as vault:
         instant = vault.promql("sum by (job) (rate(req_total[1m]))", T0 + 300_000)
         ranged = vault.promql("req_total", T0 + 60_000, T0 + 180_000, "1m", output="arrow")
     assert list(instant.columns) == ["timestamp", "metric", "job", "value"]
@@ -43,7 +43,10 @@ def test_issue13_vault_promql_is_the_long_shape(vault_dir: Path) -> None:
 
 
 def test_issue13_a_range_query_needs_a_step(vault_dir: Path) -> None:
-    with Vault.open(str(vault_dir)) as vault, pytest.raises(PromQLError, match="needs a step"):
+    with (
+        Vault.open_local(str(vault_dir)) as vault,
+        pytest.raises(PromQLError, match="needs a step"),
+    ):
         vault.promql("req_total", T0, T0 + 60_000)
 
 

@@ -30,7 +30,7 @@ def sources(tmp_path: Path) -> Iterator[tuple[MemorySource, VaultSource]]:
     from metricvault.store.vault import Vault
 
     memory = MemorySource()
-    vault = Vault.open(str(tmp_path / "vault"))
+    vault = Vault.open_local(str(tmp_path / "vault"))
     rows = []
     for metric, labels, ts, values in _series():
         memory.add({"__name__": metric, **labels}, ts, values)

@@ -38,7 +38,7 @@ def gauge_rows(n=720, series=2, start=T0, step=5000):
 
 @pytest.fixture
 def vault(tmp_path):
-    with Vault.open(str(tmp_path / "v")) as v:
+    with Vault.open_local(str(tmp_path / "v")) as v:
         yield v
 
 
@@ -92,7 +92,7 @@ def test_bad_input_is_refused_whole_and_changes_nothing(vault, bad, error, messa
 
 def test_flush_is_exactly_once_when_killed_between_file_write_and_commit(tmp_path, monkeypatch):
     path = str(tmp_path / "v")
-    v = Vault.open(path)
+    v = Vault.open_local(path)
     v.write(gauge_rows())
     real_commit = Catalog.commit
     monkeypatch.setattr(
@@ -102,7 +102,7 @@ def test_flush_is_exactly_once_when_killed_between_file_write_and_commit(tmp_pat
         v.flush()
     monkeypatch.setattr(Catalog, "commit", real_commit)
     v.buffer.close()  # simulate the crash: no close(), no flush
-    with Vault.open(path) as again:
+    with Vault.open_local(path) as again:
         assert again.query("gpu_util", T0, T0 + D).shape[0] == 1440
         again.maintain(now_ms=T0 + 2 * D)
         assert again.stats()["tiers"]["raw"]["rows"] == 1440  # orphan file was not counted
@@ -110,7 +110,7 @@ def test_flush_is_exactly_once_when_killed_between_file_write_and_commit(tmp_pat
 
 def test_flush_is_exactly_once_when_killed_after_commit(tmp_path, monkeypatch):
     path = str(tmp_path / "v")
-    v = Vault.open(path)
+    v = Vault.open_local(path)
     v.write(gauge_rows())
     real_discard = v.buffer.discard_through
 
@@ -124,7 +124,7 @@ def test_flush_is_exactly_once_when_killed_after_commit(tmp_path, monkeypatch):
         v.flush()
     monkeypatch.undo()
     v.buffer.close()
-    with Vault.open(path) as again:
+    with Vault.open_local(path) as again:
         assert again.flush() == 0
         assert again.stats()["tiers"]["raw"]["rows"] == 1440
         assert again.buffer.depth() == (0, 0)
@@ -195,7 +195,9 @@ def test_planner_uses_the_coarsest_fitting_tier(start, end, width, watermark, ex
 
 def test_retention_drops_rolled_up_raw_days_and_rollups_keep_answering(tmp_path):
     keep = RetentionOverride('{experiment="paper"}', "raw", "forever")
-    with Vault.open(str(tmp_path / "v"), retention_raw="1d", retention_overrides=(keep,)) as v:
+    with Vault.open_local(
+        str(tmp_path / "v"), retention_raw="1d", retention_overrides=(keep,)
+    ) as v:
         v.write(gauge_rows(720 * 24, 1))
         v.write(
             [("loss", {"experiment": "paper"}, T0 + i * 60_000, 1.0 / (i + 1)) for i in range(100)]
@@ -211,7 +213,7 @@ def test_retention_drops_rolled_up_raw_days_and_rollups_keep_answering(tmp_path)
 
 
 def test_retention_never_drops_raw_data_that_is_not_rolled_up(tmp_path, caplog):
-    with Vault.open(str(tmp_path / "v"), retention_raw="1d") as v:
+    with Vault.open_local(str(tmp_path / "v"), retention_raw="1d") as v:
         v.write(gauge_rows(100, 1))
         v.flush()
         with caplog.at_level(logging.WARNING, logger="metricvault"):
@@ -272,7 +274,7 @@ def test_increase_is_equal_from_every_tier(vault):
 
 
 def test_late_samples_before_the_raw_horizon_are_refused_and_change_nothing(tmp_path):
-    with Vault.open(str(tmp_path / "v"), retention_raw="1d") as v:
+    with Vault.open_local(str(tmp_path / "v"), retention_raw="1d") as v:
         v.write(gauge_rows(720 * 24 * 3, 1))
         v.maintain(now_ms=T0 + 3 * D + H)
         assert v.stats()["raw_horizon"] == T0 + 2 * D
@@ -292,7 +294,7 @@ def test_late_samples_before_the_raw_horizon_are_refused_and_change_nothing(tmp_
 
 def test_open_days_merge_only_small_files_and_closed_days_merge_whole(tmp_path):
     rng = np.random.default_rng(5)
-    with Vault.open(str(tmp_path / "v"), compact_small_file_bytes=8000) as v:
+    with Vault.open_local(str(tmp_path / "v"), compact_small_file_bytes=8000) as v:
         big = [
             (m, labels, ts, round(rng.uniform(0, 100), 1))
             for m, labels, ts, _ in gauge_rows(2880, 4)
@@ -339,24 +341,26 @@ def test_sql_rollup_views_restore_elided_values(vault):
 
 def test_metadata_kinds_apply_to_series_written_before_it(tmp_path):
     path = str(tmp_path / "v")
-    with Vault.open(path) as v:
+    with Vault.open_local(path) as v:
         v.write([("requests", {}, T0 + i * 5000, float(i % 100)) for i in range(720)])
         assert v.series()["kind"].tolist() == ["gauge"]
         v.set_metric_kinds({"requests": "counter"})
         v.maintain(now_ms=T0 + 2 * D)
         got = v.query("requests", T0, T0 + H, step="1h", aggs=("increase",))
         assert got["increase"].tolist() == [99.0 * 7 + 19 + 7 * 0]  # 7 resets to 0, rise 0..99
-    with Vault.open(path) as again:  # committed with the flush
+    with Vault.open_local(path) as again:  # committed with the flush
         assert again.series()["kind"].tolist() == ["counter"]
 
 
 def test_maintain_flushes_the_buffers_of_other_writers(tmp_path):
     path = str(tmp_path / "v")
-    worker = Vault.open(path, buffer_name="buffer-worker-999999999")  # a pid that cannot exist
+    worker = Vault.open_local(
+        path, buffer_name="buffer-worker-999999999"
+    )  # a pid that cannot exist
     worker.write(gauge_rows(100, 1))
     worker.buffer.close()  # the worker died: its samples are only in its own buffer file
     worker._lock_file.close()
-    with Vault.open(path) as v:
+    with Vault.open_local(path) as v:
         report = v.maintain(now_ms=T0 + 2 * D)
         assert report["flushed_samples"] == 100
         assert len(v.query("gpu_util", T0, T0 + D)) == 100

@@ -123,7 +123,7 @@ def assert_no_secret(secrets: list[str], *texts: str, state_dir: Path | None = N
 
 
 def gpu_rows(data_dir: Path, hostname: str) -> list[int]:
-    with Vault.open(str(data_dir)) as vault:
+    with Vault.open_local(str(data_dir)) as vault:
         rows = vault.query(f'DCGM_FI_DEV_GPU_UTIL{{Hostname="{hostname}"}}', "-10m", "now")
     return sorted(round(t.timestamp() * 1000) for t in rows["timestamp"])
 

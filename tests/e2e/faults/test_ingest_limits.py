@@ -34,7 +34,7 @@ def gateway(tmp_path: Path) -> Iterator[Any]:
 
     def start(**overrides: Any) -> tuple[TestClient, Vault]:
         settings = Settings.load(env={}, gateway_maintain=False, **overrides)
-        vault = Vault.open(str(tmp_path / f"vault{len(opened)}"), settings)
+        vault = Vault.open_local(str(tmp_path / f"vault{len(opened)}"), settings)
         client = TestClient(create_app(vault, settings))
         client.__enter__()
         opened.append((client, vault))
@@ -63,7 +63,7 @@ def stored_rows(vault: Vault) -> int:
 def test_issue10_nul_label_value_does_not_collide_through_the_series_cache(tmp_path):
     """The series cache joined values with NUL-based separators: a value holding them was read
     as the next column, so the second series was stored as the first."""
-    vault = Vault.open(str(tmp_path / "v"), Settings.load(env={}))
+    vault = Vault.open_local(str(tmp_path / "v"), Settings.load(env={}))
     try:
         first = pa.table(
             {

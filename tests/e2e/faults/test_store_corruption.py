@@ -79,7 +79,7 @@ def stats(vault_dir: Path) -> dict[str, Any]:
 
 
 def query_values(vault_dir: Path, selector: str) -> pd.DataFrame:
-    with Vault.open(str(vault_dir), create=False) as vault:
+    with Vault.open_local(str(vault_dir), create=False) as vault:
         return vault.query(selector, T0, T0 + 86_400_000)
 
 
@@ -92,7 +92,7 @@ def test_issue10_corrupt_buffer_batch_is_quarantined_and_counted(
     tmp_path: Path, gateway: Any
 ) -> None:
     vault_dir = tmp_path / "vault"
-    vault = Vault.open(str(vault_dir))
+    vault = Vault.open_local(str(vault_dir))
     vault.write(frame("gpu_util", {"0": 50.0}, 100))
     garbage = os.urandom(3000)
     with sqlite3.connect(vault_dir / "state" / "buffer.sqlite") as db:
@@ -132,8 +132,8 @@ def test_issue10_truncated_series_file_names_it_and_check_repair_rebuilds(
     vault_dir = tmp_path / "vault"
     # two writers (gateway workers) both see gpu 0 first; the second has not flushed yet, so
     # its buffer still holds gpu 0's labels when the first writer's series file is damaged
-    vault = Vault.open(str(vault_dir))
-    other = Vault.open(str(vault_dir), buffer_name="buffer-other")
+    vault = Vault.open_local(str(vault_dir))
+    other = Vault.open_local(str(vault_dir), buffer_name="buffer-other")
     other.write(frame("gpu_util", {"0": 50.0}, 50, t0=T0 + 3_600_000))
     other.buffer.close()
     vault.write(frame("gpu_util", {"0": 50.0, "1": 60.0}, 50))
@@ -161,7 +161,7 @@ def test_issue10_truncated_series_file_names_it_and_check_repair_rebuilds(
     cli("maintain", "--data", str(vault_dir))  # flushes the other writer's buffer too
     assert len(query_values(vault_dir, 'gpu_util{gpu="0"}')) == 100
     # the lost series' samples are still in the data files: written again, it is whole again
-    with Vault.open(str(vault_dir)) as vault:
+    with Vault.open_local(str(vault_dir)) as vault:
         vault.write(frame("gpu_util", {"1": 60.0}, 1, t0=T0 + 7_200_000))
     assert len(query_values(vault_dir, 'gpu_util{gpu="1"}')) == 51
 
@@ -181,7 +181,7 @@ def flip_inside_data_page(data: bytes, column: str) -> bytes:
 
 def test_issue10_bit_flip_in_data_file_fails_loudly_and_check_names_it(tmp_path: Path) -> None:
     vault_dir = tmp_path / "vault"
-    with Vault.open(str(vault_dir)) as vault:
+    with Vault.open_local(str(vault_dir)) as vault:
         vault.write(frame("gpu_util", {"0": 50.0, "1": 60.0}, 2000))
         vault.write(frame("gpu_util", {"0": 50.0}, 10, t0=T0 + 86_400_000))  # next day's file
     day1 = next(f for f in vault.snapshot().files if f.min_ts == T0)
@@ -208,14 +208,14 @@ def test_issue10_bit_flip_in_data_file_fails_loudly_and_check_names_it(tmp_path:
     repaired = cli("check", "--repair", "--data", str(vault_dir), check=False)
     assert repaired.returncode == 1 and "repaired" in repaired.stdout, repaired.stdout
     assert cli("check", "--data", str(vault_dir)).returncode == 0
-    with Vault.open(str(vault_dir), create=False) as vault:
+    with Vault.open_local(str(vault_dir), create=False) as vault:
         left = vault.query("gpu_util", T0, T0 + 2 * 86_400_000)
     assert len(left) == 10  # the other day's file; the lost day was named in the plan
 
 
 def test_issue10_damaged_rollup_file_is_recomputed_from_raw_by_repair(tmp_path: Path) -> None:
     vault_dir = tmp_path / "vault"
-    with Vault.open(str(vault_dir)) as vault:
+    with Vault.open_local(str(vault_dir)) as vault:
         vault.write(frame("gpu_util", {"0": 50.0, "1": 60.0}, 2000))
         vault.maintain()
         before = vault.query("gpu_util", T0, T0 + DAY_MS, step="1m", aggs=("mean", "max"))
@@ -240,7 +240,7 @@ def test_issue10_bit_flip_in_an_s3_object_fails_loudly_and_check_names_it(
         "s3_endpoint": s3_server.endpoint,
         "state_dir": str(tmp_path / "state"),
     }
-    with Vault.open(uri, **where) as vault:
+    with Vault.open_local(uri, **where) as vault:
         vault.write(frame("gpu_util", {"0": 50.0, "1": 60.0}, 2000))
     damaged = vault.snapshot().files[0]
     key = damaged.path.split("/", 1)[1]  # in-memory paths are bucket/key
@@ -248,7 +248,7 @@ def test_issue10_bit_flip_in_an_s3_object_fails_loudly_and_check_names_it(
     body = client.get_object(Bucket=s3_bucket, Key=key)["Body"].read()
     client.put_object(Bucket=s3_bucket, Key=key, Body=flip_inside_data_page(body, "value_f"))
 
-    with Vault.open(uri, **where) as vault:
+    with Vault.open_local(uri, **where) as vault:
         with pytest.raises(CorruptionError, match="checksum") as failed:
             vault.query("gpu_util", T0, T0 + DAY_MS)
         assert Path(key).name in str(failed.value)
@@ -315,13 +315,13 @@ def test_issue10_full_disk_writes_answer_503_and_reads_keep_working(
     # a second vault on the same disk, written by another writer: the commands' own buffer
     # file (buffer.sqlite) does not exist there yet, and cannot be created once the disk is full
     other_dir = small_disk / "other"
-    with Vault.open(str(other_dir), buffer_name="writer") as other:
+    with Vault.open_local(str(other_dir), buffer_name="writer") as other:
         other.write(frame("gpu_util", {"0": 50.0}, 20))
     # and one whose buffer holds samples not flushed yet (a gateway between two flushes)
     pending_dir = small_disk / "pending"
-    with Vault.open(str(pending_dir)) as writer:
+    with Vault.open_local(str(pending_dir)) as writer:
         writer.write(frame("gpu_util", {"0": 50.0}, 20))
-    writer = Vault.open(str(pending_dir))
+    writer = Vault.open_local(str(pending_dir))
     writer.write(frame("gpu_util", {"0": 50.0}, 5, t0=T0 + 3_600_000))
     writer.buffer.close()  # no flush
     fill(small_disk)

@@ -53,7 +53,7 @@ def rows(start: int, n: int, seed: int = 0) -> list[tuple[str, dict[str, str], i
 def build_vault(path: Path, **settings: Any) -> None:
     """Two flushes into one day, then maintenance: compaction and rollups replace files, so
     the vault has a history (replaced files, several catalog versions)."""
-    with Vault.open(str(path), **settings) as vault:
+    with Vault.open_local(str(path), **settings) as vault:
         vault.write(rows(T0, 500))
         vault.flush()
         vault.write(rows(T0 + 500 * STEP, 500, seed=3))
@@ -93,12 +93,12 @@ def catalog_json(path: Path) -> list[dict[str, Any]]:
 def test_issue10_vault_answers_after_mv(tmp_path: Path) -> None:
     before = tmp_path / "vault"
     build_vault(before)
-    with Vault.open(str(before)) as vault:
+    with Vault.open_local(str(before)) as vault:
         want, stats = answers(vault), vault.stats(now=T0 + 3 * DAY)
     after = tmp_path / "moved" / "vault"
     after.parent.mkdir()
     subprocess.run(["mv", str(before), str(after)], check=True)
-    with Vault.open(str(after), create=False) as vault:
+    with Vault.open_local(str(after), create=False) as vault:
         assert vault.stats(now=T0 + 3 * DAY)["tiers"] == stats["tiers"]
         assert_same_answers(answers(vault), want)
         assert vault.sql("select count(*) from raw").iloc[0, 0] == 3 * 1200
@@ -113,13 +113,13 @@ def test_issue10_vault_answers_after_mv(tmp_path: Path) -> None:
 def test_issue10_maintain_on_a_cp_a_copy_deletes_nothing_referenced(tmp_path: Path) -> None:
     original = tmp_path / "vault"
     build_vault(original)
-    with Vault.open(str(original)) as vault:
+    with Vault.open_local(str(original)) as vault:
         want = answers(vault)
     original_files = {p.relative_to(original): p.stat().st_size for p in parquet_files(original)}
     copy = tmp_path / "backup"
     subprocess.run(["cp", "-a", str(original), str(copy)], check=True)
     # every file in the copy is older than the grace: only "is it ours and replaced" protects it
-    with Vault.open(str(copy), orphan_grace="1ms", keep_snapshots=1) as vault:
+    with Vault.open_local(str(copy), orphan_grace="1ms", keep_snapshots=1) as vault:
         time.sleep(0.01)
         vault.maintain(now_ms=T0 + 3 * DAY)
         missing = [p for p in referenced(vault) if not p.exists()]
@@ -137,7 +137,7 @@ def test_issue10_maintain_on_a_copy_without_its_catalog_deletes_nothing(tmp_path
     subprocess.run(["cp", "-a", str(original), str(copy)], check=True)
     shutil.rmtree(copy / "catalog")
     files = parquet_files(copy)
-    with Vault.open(str(copy), orphan_grace="1ms", keep_snapshots=1) as vault:
+    with Vault.open_local(str(copy), orphan_grace="1ms", keep_snapshots=1) as vault:
         time.sleep(0.01)
         report = vault.maintain(now_ms=T0 + 3 * DAY)
     assert parquet_files(copy) == files, "maintain deleted files it could not prove are garbage"
@@ -147,7 +147,7 @@ def test_issue10_maintain_on_a_copy_without_its_catalog_deletes_nothing(tmp_path
 def test_issue10_vault_opens_through_a_symlink_after_moving_disks(tmp_path: Path) -> None:
     first_disk = tmp_path / "disk1" / "vault"
     build_vault(first_disk)
-    with Vault.open(str(first_disk)) as vault:
+    with Vault.open_local(str(first_disk)) as vault:
         want = answers(vault)
     second_disk = tmp_path / "disk2" / "vault"
     second_disk.parent.mkdir()
@@ -155,7 +155,7 @@ def test_issue10_vault_opens_through_a_symlink_after_moving_disks(tmp_path: Path
     shutil.rmtree(first_disk)
     link = tmp_path / "metrics"
     link.symlink_to(second_disk)
-    with Vault.open(str(link), create=False) as vault:
+    with Vault.open_local(str(link), create=False) as vault:
         assert_same_answers(answers(vault), want)
         vault.write(rows(T0 + DAY, 10))
         vault.maintain(now_ms=T0 + 3 * DAY)
@@ -192,7 +192,7 @@ def make_legacy(vault_dir: Path, old_root: str) -> None:
 def test_issue10_legacy_absolute_catalog_is_migrated_on_open(tmp_path: Path) -> None:
     vault_dir = tmp_path / "vault"
     build_vault(vault_dir)
-    with Vault.open(str(vault_dir)) as vault:
+    with Vault.open_local(str(vault_dir)) as vault:
         want = answers(vault)
         before_versions = [s["version"] for s in catalog_json(vault_dir)]
     make_legacy(vault_dir, "/mnt/old-disk/metrics")
@@ -205,7 +205,9 @@ def test_issue10_legacy_absolute_catalog_is_migrated_on_open(tmp_path: Path) -> 
     stray = vault_dir / "data" / "raw" / "day=2026-01-01" / "part-0000000099-0123456789ab.parquet"
     shutil.copy(next(iter(history)), stray)
     on_disk = parquet_files(vault_dir)
-    with Vault.open(str(vault_dir), create=False, orphan_grace="1ms", keep_snapshots=1) as vault:
+    with Vault.open_local(
+        str(vault_dir), create=False, orphan_grace="1ms", keep_snapshots=1
+    ) as vault:
         assert_same_answers(answers(vault), want)
         newest = catalog_json(vault_dir)[-1]
         assert newest["version"] == before_versions[-1] + 1, "migration commits a new version"
@@ -237,7 +239,7 @@ def test_issue10_data_and_series_files_are_fsynced_before_the_commit(
         events.append(("link", str(dst)))
 
     vault_dir = (tmp_path / "vault").resolve()
-    with Vault.open(str(vault_dir)) as vault:
+    with Vault.open_local(str(vault_dir)) as vault:
         vault.write(rows(T0, 100) + rows(T0 + DAY, 100))  # two days: two data files
         monkeypatch.setattr(os, "fsync", fsync)
         monkeypatch.setattr(os, "link", link)
@@ -266,7 +268,7 @@ PAUSING_WRITER = textwrap.dedent(
     from metricvault.store.vault import Vault
 
     path, n, t0 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    vault = Vault.open(path, flush_max_samples=10**9)
+    vault = Vault.open_local(path, flush_max_samples=10**9)
     rows = [("load", {"node": str(s)}, t0 + i * 10_000, float(i))
             for s in range(4) for i in range(n)]
     print("acked", vault.write(rows), flush=True)
@@ -305,7 +307,7 @@ def test_issue10_kill_9_between_file_write_and_commit_loses_nothing(tmp_path: Pa
         if child.poll() is None:
             child.kill()
             child.wait()
-    with Vault.open(str(vault_dir), create=False, orphan_grace="1ms") as vault:
+    with Vault.open_local(str(vault_dir), create=False, orphan_grace="1ms") as vault:
         assert vault.buffer.depth()[0] == 4 * n, "acknowledged samples left the buffer"
         assert vault.query("load", T0, T0 + DAY).shape[0] == 4 * n
         time.sleep(0.01)
@@ -322,7 +324,7 @@ def test_issue10_kill_9_between_file_write_and_commit_loses_nothing(tmp_path: Pa
 def test_issue10_reader_keeps_its_files_across_two_maintenance_rounds(tmp_path: Path) -> None:
     vault_dir = tmp_path / "vault"
     two_hours_ago = time.time() - 2 * 3600
-    with Vault.open(str(vault_dir), keep_snapshots=1, orphan_grace="1h") as vault:
+    with Vault.open_local(str(vault_dir), keep_snapshots=1, orphan_grace="1h") as vault:
         vault.write(rows(T0, 300))
         vault.flush()
         vault.write(rows(T0 + 300 * STEP, 300, seed=1))
@@ -345,7 +347,7 @@ def test_issue10_reader_keeps_its_files_across_two_maintenance_rounds(tmp_path: 
         got = reader.raw_samples(series_ids, T0, T0 + DAY)
         assert got.equals(want)
     time.sleep(0.01)
-    with Vault.open(str(vault_dir), keep_snapshots=1, orphan_grace="1ms") as vault:
+    with Vault.open_local(str(vault_dir), keep_snapshots=1, orphan_grace="1ms") as vault:
         third = vault.maintain(now_ms=T0 + 3 * DAY)
         assert third["expired"]["files"] >= len(held)
         assert parquet_files(vault_dir) == referenced(vault)
@@ -358,7 +360,7 @@ def test_issue10_damaged_newest_catalog_falls_back_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
 ) -> None:
     vault_dir = tmp_path / "vault"
-    with Vault.open(str(vault_dir)) as vault:
+    with Vault.open_local(str(vault_dir)) as vault:
         vault.write(rows(T0, 100))
         vault.flush()
         kept = vault.snapshot()
@@ -371,7 +373,7 @@ def test_issue10_damaged_newest_catalog_falls_back_with_a_warning(
     newest.write_bytes(damaged)
     only_in_lost = {Path(f.path) for f in lost.files} - {Path(f.path) for f in kept.files}
     with caplog.at_level(logging.WARNING, logger="metricvault"):
-        vault = Vault.open(str(vault_dir), create=False, orphan_grace="1ms")
+        vault = Vault.open_local(str(vault_dir), create=False, orphan_grace="1ms")
     with vault:
         assert newest.name in caplog.text and "unreadable" in caplog.text
         assert vault.snapshot().version == kept.version
