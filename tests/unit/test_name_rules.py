@@ -176,7 +176,7 @@ def test_issue12_reserved_labels_are_refused_with_one_message(name: str) -> None
 @pytest.fixture
 def gateway(tmp_path: Path) -> Any:
     settings = Settings.load(env={}, gateway_maintain=False)
-    vault = Vault.open(str(tmp_path / "vault"), settings)
+    vault = Vault.open_local(str(tmp_path / "vault"), settings)
     with TestClient(create_app(vault, settings)) as client:
         yield client, vault
     vault.close()
