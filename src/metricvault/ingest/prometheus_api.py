@@ -2,7 +2,8 @@
 
 ``/api/v1/query``, ``/api/v1/query_range``, ``/api/v1/series``, ``/api/v1/labels``,
 ``/api/v1/label/<name>/values``, ``/api/v1/metadata``, ``/api/v1/query_exemplars`` and
-``/api/v1/status/buildinfo``, GET or form-encoded POST, answering Prometheus's JSON shapes:
+``/api/v1/status/buildinfo``, GET or form-encoded POST, and ``POST /api/v1/read``
+(remote_read, SAMPLES), answering Prometheus's JSON shapes:
 ``{"status": "success", "data": ...}`` or ``{"status": "error", "errorType": ..., "error":
 ...}`` with its status codes (400 ``bad_data``, 422 ``execution``, 503 ``timeout``). Parameters
 are parsed as Prometheus parses them (times: Unix seconds with fractions or RFC 3339;
@@ -26,13 +27,14 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qsl
 
+import cramjam
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from metricvault.durations import parse_duration_ms
-from metricvault.errors import MetricVaultError, PromQLError, SelectorError
+from metricvault.errors import InputError, MetricVaultError, PromQLError, SelectorError
 from metricvault.ingest.auth import Principal
 from metricvault.promql import Engine, EngineOptions, SeriesSamples, VaultSource
 from metricvault.protocols import Reading, has
@@ -170,6 +172,7 @@ class PrometheusAPI:
             Route("/api/v1/metadata", self.metadata, methods=["GET"]),
             Route("/api/v1/query_exemplars", self.exemplars, methods=both),
             Route("/api/v1/status/buildinfo", self.buildinfo, methods=["GET"]),
+            Route("/api/v1/read", self.remote_read, methods=["POST"]),
         ]
 
     # ------------------------------------------------------------------ plumbing
@@ -381,6 +384,66 @@ class PrometheusAPI:
             }, []
 
         return await self.answer(request, "/api/v1/status/buildinfo", work)
+
+    # ------------------------------------------------------------------ remote_read
+    async def remote_read(self, request: Request) -> Response:
+        """``POST /api/v1/read`` (SAMPLES): an unmodified Prometheus with ``remote_read:``
+        pointed here answers PromQL over the vault's raw samples beside its own."""
+
+        async def run(req: Request, who: Principal) -> Response:
+            body = await self.gateway.body(req)
+            queries = decode_read_request(body)
+            answer = await run_in_threadpool(self.read_samples, queries, who)
+            return Response(
+                bytes(cramjam.snappy.compress_raw(answer)),
+                headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"},
+            )
+
+        return await self.gateway.handle(request, "/api/v1/read", run)
+
+    def read_samples(self, queries: list[tuple[int, int, list[Matcher]]], who: Principal) -> bytes:
+        """The ReadResponse bytes for the decoded queries (blocking)."""
+        from metricvault.wire.proto.remote_read import ReadResponse
+
+        source = ScopedSource(
+            VaultSource(self.store()), self.tenant_matchers(who), self.max_samples, 0
+        )
+        response = ReadResponse()
+        for start_ms, end_ms, matchers in queries:
+            result = response.results.add()
+            for series in source.select(matchers, start_ms, end_ms):
+                out = result.timeseries.add()
+                for name in sorted(series.labels):  # Prometheus expects labels sorted
+                    out.labels.add(name=name, value=series.labels[name])
+                for t, v in zip(series.ts.tolist(), series.values.tolist(), strict=True):
+                    out.samples.add(timestamp=t, value=v)
+        return bytes(response.SerializeToString())
+
+
+def decode_read_request(body: bytes) -> list[tuple[int, int, list[Matcher]]]:
+    """(start ms, end ms, matchers) per query of a snappy-compressed ReadRequest; a body that
+    is not one is a 400 naming what is wrong."""
+    from metricvault.wire.proto.messages import DecodeError
+    from metricvault.wire.proto.remote_read import MATCHER_OPS, ReadRequest
+
+    try:
+        raw = bytes(cramjam.snappy.decompress_raw(body))
+    except Exception as exc:  # cramjam's DecompressionError
+        raise InputError(
+            f"remote read body is not snappy block-compressed ({len(body)} bytes): {exc}"
+        ) from None
+    try:
+        request = ReadRequest.FromString(raw)
+    except DecodeError as exc:
+        raise InputError(f"remote read body is not a prometheus.ReadRequest: {exc}") from None
+    queries = []
+    for query in request.queries:
+        try:
+            matchers = [Matcher(m.name, MATCHER_OPS[m.type], m.value) for m in query.matchers]
+        except SelectorError as exc:
+            raise InputError(f"remote read matcher refused: {exc}") from None
+        queries.append((query.start_timestamp_ms, query.end_timestamp_ms, matchers))
+    return queries
 
 
 def _one(params: dict[str, list[str]], name: str) -> str | None:
