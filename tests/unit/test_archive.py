@@ -43,7 +43,7 @@ R3_SELECTOR = '{job="llama-70b-r3"} or {Hostname="node01"}'
 
 
 def _fill(path: Path, spec: ClusterSpec = SPEC) -> Vault:
-    vault = Vault.open(str(path))
+    vault = Vault.open_local(str(path))
     for chunk in generate(spec):
         vault.write(chunk)
     return vault
@@ -73,7 +73,7 @@ def snapshots(vault, tmp_path_factory):
 
 # --------------------------------------------------------------------------- registry
 def test_experiment_round_trip(tmp_path):
-    with Vault.open(str(tmp_path / "v")) as v:
+    with Vault.open_local(str(tmp_path / "v")) as v:
         created = v.experiments.create(
             "llama-7b.lr3e-4_a",
             '{job="x"}',
@@ -285,6 +285,7 @@ QUERIES = [
 def test_opened_snapshot_answers_like_the_vault(vault, snapshots, tier, selector, step, aggs):
     want = vault.query(selector, R3_START, R3_END, step=step, aggs=aggs)
     with Vault.open(str(snapshots[tier].path)) as snap:
+        assert isinstance(snap, SnapshotVault)  # Vault.open dispatches a .parquet path
         got = snap.query(selector, R3_START, R3_END, step=step, aggs=aggs)
     pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12)
 
@@ -407,7 +408,7 @@ def test_time_slices_cover_the_window_at_bucket_boundaries():
 def test_issue12_a_catalog_version_is_not_called_a_snapshot(tmp_path):
     """``Vault.catalog_version()`` is the vault's current catalog version (which files make it
     up); ``Vault.snapshot()`` stays as its old name. Experiment snapshot files keep the word."""
-    with Vault.open(str(tmp_path / "v")) as v:
+    with Vault.open_local(str(tmp_path / "v")) as v:
         empty = v.catalog_version()
         v.write([("gpu_util", {"gpu": "0"}, SPEC.start_ms, 1.0)])
         v.maintain(now_ms=SPEC.start_ms + HOUR)

@@ -18,6 +18,7 @@ from metricvault.archive.snapshot import export_snapshot
 from metricvault.errors import MetricVaultError, ReadOnlyError, UnsupportedError
 from metricvault.open import open_store
 from metricvault.protocols import has
+from metricvault.store.vault import Vault
 
 T0 = 1_700_000_000_000  # a whole hour
 SAMPLES = [
@@ -35,6 +36,7 @@ def stores(tmp_path_factory):
     with metricvault.open(str(base / "v"), need="read+write") as vault:
         vault.write(SAMPLES)
     embedded = open_store(str(base / "v"))
+    assert isinstance(embedded, Vault)
     embedded.experiments.create("r1", "gpu_util", start=T0, end=T0 + 3_600_000)
     info = export_snapshot(embedded, "r1", base / "snap")
     snapshot = open_store(str(info.path))
@@ -77,7 +79,7 @@ def test_issue12_capabilities_say_what_each_backend_does(stores):
 def test_issue12_a_snapshot_refuses_what_it_cannot_do(stores, need, what):
     path = str(stores["snapshot"].path)
     with pytest.raises(UnsupportedError) as caught:
-        metricvault.open(path, need=need)  # type: ignore[call-overload]
+        metricvault.open(path, need=need)
     message = str(caught.value)
     assert f"{path} is an experiment snapshot, which cannot do {what}" in message
     assert "supports read, sql" in message and "vault directory" in message

@@ -21,7 +21,7 @@ runner = CliRunner()
 @pytest.fixture
 def vault_dir(tmp_path):
     path = tmp_path / "v"
-    with Vault.open(str(path)) as v:
+    with Vault.open_local(str(path)) as v:
         v.write(
             [
                 ("gpu_util", {"gpu": str(g)}, T0 + i * 5000, float(i % 50))
@@ -100,7 +100,7 @@ def test_import_csv_then_query(tmp_path):
     csv.write_text(f"metric,timestamp,value,host\nload,{T0},1.5,a\nload,{T0 + 1000},2.5,a\n")
     vault = str(tmp_path / "new")
     assert run("import", str(csv), "-d", vault).exit_code == 0
-    with Vault.open(vault) as v:
+    with Vault.open_local(vault) as v:
         assert v.query("load", T0, T0 + 5000)["value"].tolist() == [1.5, 2.5]
 
 
@@ -128,7 +128,7 @@ def test_demo_never_replaces_a_vault_it_did_not_make(vault_dir, tmp_path):
     )
     assert result.exit_code != 0
     assert "was not made by 'metricvault demo'" in str(result.exception) + result.output
-    with Vault.open(vault_dir) as v:
+    with Vault.open_local(vault_dir) as v:
         assert v.stats()["tiers"]["raw"]["rows"] == 2880  # untouched
 
 
