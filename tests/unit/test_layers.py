@@ -58,8 +58,6 @@ TRACKED: dict[tuple[str, str], str] = {
     # being split by other parts of issue 12 (push.py encoder beside the decoder, limits,
     # progress as a callback, the simulated source); each goes once they land
     ("metricvault.collect.exposition", "metricvault.ingest.auth"): "agent /metrics auth",
-    ("metricvault.ingest.protocols.influx_line", "metricvault.ingest.limits"): "decoder limits",
-    ("metricvault.ingest.protocols.remote_write", "metricvault.ingest.limits"): "decoder limits",
     ("metricvault.store.vault", "metricvault.cli.progress"): "progress bar in maintain",
     ("metricvault.demo", "metricvault.cli.progress"): "demo progress bar",
     ("metricvault.archive.compare", "metricvault.report"): "compare <-> report",

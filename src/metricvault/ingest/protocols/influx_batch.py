@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from metricvault.durations import MAX_TS_MS, MIN_TS_MS
 from metricvault.errors import InputError, LabelError, TooLargeError, ValueRangeError
-from metricvault.ingest.limits import check_label_names
+from metricvault.ingest.protocols.decode_limits import check_label_names
 from metricvault.ingest.protocols.influx_tokens import Parsed, Tag, parse_fast, parse_slow
 from metricvault.ingest.protocols.influx_values import (
     DIGITS,

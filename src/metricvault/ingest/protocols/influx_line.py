@@ -61,7 +61,7 @@ from __future__ import annotations
 import time
 
 from metricvault.errors import InputError
-from metricvault.ingest.limits import DecodeBudget
+from metricvault.ingest.protocols.decode_limits import DecodeBudget
 from metricvault.ingest.protocols.influx_batch import (
     PRECISIONS,
     SHOWN_LINE_CHARS,

@@ -38,7 +38,7 @@ module is the entry point. The encoder it mirrors is ``metricvault.wire.remote_w
 
 from __future__ import annotations
 
-from metricvault.ingest.limits import DecodeBudget
+from metricvault.ingest.protocols.decode_limits import DecodeBudget
 from metricvault.ingest.protocols.remote_write_columns import (
     STALE_NAN_BITS,
     DecodedWrite,

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metricvault.errors import TooLargeError
-from metricvault.ingest.limits import DecodeBudget, check_label_names
+from metricvault.ingest.protocols.decode_limits import DecodeBudget, check_label_names
 from metricvault.ingest.protocols.remote_write_checks import METRIC_NAME, Invalid, show
 from metricvault.ingest.protocols.remote_write_metadata import MetricMetadata
 from metricvault.model import METRIC_NAME_LABEL, label_name_ok

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from metricvault.errors import InputError
-from metricvault.ingest.limits import DecodeBudget
+from metricvault.ingest.protocols.decode_limits import DecodeBudget
 from metricvault.ingest.protocols.remote_write_checks import (
     Invalid,
     check_series,
