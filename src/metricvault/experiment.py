@@ -18,13 +18,14 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from metricvault.durations import TimeLike, ms_to_datetime, now_ms, parse_time_ms
 from metricvault.errors import ConflictError, InputError, NotFoundError
 from metricvault.selector import parse_selectors
+
+if TYPE_CHECKING:  # pyarrow only for the SQL view: the agent and track() import this module
+    import pyarrow as pa
 
 MAX_ID_LENGTH = 128
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -318,27 +319,38 @@ def experiments_table(experiments: Iterable[Experiment]) -> pa.Table:
         record["tags"] = ",".join(exp.tags)
         record["params"] = json.dumps(dict(exp.params), sort_keys=True)
         rows.append(record)
-    return pa.Table.from_pylist(rows, schema=EXPERIMENTS_SCHEMA)
+    import pyarrow as pa
+
+    return pa.Table.from_pylist(rows, schema=experiments_schema())
 
 
-EXPERIMENTS_SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("name", pa.string()),
-        ("selector", pa.string()),
-        ("start", pa.string()),
-        ("end", pa.string()),
-        ("start_ms", pa.int64()),
-        ("end_ms", pa.int64()),
-        ("git_repo", pa.string()),
-        ("git_sha", pa.string()),
-        ("owner", pa.string()),
-        ("tags", pa.string()),
-        ("notes", pa.string()),
-        ("params", pa.string()),
-        ("created_ms", pa.int64()),
-    ]
-)
+def experiments_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("name", pa.string()),
+            ("selector", pa.string()),
+            ("start", pa.string()),
+            ("end", pa.string()),
+            ("start_ms", pa.int64()),
+            ("end_ms", pa.int64()),
+            ("git_repo", pa.string()),
+            ("git_sha", pa.string()),
+            ("owner", pa.string()),
+            ("tags", pa.string()),
+            ("notes", pa.string()),
+            ("params", pa.string()),
+            ("created_ms", pa.int64()),
+        ]
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EXPERIMENTS_SCHEMA":  # kept for importers of the old constant
+        return experiments_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def encode(exp: Experiment) -> bytes:

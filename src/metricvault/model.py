@@ -261,7 +261,8 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     # SAMPLE_SCHEMA and SERIES_SCHEMA are made when first asked for (PEP 562), so importing the
     # name rules costs no pyarrow (~40 MB): the agent's memory budget is small.
-    schemas = _arrow_schemas()
-    if name in schemas:
-        return schemas[name]
+    # Any other missing name must not build them: `from model import X` probes names such as
+    # __path__, and that alone would import pyarrow.
+    if name in ("SAMPLE_SCHEMA", "SERIES_SCHEMA"):
+        return _arrow_schemas()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
