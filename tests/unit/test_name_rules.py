@@ -22,6 +22,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from metricvault import Vault
+from metricvault.collect import training
 from metricvault.collect.sources.host import validate_extra_labels
 from metricvault.config import Settings
 from metricvault.errors import LabelError
@@ -102,6 +103,12 @@ def via_agent_labels(name: str) -> None:
     validate_extra_labels({name: "x"}, reserved=())
 
 
+def via_track_labels(name: str) -> None:
+    # ``metricvault.track(..., labels=...)`` checks them before it opens a store (the helper it
+    # calls is used here so that accepted names open nothing).
+    training._labels("r1", "host-1", {name: "x"})
+
+
 PATHS: dict[str, Callable[[str], None]] = {
     "remote_write 1.0": via_v1,
     "remote_write 2.0": via_v2,
@@ -110,6 +117,7 @@ PATHS: dict[str, Callable[[str], None]] = {
     "Vault.write table": via_table,
     "agent encoder": via_encoder,
     "agent extra labels": via_agent_labels,
+    "track labels": via_track_labels,
 }
 
 

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, SupportsFloat
 from metricvault.collect.peaks import PEAK_BF16_DENSE_FLOPS, canonical_gpu, peak_flops_for
 from metricvault.durations import now_ms
 from metricvault.errors import ArchiveError, ConflictError, InputError
-from metricvault.model import LABEL_NAME_RE, METRIC_NAME_RE
+from metricvault.model import METRIC_NAME_RE, label_name_problem
 
 if TYPE_CHECKING:
     from metricvault.collect.remote import GatewayVault
@@ -562,11 +562,14 @@ def _text(value: str | bytes) -> str:
 def _labels(experiment_id: str, host: str, extra: Mapping[str, str] | None) -> dict[str, str]:
     extra = dict(extra or {})
     for key in extra:
-        if key == "experiment" or not LABEL_NAME_RE.match(key) or key.startswith("__"):
+        if key == "experiment":
             raise ValueError(
-                f"track(labels=...): {key!r} cannot be a label name here (reserved or not "
-                "matching [a-zA-Z_][a-zA-Z0-9_]*)"
+                "track(labels=...): 'experiment' is reserved here: the run sets it "
+                "to the experiment id; name the label otherwise"
             )
+        problem = label_name_problem(key)  # the store's rule: refused now, not on every write
+        if problem is not None:
+            raise ValueError(f"track(labels=...): {problem}")
     return {"experiment": experiment_id, "host": host, **{k: str(v) for k, v in extra.items()}}
 
 
