@@ -131,12 +131,12 @@ def check_series(names: Sequence[str], values: Sequence[str | None], describe: D
     if not metric:
         raise LabelError(
             f"{describe()}: the __name__ label is empty; every series needs a metric name "
-            f"matching [a-zA-Z_:][a-zA-Z0-9_:]*"
+            f"matching {METRIC_NAME_PATTERN}"
         )
     if METRIC_NAME.fullmatch(metric) is None:
         raise LabelError(
             f"{describe()}: metric name {show(metric)} is invalid; metric names must match "
-            f"[a-zA-Z_:][a-zA-Z0-9_:]* (replace other characters with '_')"
+            f"{METRIC_NAME_PATTERN} (replace other characters with '_')"
         )
 
 

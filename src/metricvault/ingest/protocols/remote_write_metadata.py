@@ -9,6 +9,7 @@ from typing import Any
 
 from metricvault.errors import LabelError
 from metricvault.ingest.protocols.remote_write_checks import METRIC_NAME, Invalid, show
+from metricvault.model import METRIC_NAME_PATTERN
 from metricvault.wire.proto import messages
 
 _METRIC_TYPES = (
@@ -39,7 +40,7 @@ def metadata_v1(entries: Any) -> Iterable[MetricMetadata]:
         if METRIC_NAME.fullmatch(name) is None:
             raise LabelError(
                 f"metadata entry #{index}: metric family name {show(name)} is invalid; names "
-                f"must match [a-zA-Z_:][a-zA-Z0-9_:]*: fix the sender's metadata"
+                f"must match {METRIC_NAME_PATTERN}: fix the sender's metadata"
             )
         yield MetricMetadata(name, metric_type(entry.type), entry.unit, entry.help)
 
