@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from metricvault import Vault
 from metricvault.archive.compare import compare, curves, figure, params_table
 from metricvault.archive.experiments import select
+from metricvault.archive.opened import SnapshotVault
 from metricvault.archive.snapshot import export_snapshot
 from metricvault.cli.main import app
 from metricvault.collect import training
@@ -135,12 +136,12 @@ def test_issue11_history_of_an_opened_snapshot_equals_the_vaults(
     _rank_samples(vault)
     want = vault.history("ranks", metrics=["train_loss", "grad_norm"])
     raw = export_snapshot(vault, "ranks", tmp_path / "raw")
-    with Vault.open_local(str(raw.path)) as snap:
+    with SnapshotVault(str(raw.path)) as snap:  # what Vault.open gives for a .parquet file
         pd.testing.assert_frame_equal(snap.history("ranks", metrics=want.columns), want)
         with pytest.raises(NotFoundError, match="holds experiment 'ranks'"):
             snap.history("other", metrics=["train_loss"])
     rollup = export_snapshot(vault, "ranks", tmp_path / "1m", tier="1m")
-    with Vault.open_local(str(rollup.path)) as snap, pytest.raises(InputError, match="raw"):
+    with SnapshotVault(str(rollup.path)) as snap, pytest.raises(InputError, match="raw"):
         snap.history("ranks", metrics=["train_loss"])
 
 

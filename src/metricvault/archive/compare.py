@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from metricvault.archive.experiments import Experiment
 from metricvault.durations import ms_to_datetime
 from metricvault.errors import InputError, NotFoundError
+from metricvault.experiment import Experiment
+from metricvault.protocols import has
 from metricvault.selector import Matcher, Selector, parse_selectors
 
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
@@ -42,9 +43,8 @@ def experiment_of(vault: Any, experiment_id: str | Experiment) -> Experiment:
     """The experiment record from a vault's registry, or the one an opened snapshot holds."""
     if isinstance(experiment_id, Experiment):
         return experiment_id
-    registry = getattr(vault, "experiments", None)
-    if registry is not None:
-        exp: Experiment = registry.get(experiment_id)
+    if has(vault, "experiments"):  # a snapshot has no registry (it refuses the attribute)
+        exp: Experiment = vault.experiments.get(experiment_id)
         return exp
     held: Experiment = vault.experiment
     if held.id != experiment_id:
