@@ -8,7 +8,6 @@ and a spool on a tmpfs that fills up. Every output of the runs is searched for t
 
 from __future__ import annotations
 
-import errno
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from metricvault import Vault
 from metricvault.ingest.auth import hash_secret
 
 from ..conftest import GatewayProcess, free_port, parse_exposition, stop_process, wait_http_ok
+from .disks import fill, tmpfs
 
 pytestmark = pytest.mark.e2e
 
@@ -212,37 +212,9 @@ def test_issue10_basic_auth_from_url_userinfo_and_from_a_file(auth_gateway, tmp_
 # --------------------------------------------------------------------------- full disk
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 512 KiB tmpfs mounted on a fresh directory (skips where mounting is not allowed)."""
-    mount_point = tmp_path / "tmpfs"
-    mount_point.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (the tests run as root here and in CI)")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=30)
-
-
-def fill(directory: Path, name: str = "filler") -> Path:
-    """Write a file until the file system is full."""
-    filler = directory / name
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)  # a short write is followed by ENOSPC on the next
-    except OSError as exc:
-        assert exc.errno == errno.ENOSPC, exc
-    finally:
-        os.close(fd)
-    return filler
+    """A 512 KiB tmpfs mounted on a fresh directory."""
+    with tmpfs(tmp_path / "tmpfs", "512k") as mount:
+        yield mount
 
 
 def test_issue10_full_disk_under_the_spool_drops_the_oldest_and_recovers(

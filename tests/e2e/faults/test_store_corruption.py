@@ -32,6 +32,7 @@ from metricvault.store.check import check
 from metricvault.store.vault import Vault
 
 from ..conftest import GatewayProcess, S3Server, http_get, metric_sum, parse_exposition
+from .disks import fill, tmpfs
 
 pytestmark = pytest.mark.e2e
 
@@ -260,33 +261,9 @@ def test_issue10_bit_flip_in_an_s3_object_fails_loudly_and_check_names_it(
 # ------------------------------------------------------------------ full disk
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 4 MiB tmpfs (the tests run as root here and in CI)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-        timeout=10,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill (needs root): {done.stderr.strip()}")
-    try:
+    """A real 4 MiB tmpfs."""
+    with tmpfs(tmp_path / "disk", "4m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=10)
-
-
-def fill(directory: Path) -> None:
-    """Write a filler file until the filesystem says ENOSPC."""
-    fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"\xff" * 4096)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
