@@ -281,3 +281,24 @@ def test_issue11_import_reads_in_bounded_batches_and_names_a_bad_time(tmp_path, 
         assert importer.import_file(v, csv) == 20_000
         assert len(seen) > 5 and max(seen) < 5_000  # never the whole file at once
         assert v.query("m", T0, T0 + 30_000_000, output="arrow").num_rows == sum(seen) == 20_000
+
+
+def test_issue11_config_shows_toml_table_brackets_piped_and_on_a_terminal(monkeypatch) -> None:
+    import io
+    import sys
+
+    from metricvault.cli.output import print_table
+
+    piped = CliRunner().invoke(app, ["config"])
+    assert piped.exit_code == 0, piped.output
+    assert "[[retention_overrides]] selector=" in piped.stdout  # rich markup ate it as "[]"
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stdout", screen)
+    monkeypatch.setenv("COLUMNS", "200")
+    print_table(("setting", "meaning"), [("auth", "as [[auth_bearer_tokens]] sha256='x'")])
+    assert "[[auth_bearer_tokens]]" in screen.getvalue()

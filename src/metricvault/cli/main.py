@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from metricvault.cli.agent import AGENT_CONTEXT, agent
 from metricvault.cli.archive import archive_app
@@ -40,6 +39,7 @@ from metricvault.cli.common import (
 from metricvault.cli.experiments import experiment_app
 from metricvault.cli.influx import influx_app
 from metricvault.cli.light import run_query, run_series, run_stats
+from metricvault.cli.output import print_table
 from metricvault.config import describe
 from metricvault.durations import (
     parse_duration_ms,
@@ -322,12 +322,15 @@ def config(
         return
     settings = load_settings(data, config_file, set_)
     remember_secrets(settings)
-    table = Table(title="settings (TOML key = METRICVAULT_<KEY> environment variable)")
-    for col in ("setting", "value", "default", "meaning"):
-        table.add_column(col, overflow="fold")
-    for name, default, help_text in describe():
-        table.add_row(name, setting_for_display(name, getattr(settings, name)), default, help_text)
-    console.print(table)
+    rows = [
+        (name, setting_for_display(name, getattr(settings, name)), default, help_text)
+        for name, default, help_text in describe()
+    ]
+    print_table(
+        ("setting", "value", "default", "meaning"),
+        rows,
+        title="settings (TOML key = METRICVAULT_<KEY> environment variable)",
+    )
 
 
 @app.command()

@@ -118,6 +118,7 @@ def print_table(
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=title or None, show_lines=False, caption=caption or None)
     numeric = numeric or [False] * len(columns)
@@ -131,7 +132,7 @@ def print_table(
             min_width=min(len(str(name)), 8),
         )
     for row in rows[:TABLE_ROW_LIMIT]:
-        table.add_row(*(_cell(v) for v in row))
+        table.add_row(*(Text(_cell(v)) for v in row))  # Text: "[x]" is data, not markup
     if len(rows) > TABLE_ROW_LIMIT:
         table.caption = f"{len(rows) - TABLE_ROW_LIMIT} more rows: pipe the output or use -o FILE"
     Console().print(table)
