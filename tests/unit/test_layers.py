@@ -22,6 +22,7 @@ LEAF = {
     "metricvault.experiment",
     "metricvault.protocols",
     "metricvault.config",
+    "metricvault.credentials",
     "metricvault.fsutil",
     "metricvault.selector",
     "metricvault.redact",
@@ -57,7 +58,6 @@ TRACKED: dict[tuple[str, str], str] = {
     ("metricvault.collect.training", "metricvault.store.vault"): "track() opens a Vault",
     # being split by other parts of issue 12 (push.py encoder beside the decoder, limits,
     # progress as a callback, the simulated source); each goes once they land
-    ("metricvault.collect.exposition", "metricvault.ingest.auth"): "agent /metrics auth",
     ("metricvault.store.vault", "metricvault.cli.progress"): "progress bar in maintain",
     ("metricvault.demo", "metricvault.cli.progress"): "demo progress bar",
     ("metricvault.archive.compare", "metricvault.report"): "compare <-> report",

@@ -470,7 +470,7 @@ def hash_secret_cmd(
 ) -> None:
     """Print the SHA-256 digest to put in auth_bearer_tokens / auth_basic_users (settings
     store only digests, never secrets)."""
-    from metricvault.ingest.auth import hash_secret
+    from metricvault.credentials import hash_secret
 
     print(hash_secret(secret))
 

@@ -20,6 +20,8 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
 from metricvault.config import Settings
+from metricvault.credentials import authenticate
+from metricvault.errors import AuthError
 
 log = logging.getLogger("metricvault.agent")
 
@@ -85,8 +87,6 @@ class _OpenMetricsSafe:
 def _handler(
     registry: CollectorRegistry, settings: Settings | None
 ) -> type[BaseHTTPRequestHandler]:
-    from metricvault.ingest.auth import AuthError, authenticate
-
     class Handler(BaseHTTPRequestHandler):
         server_version = "metricvault-agent"
 

@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from metricvault.config import Settings
+from metricvault.credentials import Principal, authenticate
 from metricvault.durations import parse_duration_ms
 from metricvault.errors import (
     InputError,
@@ -39,7 +40,6 @@ from metricvault.errors import (
     TooLargeError,
 )
 from metricvault.experiment import Experiment, unknown_message
-from metricvault.ingest.auth import Principal, authenticate
 from metricvault.ingest.connections import quiet_accept_errors
 from metricvault.ingest.experiments_api import (
     CREATE_FIELDS,

@@ -33,9 +33,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from metricvault.credentials import Principal
 from metricvault.durations import parse_duration_ms
 from metricvault.errors import InputError, MetricVaultError, PromQLError, SelectorError
-from metricvault.ingest.auth import Principal
 from metricvault.promql import Engine, EngineOptions, SeriesSamples, VaultSource
 from metricvault.protocols import Reading, has
 from metricvault.selector import Matcher, Selector, parse_selector
