@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +13,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from metricvault import __version__
+from metricvault.archive.page import STYLE as _STYLE
+from metricvault.archive.page import figure_html as figure_html  # moved: issue 12
+from metricvault.archive.page import png as _png
+from metricvault.archive.page import records as records  # moved: issue 12
+from metricvault.archive.page import table_html as _table
 from metricvault.durations import ms_to_datetime, now_ms
 
 if TYPE_CHECKING:
@@ -26,37 +29,6 @@ if TYPE_CHECKING:
 
 FIGURE_SIZE = (14, 3.8)  # inches; the page shows every plot at its full width
 BAND_ALPHA = 0.15  # the min-max band stays light, under its mean line
-
-
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-_STYLE = """<style>body{font-family:sans-serif;max-width:1500px;margin:2em auto;padding:0 1em}
-img{width:100%;height:auto}
-table{border-collapse:collapse;margin-bottom:1em}
-td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
-td.text{text-align:left}
-tr.differs td{background:#fff3c4;font-weight:bold}</style>"""
-
-
-def figure_html(
-    fig: Any,
-    title: str,
-    table: list[dict[str, Any]] | None = None,
-    params: list[dict[str, Any]] | None = None,
-) -> str:
-    """A standalone HTML page holding one figure (embedded PNG), an optional table and an
-    optional params table (rows whose ``differs`` is true highlighted)."""
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"{_STYLE}</head><body><h1>{html.escape(title)}</h1>{_table(table or [])}"
-        f"{_table(params or [])}"
-        f"<img src='data:image/png;base64,{_png(fig)}'></body></html>\n"
-    )
 
 
 def _job_curves(vault: Vault, ids: list[str], metric: str, align: str, step: str) -> Any:
@@ -101,38 +73,6 @@ def node_band(vault: Vault, spec: ClusterSpec, metric: str) -> Any:
 
 def _end(spec: ClusterSpec) -> int:
     return spec.start_ms + int(spec.days * 86_400_000)
-
-
-def _table(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return ""
-    columns = [k for k in rows[0] if k != "differs"]
-    head = "".join(f"<th>{html.escape(str(k))}</th>" for k in columns)
-    body = "".join(
-        f"<tr{' class=differs' if row.get('differs') else ''}>"
-        + "".join(_cell(row[k]) for k in columns)
-        + "</tr>"
-        for row in rows
-    )
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _cell(value: Any) -> str:
-    text = _fmt(value)
-    numeric = isinstance(value, int | float) or text.replace(",", "").replace(".", "").isdigit()
-    return f"<td>{text}</td>" if numeric else f"<td class=text>{text}</td>"
-
-
-def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{str(k): v for k, v in row.items()} for row in frame.to_dict("records")]
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:,.3f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return html.escape(str(value))
 
 
 def _when(ms: int | None) -> str:

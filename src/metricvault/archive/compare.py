@@ -422,7 +422,7 @@ def plot(
         fig.savefig(path, dpi=110)
         plt.close(fig)
     else:
-        from metricvault.report import figure_html, records
+        from metricvault.archive.page import figure_html, records
 
         table = records(display_table(compare(vault, experiment_ids)))
         params = records(params_table(vault, experiment_ids))
