@@ -29,6 +29,7 @@ from metricvault.errors import (
 from metricvault.ingest.protocols import remote_write_checks, remote_write_columns
 from metricvault.ingest.protocols.remote_write import (
     DecodedWrite,
+    LabelPairCache,
     MetricMetadata,
     decode_remote_write,
 )
@@ -246,17 +247,14 @@ def test_golden_stale_markers_are_dropped_not_stored() -> None:
     assert decoded.table.num_rows == 500 - 357 - decoded.non_finite
 
 
-def test_label_cache_eviction_and_threads_change_no_result(monkeypatch: Any) -> None:
+def test_label_cache_eviction_and_threads_change_no_result() -> None:
     bodies = [(GOLDEN / name).read_bytes() for name in golden_files()]
     expected = [decode_v1(body).table for body in bodies]
-    monkeypatch.setattr(remote_write_columns, "_CACHE_MAX", 64)  # evict constantly, from cold
-    monkeypatch.setattr(remote_write_columns, "_PAIR_IDS", {})
-    monkeypatch.setattr(remote_write_columns, "_PAIR_NAMES", [])
-    monkeypatch.setattr(remote_write_columns, "_PAIR_VALUES", [])
+    cache = LabelPairCache(max_pairs=64)  # evict constantly, from cold
     results: dict[int, list[pa.Table]] = {}
 
     def work(worker: int) -> None:
-        results[worker] = [decode_v1(body).table for body in bodies * 3]
+        results[worker] = [decode_v1(body, label_cache=cache).table for body in bodies * 3]
 
     threads = [threading.Thread(target=work, args=(worker,)) for worker in range(4)]
     for thread in threads:
@@ -265,6 +263,9 @@ def test_label_cache_eviction_and_threads_change_no_result(monkeypatch: Any) -> 
         thread.join()
     for tables in results.values():
         assert all(got.equals(want) for got, want in zip(tables, expected * 3, strict=True))
+    # the decoders used this cache (not the shared one) and it was emptied for being full
+    # (a request larger than the bound still fits whole: it is never evicted midway)
+    assert len(cache) > 0 and cache.evictions > 0
 
 
 # --- 1.0 requests built here -----------------------------------------------------------------
@@ -811,11 +812,12 @@ def test_invalid_metric_names_are_rejected_by_both_paths(metric: str) -> None:
         decode_v1(v1_body(OK, ([("__name__", metric)], [(1.0, 1)])))
 
 
-def test_the_label_cell_limit_guards_against_sparse_label_bombs(monkeypatch: Any) -> None:
-    monkeypatch.setattr(remote_write_columns, "_MAX_LABEL_CELLS", 1000)
+def test_the_label_cell_limit_guards_against_sparse_label_bombs() -> None:
     series = [([("__name__", "m"), (f"label_{i}", "v")], [(1.0, 1)]) for i in range(40)]
-    with pytest.raises(TooLargeError, match="41 distinct label names"):
-        decode_v1(v1_body(*series))
+    body = v1_body(*series)
+    assert decode_v1(body).table.num_rows == 40  # 41 x 40 cells: far below the default
+    with pytest.raises(TooLargeError, match=r"41 distinct label names.*over the limit of 1,000"):
+        decode_v1(body, max_label_cells=1000)
 
 
 def test_a_rejected_request_names_the_first_bad_series_among_good_ones() -> None:

@@ -40,8 +40,11 @@ from __future__ import annotations
 
 from metricvault.ingest.protocols.decode_limits import DecodeBudget
 from metricvault.ingest.protocols.remote_write_columns import (
+    LABEL_CACHE,
+    MAX_LABEL_CELLS,
     STALE_NAN_BITS,
     DecodedWrite,
+    LabelPairCache,
     Limits,
 )
 from metricvault.ingest.protocols.remote_write_framing import (
@@ -55,10 +58,12 @@ from metricvault.ingest.protocols.remote_write_v2 import decode_v2
 from metricvault.wire.remote_write import PROTO_V1, PROTO_V2
 
 __all__ = [
+    "MAX_LABEL_CELLS",
     "PROTO_V1",
     "PROTO_V2",
     "STALE_NAN_BITS",
     "DecodedWrite",
+    "LabelPairCache",
     "MetricMetadata",
     "decode_remote_write",
     "decompress_snappy_block",
@@ -76,18 +81,26 @@ def decode_remote_write(
     max_series: int | None = None,
     max_label_names: int | None = None,
     time_budget_s: float | None = None,
+    max_label_cells: int = MAX_LABEL_CELLS,
+    label_cache: LabelPairCache | None = None,
 ) -> DecodedWrite:
     """Decode one remote-write request body (1.0 or 2.0, snappy block compressed).
 
     Limits (``None``: none), each a ``TooLargeError`` (413) before the work it bounds:
     ``max_series`` time series, ``max_label_names`` distinct label names (the long shape has a
-    cell per row and label name), ``time_budget_s`` seconds of this thread's CPU time.
+    cell per row and label name), ``time_budget_s`` seconds of this thread's CPU time,
+    ``max_label_cells`` cells (rows x label names) of the long shape.
+
+    ``label_cache``: where label bytes are remembered between requests (a
+    :class:`LabelPairCache`); by default the one every decoder in the process shares. It never
+    changes a result, only how fast a request repeating earlier labels decodes.
     """
     budget = DecodeBudget(time_budget_s)
     version = negotiate_version(content_type, version_header)
     check_encoding(content_encoding)
     raw = decompress_snappy_block(body, max_decoded_bytes)
-    limits = Limits(max_series, max_label_names, budget)
+    cache = LABEL_CACHE if label_cache is None else label_cache
+    limits = Limits(max_series, max_label_names, budget, max_label_cells, cache)
     if version == "1.0":
         return decode_v1(raw, limits)
     return decode_v2(raw, limits)

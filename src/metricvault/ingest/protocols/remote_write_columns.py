@@ -23,20 +23,43 @@ from metricvault.wire.proto import messages
 
 STALE_NAN_BITS = 0x7FF0000000000002
 _METRIC_NAME_ANCHORED = f"^{METRIC_NAME.pattern}$"  # for Arrow's RE2, over a whole column
-# What the bytes of one 1.0 Label mean, as an id into _PAIR_NAMES/_PAIR_VALUES (value None
-# when empty). Series repeat every scrape and label pairs repeat across series, so most labels
-# cost one dict lookup instead of a protobuf parse and two Python strings. Bounded: emptied when
-# it holds _CACHE_MAX pairs (about 270 bytes each, so ~35 MB at most; a cluster whose distinct
-# label pairs outnumber it still decodes right, only slower). Guarded by a lock: decoders on
-# several threads share it safely. It only holds facts about bytes: it never changes a result.
-_PAIR_IDS: dict[bytes, int] = {}
-_PAIR_NAMES: list[str] = []
-_PAIR_VALUES: list[str | None] = []
-_PAIRS_LOCK = threading.Lock()
-_CACHE_MAX = 1 << 17
 # The long shape has a cell per (row, label name): bound it against requests that combine many
 # series with many distinct label names (a few MB of protobuf could otherwise ask for GBs).
-_MAX_LABEL_CELLS = 1 << 25
+MAX_LABEL_CELLS = 1 << 25
+LABEL_CACHE_MAX = 1 << 17
+
+
+class LabelPairCache:
+    """What the bytes of one 1.0 Label mean, as an id into ``names``/``values`` (value None
+    when empty). Series repeat every scrape and label pairs repeat across series, so most labels
+    cost one dict lookup instead of a protobuf parse and two Python strings. Bounded: emptied
+    when it holds ``max_pairs`` pairs (about 270 bytes each, so ~35 MB at the default; a cluster
+    whose distinct label pairs outnumber it still decodes right, only slower). Guarded by a
+    lock: decoders on several threads share one safely. It only holds facts about bytes: it
+    never changes a result. Every decoder shares :data:`LABEL_CACHE` unless given its own
+    (``decode_remote_write(..., label_cache=)``), as tests do to start cold and evict often.
+    """
+
+    def __init__(self, max_pairs: int = LABEL_CACHE_MAX) -> None:
+        if max_pairs < 1:
+            raise ValueError(f"max_pairs must be at least 1, not {max_pairs}")
+        self.max_pairs = max_pairs
+        self.ids: dict[bytes, int] = {}
+        self.names: list[str] = []
+        self.values: list[str | None] = []
+        self.lock = threading.Lock()
+        self.evictions = 0  # how often it was emptied for being full
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def clear(self) -> None:
+        self.ids.clear()
+        self.names.clear()
+        self.values.clear()
+
+
+LABEL_CACHE = LabelPairCache()
 BUDGET_EVERY = 4096  # labels parsed between two looks at the decode time budget
 
 
@@ -69,6 +92,8 @@ class Limits:
     max_series: int | None
     max_label_names: int | None
     budget: DecodeBudget
+    max_label_cells: int = MAX_LABEL_CELLS  # rows x label names of the long shape
+    label_cache: LabelPairCache = LABEL_CACHE
 
     def check_flat(self, flat: Flat) -> None:
         """Before the long shape is built: its cost is rows x label names."""
@@ -77,48 +102,52 @@ class Limits:
         self.budget.check(f"reading {len(flat.label_counts):,} series")
 
 
-def label_pairs(raw_labels: Any, budget: DecodeBudget) -> tuple[Any, list[str], list[str | None]]:
+def label_pairs(
+    raw_labels: Any, budget: DecodeBudget, cache: LabelPairCache = LABEL_CACHE
+) -> tuple[Any, list[str], list[str | None]]:
     """(pair index per label, name per distinct pair, value per distinct pair) for 1.0 labels.
 
     ``Invalid`` if a label is not a valid protobuf ``Label``.
     """
-    with _PAIRS_LOCK:
+    with cache.lock:
+        known = cache.ids
         try:
-            ids = [_PAIR_IDS[raw_label] for raw_label in raw_labels]
+            ids = [known[raw_label] for raw_label in raw_labels]
         except KeyError:
-            ids = _learn_labels(raw_labels, budget)
+            ids = _learn_labels(raw_labels, budget, cache)
         pair_of_label = np.fromiter(ids, dtype=np.int64, count=len(ids))
-        seen = np.zeros(len(_PAIR_NAMES), dtype=np.bool_)
+        seen = np.zeros(len(cache.names), dtype=np.bool_)
         seen[pair_of_label] = True
         distinct = np.flatnonzero(seen)
-        names = [_PAIR_NAMES[pair] for pair in distinct.tolist()]
-        values = [_PAIR_VALUES[pair] for pair in distinct.tolist()]
+        pair_names, pair_values = cache.names, cache.values
+        names = [pair_names[pair] for pair in distinct.tolist()]
+        values = [pair_values[pair] for pair in distinct.tolist()]
     index_of = np.empty(len(seen), dtype=np.int64)
     index_of[distinct] = np.arange(len(distinct))
     return index_of[pair_of_label], names, values
 
 
-def _learn_labels(raw_labels: Any, budget: DecodeBudget) -> list[int]:
-    """Ids for labels, parsing those not seen yet; the registry is emptied when full."""
+def _learn_labels(raw_labels: Any, budget: DecodeBudget, cache: LabelPairCache) -> list[int]:
+    """Ids for labels, parsing those not seen yet; the cache is emptied when full."""
+    known, names, values = cache.ids, cache.names, cache.values
     for may_evict in (True, False):
         ids: list[int] = []
         for raw_label in raw_labels:
-            pair = _PAIR_IDS.get(raw_label)
+            pair = known.get(raw_label)
             if pair is None:
-                if not len(_PAIR_NAMES) % BUDGET_EVERY:
+                if not len(names) % BUDGET_EVERY:
                     budget.check(f"{len(ids):,} of {len(raw_labels):,} labels")
-                if may_evict and len(_PAIR_NAMES) >= _CACHE_MAX:
-                    _PAIR_IDS.clear()
-                    _PAIR_NAMES.clear()
-                    _PAIR_VALUES.clear()
+                if may_evict and len(names) >= cache.max_pairs:
+                    cache.clear()
+                    cache.evictions += 1
                     break  # ids taken so far are gone: start this request again
                 try:
                     label = messages.Label.FromString(raw_label)
                 except messages.DecodeError as exc:
                     raise Invalid from exc
-                pair = _PAIR_IDS[raw_label] = len(_PAIR_NAMES)
-                _PAIR_NAMES.append(sys.intern(label.name))
-                _PAIR_VALUES.append(label.value or None)
+                pair = known[raw_label] = len(names)
+                names.append(sys.intern(label.name))
+                values.append(label.value or None)
             ids.append(pair)
         else:
             return ids
@@ -200,7 +229,7 @@ class Shape:
     non_finite: int
 
 
-def assemble(flat: Flat) -> Shape:
+def assemble(flat: Flat, max_label_cells: int = MAX_LABEL_CELLS) -> Shape:
     """The long-shape table, or ``Invalid`` if any series breaks a rule."""
     n_series = len(flat.label_counts)
     series_of_label = np.repeat(np.arange(n_series), flat.label_counts)
@@ -217,7 +246,7 @@ def assemble(flat: Flat) -> Shape:
         "timestamp": pa.array(timestamps, type=pa.int64()),
         "value": pa.array(values, type=pa.float64()),
     }
-    columns.update(_label_columns(flat, series_of_label, rows))
+    columns.update(_label_columns(flat, series_of_label, rows, max_label_cells))
     return Shape(pa.table(columns), metrics, len(values), stale, non_finite)
 
 
@@ -245,17 +274,19 @@ def _check_flat_labels(flat: Flat, series_of_label: Any) -> Any:
     return metrics
 
 
-def _label_columns(flat: Flat, series_of_label: Any, rows: Any) -> dict[str, Any]:
+def _label_columns(
+    flat: Flat, series_of_label: Any, rows: Any, max_label_cells: int
+) -> dict[str, Any]:
     """One string column per label name (sorted), null where a row's series lacks it."""
     label_codes = [code for code in np.argsort(flat.names) if flat.names[code] != "__name__"]
     if not label_codes or not len(rows):
         return {}
-    if len(flat.names) * max(len(rows), len(flat.label_counts)) > _MAX_LABEL_CELLS:
+    if len(flat.names) * max(len(rows), len(flat.label_counts)) > max_label_cells:
         raise TooLargeError(
             f"the request's {len(flat.label_counts):,} series use {len(flat.names):,} distinct "
             f"label names: a table of {len(rows):,} rows would need "
             f"{len(flat.names) * len(rows):,} label cells, over the limit of "
-            f"{_MAX_LABEL_CELLS:,}; send fewer series per request"
+            f"{max_label_cells:,}; send fewer series per request"
         )
     # One name at a time, with one series-sized scratch array: a names x series matrix cost
     # 8 bytes per cell on top of the table itself (1 GB for 1,000 series x 33,000 names).

@@ -9,7 +9,6 @@ import numpy as np
 import pyarrow as pa
 
 from metricvault.errors import InputError
-from metricvault.ingest.protocols.decode_limits import DecodeBudget
 from metricvault.ingest.protocols.remote_write_checks import (
     Invalid,
     check_series,
@@ -44,9 +43,9 @@ def decode_v1(raw: memoryview, limits: Limits) -> DecodedWrite:
         )
     check_series_count(len(all_series), limits.max_series)
     try:
-        flat = _flatten_v1(all_series, merged, limits.budget)
+        flat = _flatten_v1(all_series, merged, limits)
         limits.check_flat(flat)
-        shape = assemble(flat)
+        shape = assemble(flat, limits.max_label_cells)
     except Invalid:
         raise _explain_v1(raw) from None
     metadata = tuple(metadata_v1(request.metadata))
@@ -54,10 +53,12 @@ def decode_v1(raw: memoryview, limits: Limits) -> DecodedWrite:
     return result(shape, "1.0", metadata, kinds_v1(metadata), *census)
 
 
-def _flatten_v1(all_series: Any, merged: Any, budget: DecodeBudget) -> Flat:
+def _flatten_v1(all_series: Any, merged: Any, limits: Limits) -> Flat:
     label_counts = np.array([len(series.labels) for series in all_series], dtype=np.int64)
     sample_counts = np.array([len(series.samples) for series in all_series], dtype=np.int64)
-    pair_of_label, pair_names, pair_values = label_pairs(merged.labels, budget)
+    pair_of_label, pair_names, pair_values = label_pairs(
+        merged.labels, limits.budget, limits.label_cache
+    )
     code_of: dict[str, int] = {}
     code_of_pair = [code_of.setdefault(name, len(code_of)) for name in pair_names]
     sample_values, sample_timestamps = decode_samples(list(merged.samples))

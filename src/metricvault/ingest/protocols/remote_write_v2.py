@@ -52,7 +52,7 @@ def decode_v2(raw: memoryview, limits: Limits) -> DecodedWrite:
     try:
         flat = _flatten_v2(all_series, merged, symbols)
         limits.check_flat(flat)
-        shape = assemble(flat)
+        shape = assemble(flat, limits.max_label_cells)
         metadata, kinds = metadata_v2(all_series, shape.metrics, symbols)
     except Invalid:
         raise _explain_v2(raw, symbols) from None
