@@ -516,8 +516,11 @@ def test_backoff_is_exponential_with_full_jitter_and_bounded(tmp_path: Path) -> 
     assert push._retry_after_s("3") == 3.0
     assert push._retry_after_s("garbage") is None and push._retry_after_s("-1") is None
     assert push._retry_after_s("86400") == push.RETRY_AFTER_CAP_S
-    in_two_s = email.utils.formatdate(time.time() + 2.5, usegmt=True)
-    assert 0.5 < push._retry_after_s(in_two_s) <= 2.5  # type: ignore[operator]
+    # an HTTP date is read against the clock given (whole seconds: the header has no more)
+    now = 1_700_000_000.0
+    in_three_s = email.utils.formatdate(now + 3, usegmt=True)
+    assert push._retry_after_s(in_three_s, now=now) == 3.0
+    assert push._retry_after_s(in_three_s, now=now + 4) is None  # already past
 
 
 def test_base_url_of_a_write_url() -> None:

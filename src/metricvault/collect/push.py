@@ -980,15 +980,17 @@ _OTHER_HINT = (
 )
 
 
-def _retry_after_s(value: str | None) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
+def _retry_after_s(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date, read against
+    ``now``, epoch seconds: the wall clock unless given)."""
     if not value:
         return None
     try:
         seconds = float(value)
     except ValueError:
         try:
-            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+            at = email.utils.parsedate_to_datetime(value).timestamp()
+            seconds = at - (time.time() if now is None else now)
         except (TypeError, ValueError):
             return None
     if not math.isfinite(seconds) or seconds < 0:
