@@ -623,3 +623,22 @@ def test_every_log_call_is_kept_even_within_one_millisecond(vault: Vault) -> Non
     series = _series(vault)
     assert series["train_step"] == [float(s) for s in range(200)]
     assert series["train_loss"] == [float(s) for s in range(200)]
+
+
+def test_issue12_track_into_an_open_store_checks_what_it_can_do(
+    vault: Vault, tmp_path: Path
+) -> None:
+    """An open store is taken by what it can do (collect names no backend class): a read-only
+    snapshot is refused with the store's own message, and left open for its caller."""
+    import metricvault
+    from metricvault.archive.snapshot import export_snapshot
+    from metricvault.errors import UnsupportedError
+
+    with track(ID, data=vault, git=False) as run:
+        run.log(1, loss=0.5)
+    info = export_snapshot(vault, ID, tmp_path / "out")
+    snapshot = metricvault.open(info.path)
+    with pytest.raises(UnsupportedError, match=r"cannot do writing samples.*supports read"):
+        track("next-run", data=snapshot, git=False)  # type: ignore[arg-type]
+    assert not snapshot.query("train_loss", "-1d", "+1d").empty  # still open: not closed
+    snapshot.close()

@@ -24,6 +24,7 @@ LEAF = {
     "metricvault.config",
     "metricvault.credentials",
     "metricvault.fsutil",
+    "metricvault.gitinfo",
     "metricvault.selector",
     "metricvault.redact",
     "metricvault.wire",
@@ -52,10 +53,6 @@ TRACKED: dict[tuple[str, str], str] = {
     # the history() convenience on every readable backend; the analysis lives in archive
     ("metricvault.store.vault", "metricvault.archive.compare"): "Vault.history convenience",
     ("metricvault.store.backends.influxdb", "metricvault.archive.compare"): "history()",
-    # training records the commit it ran from (archive.git); to move beside it (issue 12)
-    ("metricvault.collect.training", "metricvault.archive.git"): "track() records git commit",
-    # track() without a gateway opens a vault; to go through metricvault.open (issue 12)
-    ("metricvault.collect.training", "metricvault.store.vault"): "track() opens a Vault",
     # being split by other parts of issue 12 (push.py encoder beside the decoder, limits,
     # progress as a callback, the simulated source); each goes once they land
     ("metricvault.store.vault", "metricvault.cli.progress"): "progress bar in maintain",

@@ -62,7 +62,6 @@ if TYPE_CHECKING:
     from metricvault.collect.remote import GatewayVault
     from metricvault.experiment import Experiment
     from metricvault.protocols import ExperimentRegistry, TrackingStore
-    from metricvault.store.vault import Vault
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +155,7 @@ class Run:
 
     def __init__(
         self,
-        vault: Vault | GatewayVault | TrackingStore,
+        vault: GatewayVault | TrackingStore,
         experiment: Experiment,
         labels: Mapping[str, str],
         *,
@@ -421,7 +420,7 @@ def track(
     gpu: str | None = None,
     gpus: int = 1,
     peak_flops: float | None = None,
-    data: str | os.PathLike[str] | Vault | None = None,
+    data: str | os.PathLike[str] | TrackingStore | None = None,
     selector: str | None = None,
     owner: str | None = None,
     tags: Iterable[str] = (),
@@ -450,7 +449,8 @@ def track(
     ``peak_flops``: one GPU's peak FLOP/s, overriding the table. ``data``: vault directory or
     URI (default: the settings' ``data``), a gateway's ``http(s)://host:port`` (the experiment
     is registered and the series sent through ``metricvault serve``; a bearer token from
-    ``METRICVAULT_GATEWAY_TOKEN``), or an open :class:`Vault` (left open on close).
+    ``METRICVAULT_GATEWAY_TOKEN``), or an open store that writes and keeps experiments (a
+    :class:`Vault`, an InfluxVault; left open on close).
     ``selector``: the experiment's series (default ``{experiment="<id>"}``). ``labels``: extra
     labels on every series (e.g. ``{"rank": "0"}``). ``git``: record the current directory's
     repository commit (a dirty tree warns). ``reopen``: continue the experiment even if it
@@ -584,7 +584,7 @@ def _git_fields(enabled: bool) -> dict[str, str]:
     """The current directory's repository and HEAD commit; warnings, never errors."""
     if not enabled:
         return {}
-    from metricvault.archive.git import head, repo_root
+    from metricvault.gitinfo import head, repo_root
 
     try:
         root = repo_root(Path.cwd())
@@ -607,12 +607,16 @@ def _git_fields(enabled: bool) -> dict[str, str]:
 
 
 def _open_vault(
-    data: str | os.PathLike[str] | Vault | None,
-) -> tuple[Vault | GatewayVault | TrackingStore, bool]:
+    data: str | os.PathLike[str] | TrackingStore | None,
+) -> tuple[GatewayVault | TrackingStore, bool]:
     from metricvault.open import open as open_store
-    from metricvault.store.vault import Vault
+    from metricvault.protocols import require
 
-    if isinstance(data, Vault):
+    if data is not None and not isinstance(data, str | os.PathLike):
+        # a store the caller opened (and closes): checked by capability, so collect needs no
+        # backend class, and a snapshot or other read-only store is refused here, clearly
+        for capability in ("write", "experiments"):
+            require(data, capability)
         return data, False
     if isinstance(data, str) and data.startswith(("http://", "https://")):
         from metricvault.collect.remote import GatewayVault
