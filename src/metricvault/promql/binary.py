@@ -14,6 +14,7 @@ from metricvault.promql.errors import PromQLError
 from metricvault.promql.values import (
     NAME,
     Labels,
+    Scalar,
     StepVector,
     drop_name,
     format_labels,
@@ -22,7 +23,7 @@ from metricvault.promql.values import (
 )
 
 if TYPE_CHECKING:
-    from metricvault.promql.eval import Evaluator, Scalar
+    from metricvault.promql.eval import Evaluator
 
 ARITHMETIC = {"+", "-", "*", "/", "%", "^", "atan2"}
 # Prometheus 2.x keeps the metric name for atan2 (engine.go shouldDropMetricName).
@@ -62,8 +63,6 @@ def apply(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def evaluate(ev: Evaluator, node: Any, steps: np.ndarray) -> StepVector | Scalar:
-    from metricvault.promql.eval import Scalar
-
     op = str(node.op)
     lhs = ev.eval(node.lhs, steps)
     rhs = ev.eval(node.rhs, steps)

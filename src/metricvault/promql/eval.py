@@ -28,6 +28,7 @@ from metricvault.promql.values import (
     StepVector,
     make_labels,
 )
+from metricvault.promql.values import Scalar as Scalar  # moved: issue 12
 from metricvault.selector import Matcher
 
 MAX_POINTS_PER_SERIES = 11_000  # Prometheus's API limit on (end - start) / step
@@ -43,13 +44,6 @@ _AT_UNSAFE = {
     "days_in_month", "day_of_month", "day_of_week", "day_of_year", "hour", "minute",
     "month", "year", "predict_linear", "time",
 }  # fmt: skip
-
-
-@dataclass
-class Scalar:
-    """A scalar at every step."""
-
-    values: np.ndarray
 
 
 Value = StepVector | Scalar | RangeVector | str

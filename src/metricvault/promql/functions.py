@@ -16,6 +16,7 @@ from metricvault.promql.values import (
     NAME,
     Labels,
     RangeVector,
+    Scalar,
     StepVector,
     drop_name,
     get_label,
@@ -23,7 +24,7 @@ from metricvault.promql.values import (
 )
 
 if TYPE_CHECKING:
-    from metricvault.promql.eval import Evaluator, Scalar
+    from metricvault.promql.eval import Evaluator
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
@@ -50,8 +51,6 @@ DATE = {
 
 
 def call(ev: Evaluator, node: Any, steps: np.ndarray) -> StepVector | Scalar:
-    from metricvault.promql.eval import Scalar
-
     name = node.func.name
     args = list(node.args)
     if name in RANGE_FUNCTIONS:
@@ -180,8 +179,6 @@ def _absent(ev: Evaluator, args: list[Any], steps: np.ndarray) -> StepVector:
 
 
 def _scalar(ev: Evaluator, args: list[Any], steps: np.ndarray) -> Any:
-    from metricvault.promql.eval import Scalar
-
     vec = ev.eval_vector(args[0], steps)
     if not vec.labels:
         return Scalar(np.full(steps.size, np.nan))

@@ -73,6 +73,14 @@ class StepVector:
         return self if keep.size == len(self.labels) else self.select_rows(keep)
 
 
+@dataclass
+class Scalar:
+    """A scalar at every step (here, not in eval, so that binary and functions, which eval
+    imports, can build one without importing eval)."""
+
+    values: np.ndarray
+
+
 DUPLICATE_LABELSET = "vector cannot contain metrics with the same labelset"
 
 
