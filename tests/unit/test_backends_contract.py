@@ -2,8 +2,9 @@
 
 Every backend that can read answers the same query the same way; every backend that cannot
 do something says so with UnsupportedError (or ReadOnlyError) naming what it is and what to
-do instead, before any work. The InfluxDB parametrisation needs a real influxd and lives in
-tests/e2e; the embedded vault on S3 is covered by the S3 tests.
+do instead, before any work. The cases live in tests/backend_suite.py; the InfluxDB and
+gateway parametrisations need real servers and live in tests/e2e/test_backends_contract.py;
+the embedded vault on S3 is covered by the S3 tests.
 """
 
 from __future__ import annotations
@@ -20,44 +21,46 @@ from metricvault.open import open_store
 from metricvault.protocols import has
 from metricvault.store.vault import Vault
 
-T0 = 1_700_000_000_000  # a whole hour
-SAMPLES = [
-    ("gpu_util", {"host": f"n{h}"}, T0 + i * 10_000, float(i + h))
-    for h in (1, 2)
-    for i in range(360)
-]
-SELECTOR = '{job="r1"} or gpu_util'
+from .. import backend_suite as suite
+
+T0 = 1_699_999_200_000  # a whole hour (2023-11-14T22:00Z)
+SAMPLES = suite.samples(T0)
 
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
     """The embedded vault and a raw snapshot exported from it, both opened by URI."""
     base = tmp_path_factory.mktemp("contract")
-    with metricvault.open(str(base / "v"), need="read+write") as vault:
-        vault.write(SAMPLES)
+    with metricvault.open(str(base / "v"), need="write+experiments") as vault:
+        suite.fill(vault, T0)
     embedded = open_store(str(base / "v"))
     assert isinstance(embedded, Vault)
-    embedded.experiments.create("r1", "gpu_util", start=T0, end=T0 + 3_600_000)
-    info = export_snapshot(embedded, "r1", base / "snap")
+    info = export_snapshot(embedded, suite.EXPERIMENT, base / "snap")
     snapshot = open_store(str(info.path))
     yield {"embedded": embedded, "snapshot": snapshot}
     embedded.close()
     snapshot.close()
 
 
-@pytest.mark.parametrize("step", [None, "1m", "all"])
+@pytest.mark.parametrize("step", suite.STEPS)
 @pytest.mark.parametrize("backend", ["snapshot"])
 def test_issue12_every_reader_answers_a_query_alike(stores, backend, step):
-    want = stores["embedded"].query("gpu_util", T0, T0 + 3_600_000, step=step, output="arrow")
-    got = stores[backend].query("gpu_util", T0, T0 + 3_600_000, step=step, output="arrow")
-    assert want.num_rows == 720 if step is None else want.num_rows > 0
-    assert got.to_pylist() == want.to_pylist()
+    suite.check_query(stores["embedded"], stores[backend], T0, step)
 
 
 @pytest.mark.parametrize("backend", ["embedded", "snapshot"])
 def test_issue12_every_reader_lists_the_same_series(stores, backend):
-    table = stores[backend].series("gpu_util", output="arrow")
-    assert table.num_rows == 2 and set(table["metric"].to_pylist()) == {"gpu_util"}
+    suite.check_series(stores["embedded"], stores[backend])
+
+
+@pytest.mark.parametrize("backend", ["embedded", "snapshot"])
+def test_issue12_every_reader_counts_the_same_series_in_its_stats(stores, backend):
+    suite.check_stats(stores["embedded"], stores[backend], T0)
+
+
+@pytest.mark.parametrize("backend", ["embedded", "snapshot"])
+def test_issue12_every_reader_places_history_by_step_alike(stores, backend):
+    suite.check_history(stores["embedded"], stores[backend])
 
 
 def test_issue12_capabilities_say_what_each_backend_does(stores):
@@ -102,7 +105,7 @@ def test_issue12_a_gateway_url_refuses_reading_before_any_request():
 def test_issue12_the_embedded_store_says_what_sql_lacks_on_no_backend(stores):
     """Every capability the embedded vault claims is one it answers (no UnsupportedError)."""
     vault = stores["embedded"]
-    assert vault.sql("SELECT count(*) AS n FROM series", output="arrow")["n"].to_pylist() == [2]
+    assert vault.sql("SELECT count(*) AS n FROM series", output="arrow")["n"].to_pylist() == [4]
     assert vault.experiments.ids() == ["r1"]
     assert isinstance(vault.maintain(), dict)
 

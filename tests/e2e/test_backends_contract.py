@@ -1,0 +1,141 @@
+"""Issue 12: the shared behaviour suite (tests/backend_suite.py) over the backends that need a
+real server: an InfluxDB 1.x database (a real ``influxd``) and a gateway URL (a real
+``metricvault serve``). Each answers what it can exactly as the embedded vault does on the same
+data, and refuses what it cannot with UnsupportedError naming itself, what it lacks, and where
+to turn instead, before any work.
+"""
+
+# ruff: noqa: F811  (the fixtures imported from influx_fixture are parameters here)
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import metricvault
+from metricvault.config import Settings
+from metricvault.errors import UnsupportedError
+from metricvault.protocols import has
+from metricvault.store.backends.influxdb import InfluxVault, setup
+from metricvault.store.vault import Vault
+
+from .. import backend_suite as suite
+from .conftest import GatewayProcess
+from .influx_fixture import InfluxServer, influxd  # noqa: F401
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def t0() -> int:
+    return suite.recent_hour()  # InfluxDB refuses points older than its raw policy (30 days)
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory: pytest.TempPathFactory, t0: int) -> Iterator[Vault]:
+    """The reference: the embedded vault holding the suite's data."""
+    vault = Vault.open_local(str(tmp_path_factory.mktemp("reference") / "v"))
+    suite.fill(vault, t0)
+    yield vault
+    vault.close()
+
+
+# --------------------------------------------------------------------------- InfluxDB
+@pytest.fixture(scope="module")
+def influx_uri(influxd: InfluxServer) -> str:
+    uri = influxd.uri(f"mv_contract_{uuid.uuid4().hex[:8]}")
+    setup(uri, Settings())
+    return uri
+
+
+@pytest.fixture(scope="module")
+def influx(influx_uri: str, t0: int) -> Iterator[Any]:
+    store = metricvault.open(influx_uri, need="read+write")
+    assert isinstance(store, InfluxVault)
+    suite.fill(store, t0)
+    yield store
+    store.close()
+
+
+@pytest.mark.parametrize("step", suite.STEPS)
+def test_issue12_influxdb_answers_a_query_as_the_embedded_vault(embedded, influx, t0, step):
+    suite.check_query(embedded, influx, t0, step)
+
+
+def test_issue12_influxdb_lists_the_same_series(embedded, influx):
+    suite.check_series(embedded, influx)
+
+
+def test_issue12_influxdb_stats_count_the_same_series(embedded, influx, t0):
+    suite.check_stats(embedded, influx, t0)
+
+
+def test_issue12_influxdb_places_history_by_step_alike(embedded, influx):
+    suite.check_history(embedded, influx)
+
+
+def test_issue12_influxdb_refuses_sql_saying_what_to_use_instead(influx, influx_uri):
+    assert has(influx, "read") and has(influx, "serve") and not has(influx, "sql")
+    with pytest.raises(UnsupportedError) as caught:
+        metricvault.open(influx_uri, need="sql")
+    message = str(caught.value)
+    assert f"{influx.uri} is an InfluxDB database, which cannot do SQL views" in message
+    assert "Use query() (or InfluxQL directly against the database)" in message
+    with pytest.raises(UnsupportedError, match="SQL views exist only on the embedded store"):
+        influx.sql("SELECT count(*) FROM series")
+    with pytest.raises(UnsupportedError, match="InfluxDB keeps no versions of its data"):
+        influx.catalog_version()
+
+
+# --------------------------------------------------------------------------- gateway URL
+@pytest.mark.parametrize(
+    ("need", "what"),
+    [
+        ("read", "reading"),
+        ("maintain", "maintenance"),
+        ("sql", "SQL views"),
+        ("serve", "serving a gateway"),
+    ],
+)
+def test_issue12_a_gateway_url_refuses_what_it_cannot_do_before_any_request(need, what):
+    # A listener of our own stands in for the gateway: a refusal must not even connect.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        with pytest.raises(UnsupportedError) as caught:
+            metricvault.open(url + "/api/v1/write", need=need)
+        listener.settimeout(0.2)
+        with pytest.raises(TimeoutError):  # nothing connected
+            listener.accept()
+    message = " ".join(str(caught.value).split())
+    assert f"{url} is a gateway, which cannot do {what}" in message
+    assert "it supports experiments, write" in message
+    assert "open the vault the gateway stores into (its --data)" in message
+
+
+def test_issue12_a_gateway_url_writes_into_its_vault_and_keeps_experiments(gateway, embedded, t0):
+    gw: GatewayProcess = gateway()
+    with metricvault.open(gw.url, need="write+experiments") as store:
+        assert has(store, "write") and not has(store, "read")
+        suite.fill(store, t0)
+        record = store.experiments.get(suite.EXPERIMENT)
+        assert (record.selector, record.start_ms, record.end_ms) == (
+            suite.SELECTOR,
+            t0,
+            t0 + suite.HOUR_MS,
+        )
+        assert [e.id for e in store.experiments.list()] == [suite.EXPERIMENT]
+        assert store.experiments.ids() == [suite.EXPERIMENT]
+    gw.stop_gracefully()  # drains and flushes every worker's buffer into the vault
+    # read back through the vault the gateway stores into: the same answers as the reference
+    with Vault.open_local(str(gw.data_dir), create=False) as stored:
+        assert stored.experiments.get(suite.EXPERIMENT) == record  # the gateway's record
+        for step in suite.STEPS:
+            suite.check_query(embedded, stored, t0, step)
+        suite.check_series(embedded, stored)
+        suite.check_stats(embedded, stored, t0)
+        suite.check_history(embedded, stored)
