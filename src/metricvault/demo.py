@@ -17,9 +17,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from metricvault.archive.compare import compare, display_table
-from metricvault.cli.progress import console_progress
 from metricvault.demo_archive import archive_first_job
 from metricvault.durations import DAY_MS, now_ms
+from metricvault.progressbar import console_progress
 from metricvault.sim import ClusterSpec, generate, total_samples
 from metricvault.sim.workload import hostname
 from metricvault.store.vault import Vault

@@ -224,7 +224,7 @@ def maintain(
     settings = load_settings(data, config, set_)
     interval = parse_duration_ms(settings.maintain_interval) / 1000
     from metricvault.cli.light import open_with
-    from metricvault.cli.progress import console_progress
+    from metricvault.progressbar import console_progress
 
     with open_with(settings, need="maintain") as vault:
         while True:

@@ -1,35 +1,5 @@
-"""Progress bars for the store's callbacks (``maintain(progress=...)``), drawn with rich.
+"""Moved to :mod:`metricvault.progressbar` (issue 12): the demo draws it too, and the demo may
+not import the CLI layer."""
 
-The store only calls ``progress(step, done, total)``; drawing lives here, in the CLI layer, so
-``import metricvault.store`` never loads a terminal library.
-"""
-
-from __future__ import annotations
-
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-from rich.progress import Progress, TaskID
-
-
-class RichProgress:
-    """A ``ProgressCallback`` that shows one bar per step while it runs (transient)."""
-
-    def __init__(self, bar: Progress) -> None:
-        self._bar = bar
-        self._tasks: dict[str, TaskID] = {}
-
-    def __call__(self, step: str, done: int, total: int) -> None:
-        task = self._tasks.get(step)
-        if task is None:
-            task = self._tasks[step] = self._bar.add_task(step, total=total)
-        self._bar.update(task, completed=done, total=total)
-        if done >= total:  # the step is over: its bar goes, as rich's transient bars do
-            self._bar.remove_task(self._tasks.pop(step))
-
-
-@contextmanager
-def console_progress() -> Iterator[RichProgress]:
-    """``with console_progress() as progress: vault.maintain(progress=progress)``."""
-    with Progress(transient=True) as bar:
-        yield RichProgress(bar)
+from metricvault.progressbar import RichProgress as RichProgress  # moved: issue 12
+from metricvault.progressbar import console_progress as console_progress  # moved: issue 12

@@ -35,7 +35,7 @@ MINUTE_MS = TIER_RESOLUTION_MS["1m"]  # the 1m tier's bucket width; model.py own
 ProgressCallback = Callable[[str, int, int], None]
 """``progress(step, done, total)``: called with ``done`` = 0, 1, ..., ``total`` for each step
 that has work (``compacting``, ``rolling up``, ``retention <tier>``). The store draws nothing
-itself, so it imports no terminal library; :func:`metricvault.cli.progress.console_progress`
+itself, so it imports no terminal library; :func:`metricvault.progressbar.console_progress`
 is the rich bar the CLI and the demo pass."""
 
 

@@ -538,11 +538,11 @@ class Vault:
         """Flush, compact, roll up, apply retention and expire snapshots. Idempotent.
 
         ``progress``: a ``ProgressCallback`` (``progress(step, done, total)``), or True for a
-        rich bar on the terminal (the CLI layer's, imported only then)."""
+        rich bar on the terminal (metricvault.progressbar's, imported only then)."""
         from metricvault.store.maintenance import maintain
 
         if progress is True:
-            from metricvault.cli.progress import console_progress
+            from metricvault.progressbar import console_progress
 
             with console_progress() as bar:
                 return maintain(self, now_ms, bar)
