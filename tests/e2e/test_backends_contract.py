@@ -90,6 +90,18 @@ def test_issue12_influxdb_refuses_sql_saying_what_to_use_instead(influx, influx_
         influx.catalog_version()
 
 
+@pytest.mark.parametrize("step", suite.STEPS)
+def test_issue12_influxdb_answers_alike_from_its_rollups_after_maintain(embedded, influx, t0, step):
+    # Both stores roll the hour up (InfluxDB with its continuous query's SELECT): steps of whole
+    # minutes are then read from the 1-minute tier on both sides, raw samples stay as they were.
+    embedded.maintain(now_ms=t0 + 3 * suite.HOUR_MS)
+    influx.maintain()
+    suite.check_query(embedded, influx, t0, step)
+    for tier, rows in (("raw", 840), ("1m", 240)):  # 2 x 60 + 2 x 60 minutes rolled up
+        assert influx.stats()["tiers"][tier]["rows"] == embedded.stats()["tiers"][tier]["rows"]
+        assert embedded.stats()["tiers"][tier]["rows"] == rows
+
+
 # --------------------------------------------------------------------------- gateway URL
 @pytest.mark.parametrize(
     ("need", "what"),
