@@ -843,8 +843,8 @@ def test_a_rejected_request_names_the_first_bad_series_among_good_ones() -> None
 def test_vectorised_sample_decoding_agrees_with_protobuf(encoded: list[bytes]) -> None:
     try:
         expected = remote_write_columns.decode_samples_slowly(encoded)
-    except remote_write_checks.Invalid:
-        with pytest.raises(remote_write_checks.Invalid):
+    except remote_write_checks._Invalid:
+        with pytest.raises(remote_write_checks._Invalid):
             remote_write_columns.decode_samples(encoded)
         return
     values, timestamps = remote_write_columns.decode_samples(encoded)

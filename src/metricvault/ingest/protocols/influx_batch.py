@@ -19,7 +19,7 @@ from metricvault.ingest.protocols.influx_values import (
     DIGITS,
     HOW,
     MAX_DIGITS,
-    LineProblem,
+    _LineProblem,
     clip,
     q,
 )
@@ -95,7 +95,7 @@ class Decoder:
                     return
             parsed = parse_fast(stripped) or parse_slow(stripped)
             self._add_point(number, line, parsed)
-        except LineProblem as problem:
+        except _LineProblem as problem:
             raise problem.kind(
                 f"line {number}: {problem.reason}. The line was {_shown(line)!r}; the whole "
                 "request was rejected and nothing was stored"
@@ -137,7 +137,7 @@ class Decoder:
         if len(digits) > MAX_DIGITS:
             digits = digits.lstrip("0") or "0"
         if not (digits.isdigit() and digits.isascii()):
-            raise LineProblem(
+            raise _LineProblem(
                 f"timestamp {q(token)} is not an integer; give whole {self.precision} since "
                 f"the epoch (or leave it out for 'now'). {HOW}"
             )
@@ -145,19 +145,19 @@ class Decoder:
         raw = -raw if token[0] == "-" else raw
         ns = raw * self.ns_per_unit
         if not _MIN_NS <= ns <= _MAX_NS:
-            raise LineProblem(
+            raise _LineProblem(
                 f"timestamp {clip(token)} in precision {q(self.precision)} is outside the int64 "
                 "nanosecond range InfluxDB allows; check the timestamp and the precision",
                 ValueRangeError,
             )
         ms = ns // 1_000_000
         if not MIN_TS_MS <= ms <= MAX_TS_MS:
-            raise LineProblem(_absurd_timestamp(raw, ms, self.precision), ValueRangeError)
+            raise _LineProblem(_absurd_timestamp(raw, ms, self.precision), ValueRangeError)
         return ms
 
     def _tags(self, pairs: list[Tag], long_line: bool) -> dict[str, str]:
         if len(pairs) > MAX_LABELS:
-            raise LineProblem(
+            raise _LineProblem(
                 f"the line has {len(pairs)} tags; the limit is {MAX_LABELS}: drop "
                 "high-cardinality or redundant tags",
                 LabelError,
@@ -168,11 +168,11 @@ class Decoder:
             labels = [known[key] for key, _, _ in pairs]
             label = next(label for label in labels if labels.count(label) > 1)
             keys = [key for key, _, _ in pairs if known[key] == label]
-            raise LineProblem(_duplicate("tag", keys, label), LabelError)
+            raise _LineProblem(_duplicate("tag", keys, label), LabelError)
         if long_line:
             for key, _, value in pairs:
                 if len(value.encode()) > MAX_LABEL_VALUE_BYTES:
-                    raise LineProblem(
+                    raise _LineProblem(
                         f"tag {q(key)} has a {len(value.encode())}-byte value; the limit is "
                         f"{MAX_LABEL_VALUE_BYTES} bytes: do not put free text into tags",
                         LabelError,
@@ -186,7 +186,7 @@ class Decoder:
         problem = label_name_problem(label)
         if problem is not None:
             mapped = f" becomes label {q(label)}" if label != key else ""
-            raise LineProblem(f"tag {q(key)}{mapped}: {problem}", LabelError)
+            raise _LineProblem(f"tag {q(key)}{mapped}: {problem}", LabelError)
         self.label_names[key] = label
         self.labels.add(label)
         check_label_names(len(self.labels), self.max_label_names, q(label))
@@ -200,7 +200,7 @@ class Decoder:
         if len(names) > 1 and len(set(names)) != len(names):
             name = next(name for name in names if names.count(name) > 1)
             same = [key for key, other in zip(keys, names, strict=True) if other == name]
-            raise LineProblem(_duplicate("field", same, name), LabelError)
+            raise _LineProblem(_duplicate("field", same, name), LabelError)
         return names
 
     def result(self) -> DecodedLines:

@@ -11,7 +11,7 @@ from metricvault.ingest.protocols.influx_values import (
     FLOAT_CHARS,
     FLOAT_ENDS,
     HOW,
-    LineProblem,
+    _LineProblem,
     field_value,
     other_number,
     q,
@@ -116,7 +116,7 @@ def _restore(token: str) -> str:
 def parse_slow(line: str) -> Parsed:
     measurement, i = _token(line, 0, ", ", _MEASUREMENT_ESCAPES)
     if not measurement:
-        raise LineProblem(f"the line does not start with a measurement name; {HOW}")
+        raise _LineProblem(f"the line does not start with a measurement name; {HOW}")
     n = len(line)
     pairs: list[Tag] = []
     while i < n and line[i] == ",":
@@ -124,7 +124,7 @@ def parse_slow(line: str) -> Parsed:
         pairs.append((tag, "=", value))
     i = _skip_spaces(line, i)
     if i >= n:
-        raise LineProblem(
+        raise _LineProblem(
             f"measurement {q(measurement)} has no fields; every point needs at least one "
             f"field=value after a space. {HOW}"
         )
@@ -132,13 +132,13 @@ def parse_slow(line: str) -> Parsed:
     if i >= n:
         return measurement, pairs, keys, values, None
     if line[i] != " ":
-        raise LineProblem(
+        raise _LineProblem(
             f"unexpected {line[i]!r} at character {i + 1} after a field value; separate "
             "fields with ',' and the timestamp with a space"
         )
     ts = line[_skip_spaces(line, i) :]
     if " " in ts:
-        raise LineProblem(
+        raise _LineProblem(
             f"unexpected text after the timestamp: {q(ts)}; a line ends with the timestamp "
             "(escape spaces in names and tag values as '\\ ')"
         )
@@ -172,18 +172,18 @@ def _tag(line: str, i: int) -> tuple[str, str, int]:
     tag, i = _token(line, i, ",= ", _KEY_ESCAPES)
     if i >= len(line) or line[i] != "=":
         if not tag:
-            raise LineProblem(f"empty tag at character {i + 1} (a stray ','?); {HOW}")
-        raise LineProblem(f"tag {q(tag)} has no '=value'; tags are key=value. {HOW}")
+            raise _LineProblem(f"empty tag at character {i + 1} (a stray ','?); {HOW}")
+        raise _LineProblem(f"tag {q(tag)} has no '=value'; tags are key=value. {HOW}")
     if not tag:
-        raise LineProblem(f"a tag has an empty key before '=' at character {i + 1}; {HOW}")
+        raise _LineProblem(f"a tag has an empty key before '=' at character {i + 1}; {HOW}")
     value, i = _token(line, i + 1, ",= ", _KEY_ESCAPES)
     if i < len(line) and line[i] == "=":
-        raise LineProblem(
+        raise _LineProblem(
             f"tag {q(tag)} has an unescaped '=' in its value at character {i + 1}; "
             "write it as '\\='"
         )
     if not value:
-        raise LineProblem(
+        raise _LineProblem(
             f"tag {q(tag)} has an empty value; InfluxDB does not allow empty tag values — "
             "leave the tag out instead"
         )
@@ -198,10 +198,10 @@ def _field_set(line: str, i: int) -> tuple[list[str], list[float | None], int]:
         field, i = _token(line, i, ",= ", _KEY_ESCAPES)
         if i >= n or line[i] != "=":
             if not field:
-                raise LineProblem(f"empty field at character {i + 1} (a stray ','?); {HOW}")
-            raise LineProblem(f"field {q(field)} has no '=value'; fields are key=value. {HOW}")
+                raise _LineProblem(f"empty field at character {i + 1} (a stray ','?); {HOW}")
+            raise _LineProblem(f"field {q(field)} has no '=value'; fields are key=value. {HOW}")
         if not field:
-            raise LineProblem(f"a field has an empty key before '=' at character {i + 1}")
+            raise _LineProblem(f"a field has an empty key before '=' at character {i + 1}")
         i += 1
         if i < n and line[i] == '"':
             i = _string_end(line, i, field)
@@ -232,7 +232,7 @@ def _string_end(line: str, i: int, field: str) -> int:
         if c == '"':
             return i + 1
         i += 1
-    raise LineProblem(
+    raise _LineProblem(
         f"the string value of field {q(field)} has no closing '\"'; close it, and write "
         "quotes inside it as '\\\"' (strings cannot span lines)"
     )

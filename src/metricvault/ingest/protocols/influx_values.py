@@ -35,7 +35,7 @@ HOW = (
 )
 
 
-class LineProblem(Exception):
+class _LineProblem(Exception):
     """Why one line is invalid; turned into ``kind(message)`` naming the line."""
 
     def __init__(self, reason: str, kind: type[InputError] = InputError) -> None:
@@ -77,9 +77,9 @@ def other_number(text: str) -> float | None:
 
 def field_value(field: str, text: str) -> float:
     if not text:
-        raise LineProblem(f"field {q(field)} has no value after '='; {HOW}")
+        raise _LineProblem(f"field {q(field)} has no value after '='; {HOW}")
     if text.lower() in _NON_FINITE:
-        raise LineProblem(
+        raise _LineProblem(
             f"field {q(field)} is {clip(text)}: NaN and Inf are not valid line protocol values "
             "and metricvault stores finite numbers only; drop the field or send a number",
             ValueRangeError,
@@ -89,9 +89,9 @@ def field_value(field: str, text: str) -> float:
     except ValueError:
         return _typed_value(field, text)
     if text.strip(FLOAT_CHARS) or text[0] == "+":
-        raise LineProblem(_bad_value(field, text))
+        raise _LineProblem(_bad_value(field, text))
     if not isfinite(number):
-        raise LineProblem(
+        raise _LineProblem(
             f"field {q(field)} = {clip(text)} is outside the float64 range; send a smaller number",
             ValueRangeError,
         )
@@ -106,21 +106,21 @@ def _typed_value(field: str, text: str) -> float:
     body = text[1:-1] if last == "i" and text[0] == "-" else text[:-1]
     if last in "iu" and body.isdigit() and body.isascii():
         kind = "int64" if last == "i" else "uint64"
-        raise LineProblem(
+        raise _LineProblem(
             f"field {q(field)} = {clip(text)} is outside the {kind} range; send it as a float",
             ValueRangeError,
         )
     if last == "i":
-        raise LineProblem(
+        raise _LineProblem(
             f"field {q(field)} = {q(text)} is not an integer: integers are digits with an "
             "optional '-' and a trailing 'i', e.g. 12i or -3i"
         )
     if last == "u":
-        raise LineProblem(
+        raise _LineProblem(
             f"field {q(field)} = {q(text)} is not an unsigned integer: digits and a trailing "
             "'u', e.g. 12u"
         )
-    raise LineProblem(_bad_value(field, text))
+    raise _LineProblem(_bad_value(field, text))
 
 
 def _bad_value(field: str, text: str) -> str:

@@ -1,7 +1,7 @@
 """Remote-write's slow path: parse a rejected request plainly and name its first bad series.
 
 The fast path (``remote_write_columns``) checks whole columns and only says *that* a rule is
-broken (:class:`Invalid`); these functions find *which* series breaks it and word the error.
+broken (:class:`_Invalid`); these functions find *which* series breaks it and word the error.
 Label names are judged by ``metricvault.model``'s one rule (issue 12).
 """
 
@@ -23,7 +23,7 @@ _MAX_SHOWN_VALUE = 60
 Describe = Callable[[], str]  # renders the offending series, only when an error needs it
 
 
-class Invalid(Exception):
+class _Invalid(Exception):
     """The fast path found a problem; the slow path finds it again and names the series."""
 
 

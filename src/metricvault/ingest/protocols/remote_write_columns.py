@@ -1,6 +1,6 @@
 """Remote-write protobuf -> columns: the flat label and sample lists of a request (from the
 C runtime's twin schemas) turned into the long-shape Arrow table, every rule checked on whole
-columns. Any broken rule raises :class:`Invalid`; the slow path then names the series.
+columns. Any broken rule raises :class:`_Invalid`; the slow path then names the series.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from metricvault.errors import TooLargeError
 from metricvault.ingest.protocols.decode_limits import DecodeBudget, check_label_names
-from metricvault.ingest.protocols.remote_write_checks import METRIC_NAME, Invalid, show
+from metricvault.ingest.protocols.remote_write_checks import METRIC_NAME, _Invalid, show
 from metricvault.ingest.protocols.remote_write_metadata import MetricMetadata
 from metricvault.model import METRIC_NAME_LABEL, label_name_ok
 from metricvault.wire.proto import messages
@@ -107,7 +107,7 @@ def label_pairs(
 ) -> tuple[Any, list[str], list[str | None]]:
     """(pair index per label, name per distinct pair, value per distinct pair) for 1.0 labels.
 
-    ``Invalid`` if a label is not a valid protobuf ``Label``.
+    ``_Invalid`` if a label is not a valid protobuf ``Label``.
     """
     with cache.lock:
         known = cache.ids
@@ -144,7 +144,7 @@ def _learn_labels(raw_labels: Any, budget: DecodeBudget, cache: LabelPairCache) 
                 try:
                     label = messages.Label.FromString(raw_label)
                 except messages.DecodeError as exc:
-                    raise Invalid from exc
+                    raise _Invalid from exc
                 pair = known[raw_label] = len(names)
                 names.append(sys.intern(label.name))
                 values.append(label.value or None)
@@ -201,7 +201,7 @@ def decode_samples_slowly(raw_samples: list[bytes]) -> tuple[Any, Any]:
     try:
         samples = [messages.Sample.FromString(raw) for raw in raw_samples]
     except messages.DecodeError as exc:
-        raise Invalid from exc
+        raise _Invalid from exc
     values = np.array([sample.value for sample in samples], dtype=np.float64)
     timestamps = np.array([sample.timestamp for sample in samples], dtype=np.int64)
     return values, timestamps
@@ -230,7 +230,7 @@ class Shape:
 
 
 def assemble(flat: Flat, max_label_cells: int = MAX_LABEL_CELLS) -> Shape:
-    """The long-shape table, or ``Invalid`` if any series breaks a rule."""
+    """The long-shape table, or ``_Invalid`` if any series breaks a rule."""
     n_series = len(flat.label_counts)
     series_of_label = np.repeat(np.arange(n_series), flat.label_counts)
     metrics = _check_flat_labels(flat, series_of_label)
@@ -256,21 +256,21 @@ def _check_flat_labels(flat: Flat, series_of_label: Any) -> Any:
     if not n_series:
         return pa.array([], type=pa.string())
     if not all(map(_label_name_ok, flat.names)) or "__name__" not in flat.names:
-        raise Invalid
+        raise _Invalid
     ranks = np.empty(len(flat.names), dtype=np.int64)
     ranks[sorted(range(len(flat.names)), key=flat.names.__getitem__)] = np.arange(len(ranks))
     rank = ranks[flat.codes]
     same_series = series_of_label[1:] == series_of_label[:-1]
     if (same_series & (rank[1:] <= rank[:-1])).any():
-        raise Invalid  # a series whose labels are not strictly sorted (or repeat a name)
+        raise _Invalid  # a series whose labels are not strictly sorted (or repeat a name)
     is_metric = flat.codes == flat.names.index("__name__")
     if np.count_nonzero(is_metric) != n_series:  # at most one each (sorted): so one each
-        raise Invalid
+        raise _Invalid
     metrics = flat.values.take(pa.array(np.flatnonzero(is_metric)))
     if metrics.null_count:
-        raise Invalid
+        raise _Invalid
     if not pc.all(pc.match_substring_regex(metrics, _METRIC_NAME_ANCHORED)).as_py():
-        raise Invalid
+        raise _Invalid
     return metrics
 
 

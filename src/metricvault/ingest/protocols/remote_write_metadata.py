@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from metricvault.errors import LabelError
-from metricvault.ingest.protocols.remote_write_checks import METRIC_NAME, Invalid, show
+from metricvault.ingest.protocols.remote_write_checks import METRIC_NAME, _Invalid, show
 from metricvault.model import METRIC_NAME_PATTERN
 from metricvault.wire.proto import messages
 
@@ -82,9 +82,9 @@ def metadata_v2(
         try:
             entry = messages.Metadata.FromString(encoded)
         except messages.DecodeError as exc:
-            raise Invalid from exc
+            raise _Invalid from exc
         if entry.help_ref >= len(symbols) or entry.unit_ref >= len(symbols):
-            raise Invalid
+            raise _Invalid
         kind, help_text, unit = (
             metric_type(entry.type),
             symbols[entry.help_ref],

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from metricvault.errors import InputError
 from metricvault.ingest.protocols.remote_write_checks import (
-    Invalid,
+    _Invalid,
     check_series,
     check_series_count,
     describe,
@@ -46,7 +46,7 @@ def decode_v1(raw: memoryview, limits: Limits) -> DecodedWrite:
         flat = _flatten_v1(all_series, merged, limits)
         limits.check_flat(flat)
         shape = assemble(flat, limits.max_label_cells)
-    except Invalid:
+    except _Invalid:
         raise _explain_v1(raw) from None
     metadata = tuple(metadata_v1(request.metadata))
     census = (len(merged.histograms), len(merged.exemplars))

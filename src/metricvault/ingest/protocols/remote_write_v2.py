@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from metricvault.errors import InputError, LabelError
 from metricvault.ingest.protocols.remote_write_checks import (
-    Invalid,
+    _Invalid,
     check_series,
     check_series_count,
     describe,
@@ -54,7 +54,7 @@ def decode_v2(raw: memoryview, limits: Limits) -> DecodedWrite:
         limits.check_flat(flat)
         shape = assemble(flat, limits.max_label_cells)
         metadata, kinds = metadata_v2(all_series, shape.metrics, symbols)
-    except Invalid:
+    except _Invalid:
         raise _explain_v2(raw, symbols) from None
     census = (len(merged.histograms), len(merged.exemplars))
     return result(shape, "2.0", metadata, kinds, *census)
@@ -65,7 +65,7 @@ def _flatten_v2(all_series: Any, merged: Any, symbols: list[str]) -> Flat:
     sample_counts = np.array([len(series.samples) for series in all_series], dtype=np.int64)
     refs = np.array(merged.labels_refs, dtype=np.int64)
     if (ref_counts % 2).any() or (len(refs) and refs.max() >= len(symbols)):
-        raise Invalid
+        raise _Invalid
     distinct_refs, codes = np.unique(refs[0::2], return_inverse=True)
     # A sender may repeat a string in the symbol table: one code per distinct name.
     code_of: dict[str, int] = {}
