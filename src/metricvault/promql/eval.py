@@ -25,10 +25,10 @@ from metricvault.promql.values import (
     QueryResult,
     RangeSeries,
     RangeVector,
+    Scalar,
     StepVector,
     make_labels,
 )
-from metricvault.promql.values import Scalar as Scalar  # moved: issue 12
 from metricvault.selector import Matcher
 
 MAX_POINTS_PER_SERIES = 11_000  # Prometheus's API limit on (end - start) / step
