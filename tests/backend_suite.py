@@ -67,7 +67,7 @@ def check_query(want: Any, got: Any, t0: int, step: str | None) -> None:
 
 def series_rows(table: Any) -> list[tuple[int, str, str, dict[str, str]]]:
     """(id, metric, kind, labels) per series, sorted. A vault and InfluxDB give one column per
-    label name; a snapshot keeps its file's ``labels`` JSON column (its documented shape)."""
+    label name, and so does an opened snapshot (a JSON ``labels`` column is read too)."""
     rows = []
     for row in table.to_pylist():
         fixed = {k: row.pop(k) for k in ("series_id", "metric", "kind")}

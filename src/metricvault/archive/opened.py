@@ -223,9 +223,11 @@ class SnapshotVault:
 
     # ------------------------------------------------------------------ introspection
     def series(self, selector: str | None = None, output: str = "pandas") -> Any:
-        """The snapshot's series (id, metric, labels, kind), optionally filtered."""
-        ids = self.index.match(parse_selectors(selector)) if selector else None
-        return q.convert(self.index.to_table(ids), output)
+        """The snapshot's series, optionally filtered: the vault's shape (series_id, metric,
+        kind, one column per label), so code reading a vault reads a snapshot alike."""
+        from metricvault.store.introspect import series_frame
+
+        return series_frame(self, selector, output)
 
     def sql(self, statement: str, output: str = "pandas") -> Any:
         """DuckDB SQL over views ``snapshot`` (the file as written), ``series`` and

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from metricvault.store.vault import Vault
 
 
-def series_frame(vault: Vault, selector: str | None, output: str) -> Any:
+def series_frame(vault: Any, selector: str | None, output: str) -> Any:
+    """The series table of anything holding a SeriesIndex (a vault, an opened snapshot)."""
     infos = vault.index.all()
     if selector:
         sel = parse_selectors(selector)
