@@ -60,3 +60,11 @@ def test_issue13_promql_on_the_command_line(vault_dir: Path) -> None:
     assert isinstance(bad.exception, PromQLError) and "parse error" in str(bad.exception)
     half = CliRunner().invoke(app, [*args, "--end", "now"])
     assert half.exit_code != 0 and "--end and --step" in half.output
+
+
+def test_issue13_an_empty_answer_past_the_data_says_where_the_data_ends(vault_dir: Path) -> None:
+    result = CliRunner().invoke(app, ["promql", "req_total", "-d", str(vault_dir)])  # now
+    assert result.exit_code == 0, result.output
+    assert "no series at now" in result.stderr and "raw data ends at 2026-01-01 00:10:00" in (
+        result.stderr
+    )

@@ -95,7 +95,7 @@ def _explain_empty(vault: Any, selector: str) -> str:
     if index is None:  # backends without an in-memory series index (InfluxDB)
         return f"no samples match {selector} in the range"
     ids = index.match(parse_selectors(selector))
-    return explain_empty(index, selector, ids, vault.snapshot())
+    return explain_empty(index, selector, ids, vault.catalog_version())
 
 
 def run_series(
@@ -144,7 +144,7 @@ def print_stats(info: dict[str, Any]) -> None:
         ]
         for tier, t in info["tiers"].items()
     ]
-    title = f"{info['uri']}  ·  {info['series']} series  ·  snapshot {info['snapshot']}"
+    title = f"{info['uri']}  ·  {info['series']} series  ·  catalog version {info['snapshot']}"
     if sys.stdout.isatty():
         print_table(columns, rows, title, [c not in ("tier", "first", "last") for c in columns])
     else:

@@ -152,7 +152,25 @@ def promql(
         from metricvault.promql.frame import promql_frame
 
         table = promql_frame(vault, expr, start, end, step, output="arrow")
+        empty = table.num_rows == 0 and _promql_empty_note(vault, start, end)
+    if empty:
+        print(empty, file=sys.stderr)
+        if kind == "table" and output is None:
+            return  # say so instead of drawing an empty table
     emit(to_arrow(table), kind, output, title=expr)
+
+
+def _promql_empty_note(vault: Any, start: str, end: str | None) -> str:
+    """Why a PromQL answer is empty, when the vault can tell: the time is past its data."""
+    from metricvault.durations import ms_to_datetime, parse_time_ms
+
+    last = vault.stats().get("tiers", {}).get("raw", {}).get("last")
+    when = "the range" if end else f"{start} (instant queries look back 5m)"
+    hint = ""
+    if last is not None and parse_time_ms(end or start) > last:
+        ends = f"{ms_to_datetime(last):%Y-%m-%d %H:%M:%S} UTC"
+        hint = f"; the vault's raw data ends at {ends}: pass --start"
+    return f"the query returns no series at {when}{hint}"
 
 
 @app.command()
