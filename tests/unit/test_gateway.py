@@ -496,3 +496,29 @@ def test_issue10_open_listener_needs_auth_or_the_insecure_flag(
     else:
         warning = check_listener(settings, insecure)
         assert (warning is not None) == (outcome == "warned"), warning
+
+
+def test_issue13_gateway_connections_send_without_nagle_delay():
+    """h11 writes a head and a body separately: with Nagle on, a reused connection waited for
+    the client's delayed ACK (~40 ms per answer). Every accepted TCP connection gets
+    TCP_NODELAY (checked on a real accepted socket, through the protocol's own hook)."""
+    import asyncio
+    import socket
+
+    from metricvault.ingest.connections import _no_delay
+
+    class Transport(asyncio.Transport):
+        def __init__(self, sock):
+            super().__init__()
+            self.sock = sock
+
+        def get_extra_info(self, name, default=None):
+            return self.sock if name == "socket" else default
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        with client, accepted:
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+            _no_delay(Transport(accepted))
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1

@@ -14,9 +14,11 @@ the hard one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import resource
+import socket
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        _no_delay(transport)
         limit = open_connection_limit()
         if len(self.connections) > limit:
             # over the file limit's share for connections: close now, so the process keeps
@@ -88,6 +91,17 @@ class GuardedH11Protocol(H11Protocol):
         if self._awaiting_head() and not self.transport.is_closing():
             # no answer: a stalled client is not reading, and a 408 would only fill buffers
             self.transport.close()
+
+
+def _no_delay(transport: asyncio.Transport) -> None:
+    """Send each write at once. h11 writes a response's head and body separately; with Nagle
+    on, the body waits for the client's delayed ACK of the head, ~40 ms per answer on every
+    reused (keep-alive) connection: every Grafana panel and every remote_write batch paid it
+    (measured: 44 ms vs 2.8 ms for /-/healthy on a reused connection)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 FILES_RESERVE = 64  # descriptors kept free of connections: buffer, data files, imports
