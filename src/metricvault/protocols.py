@@ -74,6 +74,7 @@ class Reading(Store, Protocol):
         step: str | int | None = None,
         aggs: Sequence[str] = ("mean",),
         output: str = "pandas",
+        stale_markers: bool = False,
     ) -> Any: ...
 
     def series(self, selector: str | None = None, output: str = "pandas") -> Any: ...

@@ -147,15 +147,13 @@ def test_golden_counts_equal_the_manifest(name: str) -> None:
 
     assert decoded.version == "1.0"
     assert decoded.series == expected["timeseries"]
-    assert decoded.samples + decoded.stale_markers + decoded.non_finite == expected["samples"]
+    assert decoded.samples == expected["samples"]
     assert decoded.stale_markers == expected["staleness_markers"]
     assert len(decoded.metadata) == expected["metadata_entries"]
     assert decoded.histograms == 0 and decoded.exemplars == 0
     table = decoded.table
     assert table.num_rows == decoded.samples
-    assert pc.all(pc.is_finite(table["value"])).as_py() in (True, None)
-    # Metric names and timestamps in the manifest cover every sample received, the dropped
-    # NaNs too; the table holds the finite ones. Where nothing was dropped they must match.
+    # every sample received is stored, staleness markers and NaNs too (issue 13)
     stored_names = set(table["metric"].to_pylist())
     oracle = oracle_v1(body)
     assert len(oracle["names"]) == expected["metric_names"]
@@ -205,12 +203,17 @@ def test_golden_table_matches_the_series_sample_for_sample(name: str) -> None:
     expected = []
     for ts in request.timeseries:
         series = {label.name: label.value for label in ts.labels}
-        for sample in ts.samples:
-            if math.isfinite(sample.value):
-                row = {name: series.get(name) or None for name in labels}
-                expected.append((series["__name__"], sample.timestamp, sample.value, row))
+        for sample in ts.samples:  # every sample, NaN and staleness markers bit-exact
+            row = {name: series.get(name) or None for name in labels}
+            bits = struct.pack("<d", sample.value)
+            expected.append((series["__name__"], sample.timestamp, bits, row))
     got = [
-        (row["metric"], row["timestamp"], row["value"], {name: row[name] for name in labels})
+        (
+            row["metric"],
+            row["timestamp"],
+            struct.pack("<d", row["value"]),
+            {name: row[name] for name in labels},
+        )
         for row in table.to_pylist()
     ]
     assert got == expected
@@ -241,10 +244,20 @@ def test_golden_metadata_request_gives_types_and_kinds() -> None:
     assert set(decoded.kinds.values()) == {"counter", "gauge"}
 
 
-def test_golden_stale_markers_are_dropped_not_stored() -> None:
+def test_golden_stale_markers_are_stored() -> None:
     decoded = decode_v1((GOLDEN / "stale-02.bin").read_bytes())
     assert decoded.stale_markers == 357
-    assert decoded.table.num_rows == 500 - 357 - decoded.non_finite
+    assert decoded.table.num_rows == decoded.samples == 500
+    values = decoded.table["value"].to_pylist()
+    stale = [v for v in values if struct.pack("<d", v) == struct.pack("<d", STALE_NAN)]
+    assert len(stale) == 357
+
+
+def _value_bits(table: pa.Table) -> pa.Table:
+    """``table`` with its values as their bit patterns (NaN never equals NaN)."""
+    raw = table["value"].combine_chunks().buffers()[1]
+    bits = pa.Array.from_buffers(pa.uint64(), table.num_rows, [None, raw])
+    return table.set_column(table.column_names.index("value"), "value", bits)
 
 
 def test_label_cache_eviction_and_threads_change_no_result() -> None:
@@ -262,7 +275,10 @@ def test_label_cache_eviction_and_threads_change_no_result() -> None:
     for thread in threads:
         thread.join()
     for tables in results.values():
-        assert all(got.equals(want) for got, want in zip(tables, expected * 3, strict=True))
+        assert all(
+            _value_bits(got).equals(_value_bits(want))
+            for got, want in zip(tables, expected * 3, strict=True)
+        )
     # the decoders used this cache (not the shared one) and it was emptied for being full
     # (a request larger than the bound still fits whole: it is never evicted midway)
     assert len(cache) > 0 and cache.evictions > 0
@@ -290,23 +306,25 @@ def test_v1_long_shape_with_nulls_and_several_samples_per_series() -> None:
     }  # zone="" is no label at all, so no column
 
 
-def test_v1_non_finite_values_are_counted_and_dropped() -> None:
+def test_v1_non_finite_values_are_counted_and_kept() -> None:
     values = [1.5, STALE_NAN, math.nan, math.inf, -math.inf, 2.5, STALE_NAN]
     body = v1_body(([("__name__", "x")], [(v, 1000 + i) for i, v in enumerate(values)]))
     decoded = decode_v1(body)
-    assert (decoded.samples, decoded.stale_markers, decoded.non_finite) == (2, 2, 3)
-    assert decoded.table["value"].to_pylist() == [1.5, 2.5]
-    assert decoded.table["timestamp"].to_pylist() == [1000, 1005]
+    assert (decoded.samples, decoded.stale_markers, decoded.non_finite) == (7, 2, 3)
+    got = [struct.pack("<d", v) for v in decoded.table["value"].to_pylist()]
+    assert got == [struct.pack("<d", v) for v in values]
+    assert decoded.table["timestamp"].to_pylist() == [1000 + i for i in range(7)]
 
 
-def test_v1_series_whose_samples_are_all_dropped_leave_no_column() -> None:
+def test_v1_series_without_samples_leave_no_column() -> None:
     body = v1_body(
         ([("__name__", "a"), ("job", "x")], [(1.0, 1)]),
-        ([("__name__", "b"), ("gone", "y")], [(STALE_NAN, 1)]),
+        ([("__name__", "b"), ("gone", "y")], []),
+        ([("__name__", "c"), ("kept", "z")], [(STALE_NAN, 1)]),  # a marker is a sample
     )
     decoded = decode_v1(body)
-    assert decoded.table.column_names == ["metric", "timestamp", "value", "job"]
-    assert decoded.series == 2 and decoded.stale_markers == 1
+    assert decoded.table.column_names == ["metric", "timestamp", "value", "job", "kept"]
+    assert decoded.series == 3 and decoded.stale_markers == 1
 
 
 @pytest.mark.parametrize(
@@ -461,24 +479,30 @@ def test_v2_round_trip_with_symbols_metadata_histograms_exemplars() -> None:
     assert decoded.version == "2.0"
     assert (decoded.series, decoded.samples, decoded.histograms, decoded.exemplars) == (
         6,
-        5,
+        7,
         1,
         1,
     )
     assert (decoded.stale_markers, decoded.non_finite) == (1, 1)
-    assert decoded.table.to_pydict() == {
+    got = decoded.table.to_pydict()
+    values = [struct.pack("<d", v) for v in got.pop("value")]
+    assert values == [
+        struct.pack("<d", v) for v in (10.0, 12.0, 1.0, 61.5, STALE_NAN, 4.0, math.inf)
+    ]
+    assert got == {
         "metric": [
             "http_requests_total",
             "http_requests_total",
             "http_requests_total",
             "gpu_temp_celsius",
+            "gpu_temp_celsius",
             "rpc_seconds_count",
+            "untyped",
         ],
-        "timestamp": [1000, 2000, 1000, 1000, 1000],
-        "value": [10.0, 12.0, 1.0, 61.5, 4.0],
-        "code": ["200", "200", "500", None, None],
-        "gpu": [None, None, None, "0", None],
-        "job": ["api", "api", "api", None, None],
+        "timestamp": [1000, 2000, 1000, 1000, 2000, 1000, 1000],
+        "code": ["200", "200", "500", None, None, None, None],
+        "gpu": [None, None, None, "0", "0", None, None],
+        "job": ["api", "api", "api", None, None, None, None],
     }
     assert decoded.metadata == (
         MetricMetadata("http_requests_total", "counter", "", "Requests served."),

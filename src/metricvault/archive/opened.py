@@ -99,6 +99,7 @@ class SnapshotVault:
         step: str | int | None = None,
         aggs: Sequence[str] = ("mean",),
         output: str = "pandas",
+        stale_markers: bool = False,
     ) -> Any:
         """As :meth:`Vault.query`; ``start``/``end`` default to the snapshot's whole range."""
         t0, t1 = self._window(start, end)
@@ -111,7 +112,8 @@ class SnapshotVault:
         if step_ms is not None:
             self._check_step(step_ms)
         agg_names = q.check_aggs(aggs) if step_ms is not None else ()
-        return answer(self, parse_selectors(selector), t0, t1, step_ms, agg_names, output)
+        sel = parse_selectors(selector)
+        return answer(self, sel, t0, t1, step_ms, agg_names, output, stale_markers)
 
     # the SampleReader the shared query layer (metricvault.store.reading) reads through
     raw_horizon_ms = 0  # a snapshot holds its whole range

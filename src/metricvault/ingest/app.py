@@ -146,22 +146,19 @@ class Gateway:
                 max_decoded_bytes=self.settings.max_body_bytes,
                 **self.decode_limits(),
             )
-            received = decoded.samples + decoded.stale_markers + decoded.non_finite
-            self.metrics.received.labels("remote_write").inc(received)
+            # staleness markers and NaN/±Inf samples are stored like any other (issue 13)
+            self.metrics.received.labels("remote_write").inc(decoded.samples)
             if decoded.kinds:  # metadata usually arrives in requests of its own
                 self.vault.set_metric_kinds(decoded.kinds)
-            for reason, n in (
-                ("stale_marker", decoded.stale_markers),
-                ("non_finite", decoded.non_finite),
-                ("histogram", decoded.histograms),
-            ):
-                if n:
-                    self.metrics.dropped.labels(reason).inc(n)
+            if decoded.histograms:
+                self.metrics.dropped.labels("histogram").inc(decoded.histograms)
             stored = 0
             if decoded.table.num_rows:
                 stored = await run_in_threadpool(
                     self.store, decoded.table, decoded.kinds, who, "remote_write"
                 )
+                if stored < decoded.table.num_rows:  # InfluxDB holds no NaN, ±Inf or markers
+                    self.metrics.dropped.labels("non_finite").inc(decoded.table.num_rows - stored)
             headers = {}
             if decoded.version == "2.0":
                 headers = {

@@ -69,7 +69,8 @@ class GatewayMetrics:
         )
         self.dropped: Counter = Counter(
             "metricvault_samples_dropped",
-            "Samples received but not stored, by reason (stale markers, non-finite, histograms)",
+            "Samples received but not stored, by reason (histograms; non_finite: NaN, Inf and "
+            "stale markers on the InfluxDB backend, which cannot hold them)",
             ["reason"],
             registry=r,
         )

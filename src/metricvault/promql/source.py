@@ -7,7 +7,8 @@ a closed time range and does everything else itself, so any store that can answe
 Staleness: a series may carry Prometheus's stale marker, the NaN with the bit pattern
 ``0x7ff0000000000002`` (:data:`STALE_NAN`), in ``values``. Selectors drop it the way Prometheus
 does (an instant selector whose latest sample is a marker yields nothing; range windows skip
-markers). Any other NaN is an ordinary value. The vault does not store markers yet.
+markers). Any other NaN is an ordinary value. The vault stores markers and NaN samples as
+they came (issue 13); :class:`VaultSource` reads them with ``query(..., stale_markers=True)``.
 """
 
 from __future__ import annotations
@@ -100,7 +101,11 @@ class VaultSource:
     ) -> list[SeriesSamples]:
         # The vault's range is half-open [start, end): ask for end + 1 to include end_ms.
         table = self.vault.query(
-            str(Selector(tuple(matchers))), start=start_ms, end=end_ms + 1, output="arrow"
+            str(Selector(tuple(matchers))),
+            start=start_ms,
+            end=end_ms + 1,
+            output="arrow",
+            stale_markers=True,
         )
         if table.num_rows == 0:
             return []

@@ -234,13 +234,8 @@ def _check(
     series: list[tuple[int, str, str, str]],
     ids: np.ndarray,
 ) -> None:
-    bad = np.flatnonzero(~np.isfinite(values))
-    if bad.size:
-        raise ValueRangeError(
-            f"{bad.size} value(s) are NaN or infinite, e.g. {values[bad[0]]} at ts={ts[bad[0]]} "
-            f"for {_name(sid[bad[0]], series)}; the store keeps finite numbers only — drop "
-            "them (Prometheus staleness markers are dropped by the gateway)"
-        )
+    # NaN, ±Inf and Prometheus staleness markers are stored as they are (issue 13): PromQL
+    # needs them, and rollups count finite samples only (store/rollup.py).
     bad = np.flatnonzero((ts < MIN_TS_MS) | (ts > MAX_TS_MS))
     if bad.size:
         raise ValueRangeError(

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -28,6 +29,7 @@ def run_query(
     aggs: Sequence[str],
     output: str,
     reader_for: Callable[[SelectorUnion], SampleReader],
+    stale_markers: bool = False,
 ) -> Any:
     """Parse and check the arguments of ``query()`` (before any I/O), then ask the reader
     that ``reader_for(selector)`` gives (it may refresh the series it knows first)."""
@@ -38,7 +40,7 @@ def run_query(
         raise TimeRangeError(f"start {start!r} is not before end {end!r}")
     step_ms = q.parse_step(step)
     agg_names = q.check_aggs(aggs) if step_ms is not None else ()
-    return answer(reader_for(sel), sel, t0, t1, step_ms, agg_names, output)
+    return answer(reader_for(sel), sel, t0, t1, step_ms, agg_names, output, stale_markers)
 
 
 def answer(
@@ -49,11 +51,18 @@ def answer(
     step_ms: int | None,
     agg_names: Sequence[str],
     output: str,
+    stale_markers: bool = False,
 ) -> Any:
-    """Raw samples in ``[t0, t1)`` (``step_ms`` None) or per-step aggregates, long shape."""
+    """Raw samples in ``[t0, t1)`` (``step_ms`` None) or per-step aggregates, long shape.
+
+    Raw samples leave out Prometheus staleness markers (they end a series, they are not
+    values) unless ``stale_markers`` is true, as the PromQL source asks; NaN and ±Inf samples
+    are values and always shown. Aggregates count finite samples only (store/rollup.py)."""
     ids = reader.index.match(sel)
     if step_ms is None:
         samples = reader.raw_samples(ids, t0, t1) if ids else SAMPLE_SCHEMA.empty_table()
+        if not stale_markers:
+            samples = drop_stale_markers(samples)
         return q.shape(reader.index, samples, {"value": samples["value"]}, output)
     partials = reader.partials(ids, t0, t1, step_ms) if ids else empty_partials()
     return q.shape(reader.index, partials, q.finish_aggregates(partials, agg_names), output)
@@ -70,3 +79,21 @@ def check_horizon(samples: pa.Table, bound: int, why: str) -> None:
             f"sample at {ms_to_datetime(oldest):%Y-%m-%d %H:%M:%S} UTC is older than "
             f"{ms_to_datetime(bound):%Y-%m-%d %H:%M:%S} UTC: {why}"
         )
+
+
+STALE_NAN_BITS = 0x7FF0000000000002  # Prometheus's staleness marker (a NaN)
+
+
+def stale_marker_mask(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """True where a float64 column holds the staleness marker's exact bit pattern."""
+    column = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    as_float = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
+    return np.asarray(as_float.view(np.uint64) == np.uint64(STALE_NAN_BITS))
+
+
+def drop_stale_markers(samples: pa.Table) -> pa.Table:
+    """``samples`` without the rows whose value is a staleness marker."""
+    if samples.num_rows == 0 or pc.all(pc.is_finite(samples["value"])).as_py():
+        return samples
+    stale = stale_marker_mask(samples["value"])
+    return samples.filter(pa.array(~stale)) if stale.any() else samples

@@ -9,6 +9,12 @@ queries switch tiers without changing answers.
 The same "partial" shape (``series_id, ts, count, sum, min, max, last, last_ts, increase``)
 comes from raw samples and from stored rollups, so a query can combine segments from different
 tiers by summing counts/sums/increases, taking min/max, and the ``last`` of the latest ``last_ts``.
+
+Non-finite samples (NaN, ±Inf and Prometheus staleness markers, all stored as values since
+issue 13) are left out of rollups: ``count`` counts finite samples, ``sum/min/max/last`` are
+over them, and a counter's ``increase`` runs from one finite sample to the next finite one
+(a NaN between two samples neither resets nor adds). A bucket holding no finite sample has no
+rollup row, exactly as if those samples had never been written. Raw reads keep them.
 """
 
 from __future__ import annotations
@@ -65,8 +71,12 @@ def raw_partials(
     """Partials per (series, bucket) from deduplicated raw samples.
 
     ``samples`` may start up to ``lookback`` before ``since`` so that counters find the sample
-    before their first bucket; only samples in ``[since, until)`` are aggregated.
+    before their first bucket; only samples in ``[since, until)`` are aggregated. Non-finite
+    samples are skipped (see the module docstring).
     """
+    value = samples.column("value")
+    if samples.num_rows and not pc.all(pc.is_finite(value)).as_py():
+        samples = samples.filter(pc.is_finite(value))
     is_counter = pc.is_in(samples.column("series_id"), value_set=counters)
     gauges = samples.filter(pc.invert(is_counter))
     counter_rows = samples.filter(is_counter)

@@ -439,6 +439,7 @@ class Vault:
         step: str | int | None = None,
         aggs: Sequence[str] = ("mean",),
         output: str = "pandas",
+        stale_markers: bool = False,
     ) -> Any:
         """Samples or per-step aggregates for the series matching a PromQL selector.
 
@@ -448,8 +449,14 @@ class Vault:
         duration (``"1m"``, ``"1h"``, ``"1d"``) — buckets are aligned to multiples of it — or
         ``"all"`` for one bucket over the whole range. ``start``/``end`` take datetimes, ISO
         strings, epoch ms, ``"now"`` and relative forms like ``"-30d"``.
+
+        NaN and ±Inf samples are values. Prometheus staleness markers are stored but left out
+        of raw samples unless ``stale_markers=True`` (what the PromQL engine reads); aggregates
+        count finite samples only.
         """
-        return run_query(selector, start, end, step, aggs, output, self._query_reader)
+        return run_query(
+            selector, start, end, step, aggs, output, self._query_reader, stale_markers
+        )
 
     def _query_reader(self, _selector: Any) -> q.ContextReader:
         self.flush_for_read()

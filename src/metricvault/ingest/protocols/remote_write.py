@@ -6,10 +6,10 @@ all. No I/O, no store.
 
 What is kept and what is only counted:
 
-- Float samples with a finite value become one table row each, in request order.
-- Staleness markers (NaN with bits ``0x7ff0000000000002``) are dropped and counted in
-  ``stale_markers``; every other NaN/±Inf is dropped and counted in ``non_finite``. The store only
-  keeps finite values. ``samples + stale_markers + non_finite`` = float samples received.
+- Every float sample becomes one table row, in request order, its value bit-exact: staleness
+  markers (NaN with bits ``0x7ff0000000000002``) too, counted in ``stale_markers``, and every
+  other NaN/±Inf, counted in ``non_finite`` (issue 13: PromQL needs them). Both counts are part
+  of ``samples`` = float samples received = rows of the table.
 - Native histogram samples and exemplars are counted (``histograms``, ``exemplars``), not stored;
   the gateway reports them as received but not written.
 - 1.0 metadata entries are returned as sent (Prometheus sends them in their own requests); 2.0

@@ -82,8 +82,8 @@ class DecodedWrite:
     samples: int  # float samples stored in ``table``
     histograms: int  # native histogram samples received, not stored
     exemplars: int  # exemplars received, not stored
-    stale_markers: int  # staleness markers received and dropped
-    non_finite: int  # other NaN/±Inf samples received and dropped
+    stale_markers: int  # of ``samples``: staleness markers (stored as markers)
+    non_finite: int  # of ``samples``: other NaN/±Inf values (stored as values)
     series: int = 0  # time series in the request (also those whose samples were all dropped)
 
 
@@ -239,8 +239,7 @@ def assemble(flat: Flat, max_label_cells: int = MAX_LABEL_CELLS) -> Shape:
     stale = int(np.count_nonzero(values.view(np.uint64) == STALE_NAN_BITS))
     non_finite = len(values) - int(np.count_nonzero(finite)) - stale
     rows = np.repeat(np.arange(n_series), flat.sample_counts)  # series of each row
-    if stale or non_finite:
-        rows, values, timestamps = rows[finite], values[finite], timestamps[finite]
+    # every float sample is kept, staleness markers and NaN/±Inf bit-exact (issue 13)
     columns = {
         "metric": metrics.take(pa.array(rows)),
         "timestamp": pa.array(timestamps, type=pa.int64()),

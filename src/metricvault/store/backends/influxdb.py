@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from metricvault.config import Settings
 from metricvault.durations import (
@@ -163,6 +164,10 @@ class InfluxVault:
         has no transactions) and is safe to retry whole (the same points overwrite)."""
         batch = normalize(data, kinds)
         samples = batch.samples
+        if samples.num_rows and not pc.all(pc.is_finite(samples["value"])).as_py():
+            # InfluxDB 1.x cannot hold NaN, ±Inf or staleness markers: they are not stored on
+            # this backend, and the count returned leaves them out (the gateway reports them).
+            samples = samples.filter(pc.is_finite(samples["value"]))
         if samples.num_rows == 0:
             return 0
         self._check_horizon(samples)
@@ -277,11 +282,16 @@ class InfluxVault:
         step: str | int | None = None,
         aggs: Sequence[str] = ("mean",),
         output: str = "pandas",
+        stale_markers: bool = False,
     ) -> Any:
         """Samples or per-step aggregates for the series matching a PromQL selector, in the
         same long shape as ``Vault.query`` (see there). Steps of whole minutes read the
-        1-minute rollups where they are complete, everything else raw samples."""
-        return run_query(selector, start, end, step, aggs, output, self._query_reader)
+        1-minute rollups where they are complete, everything else raw samples. InfluxDB holds
+        no NaN, ±Inf or staleness markers (``write`` leaves them out), so ``stale_markers``
+        changes nothing here."""
+        return run_query(
+            selector, start, end, step, aggs, output, self._query_reader, stale_markers
+        )
 
     def _query_reader(self, selector: SelectorUnion) -> InfluxReader:
         self.refresh(selector)
