@@ -51,6 +51,9 @@ RESERVED_LABEL_NAMES = frozenset({"metric", "timestamp", "ts", "value", "series_
     frozenset(AGGREGATES)
 )
 RESERVED_COLUMNS = RESERVED_LABEL_NAMES  # the name earlier issues used
+# Prometheus's staleness marker: the NaN with this exact bit pattern ends a series (a sample,
+# not a value); stored as written, left out of raw query output and of rollups.
+STALE_NAN_BITS = 0x7FF0000000000002
 _MAX_SHOWN_NAME = 60
 
 

@@ -153,7 +153,7 @@ def exporter() -> Iterator[tuple[Exporter, str]]:
 
 # --------------------------------------------------------------------------- helpers
 SeriesKey = tuple[tuple[str, str], ...]  # sorted (label, value) pairs, __name__ included
-Samples = dict[SeriesKey, list[tuple[int, float]]]
+Samples = dict[SeriesKey, list[tuple[int, float | str]]]  # NaN as "NaN": NaN != NaN
 
 
 def prometheus_samples(prom: PrometheusServer, t0_ms: int, t1_ms: int) -> tuple[Samples, int]:

@@ -19,7 +19,8 @@ from starlette.testclient import TestClient
 from metricvault import Vault
 from metricvault.config import Settings
 from metricvault.ingest.app import create_app
-from metricvault.promql.source import STALE_NAN_BITS, VaultSource, is_stale
+from metricvault.model import STALE_NAN_BITS
+from metricvault.promql.source import VaultSource, is_stale
 from metricvault.selector import Matcher
 from metricvault.store import maintenance
 from tests.unit.test_remote_write import decode_v1, v1_body
@@ -70,7 +71,9 @@ def test_nan_inf_and_stale_markers_survive_write_flush_compaction_read(tmp_path)
 
 def test_raw_query_hides_stale_markers_unless_asked(tmp_path):
     values = odd_values()
-    rows = [("g", {}, T0 + i * 5000, v) for i, v in enumerate(values)]
+    rows: list[tuple[str, dict[str, str], int, float]] = [
+        ("g", {}, T0 + i * 5000, v) for i, v in enumerate(values)
+    ]
     with Vault.open_local(str(tmp_path / "v")) as v:
         v.write(rows)
         shown = v.query("g", T0, T0 + D, output="arrow")
@@ -103,7 +106,9 @@ def test_rollups_of_nan_and_markers_equal_rollups_of_finite_samples(tmp_path, me
     for i in range(11, n, 211):
         values[i] = math.inf
     values[40:52] = [STALE] * 12  # a whole minute of markers: no row, not a zero row
-    all_rows = [(metric, {}, T0 + i * 5000, x) for i, x in enumerate(values)]
+    all_rows: list[tuple[str, dict[str, str], int, float]] = [
+        (metric, {}, T0 + i * 5000, x) for i, x in enumerate(values)
+    ]
     finite_rows = [r for r in all_rows if math.isfinite(r[3])]
     with (
         Vault.open_local(str(tmp_path / "all")) as everything,

@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from metricvault.model import STALE_NAN_BITS
 from metricvault.selector import Matcher, Selector
 
-STALE_NAN_BITS = 0x7FF0000000000002
 STALE_NAN: float = float(np.array([STALE_NAN_BITS], dtype=np.uint64).view(np.float64)[0])
 
 

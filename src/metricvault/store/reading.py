@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from metricvault.durations import TimeLike, ms_to_datetime, now_ms, parse_time_ms
 from metricvault.errors import TimeRangeError, ValueRangeError
-from metricvault.model import SAMPLE_SCHEMA
+from metricvault.model import SAMPLE_SCHEMA, STALE_NAN_BITS
 from metricvault.selector import SelectorUnion, parse_selectors
 from metricvault.store import query as q
 from metricvault.store.backend import SampleReader
@@ -79,9 +79,6 @@ def check_horizon(samples: pa.Table, bound: int, why: str) -> None:
             f"sample at {ms_to_datetime(oldest):%Y-%m-%d %H:%M:%S} UTC is older than "
             f"{ms_to_datetime(bound):%Y-%m-%d %H:%M:%S} UTC: {why}"
         )
-
-
-STALE_NAN_BITS = 0x7FF0000000000002  # Prometheus's staleness marker (a NaN)
 
 
 def stale_marker_mask(values: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -42,7 +42,6 @@ from metricvault.ingest.protocols.decode_limits import DecodeBudget
 from metricvault.ingest.protocols.remote_write_columns import (
     LABEL_CACHE,
     MAX_LABEL_CELLS,
-    STALE_NAN_BITS,
     DecodedWrite,
     LabelPairCache,
     Limits,
@@ -55,6 +54,7 @@ from metricvault.ingest.protocols.remote_write_framing import (
 from metricvault.ingest.protocols.remote_write_metadata import MetricMetadata
 from metricvault.ingest.protocols.remote_write_v1 import decode_v1
 from metricvault.ingest.protocols.remote_write_v2 import decode_v2
+from metricvault.model import STALE_NAN_BITS
 from metricvault.wire.remote_write import PROTO_V1, PROTO_V2
 
 __all__ = [

@@ -18,10 +18,13 @@ from metricvault.errors import TooLargeError
 from metricvault.ingest.protocols.decode_limits import DecodeBudget, check_label_names
 from metricvault.ingest.protocols.remote_write_checks import METRIC_NAME, _Invalid, show
 from metricvault.ingest.protocols.remote_write_metadata import MetricMetadata
-from metricvault.model import METRIC_NAME_LABEL, label_name_ok
+from metricvault.model import (
+    METRIC_NAME_LABEL,
+    STALE_NAN_BITS,
+    label_name_ok,
+)
 from metricvault.wire.proto import messages
 
-STALE_NAN_BITS = 0x7FF0000000000002
 _METRIC_NAME_ANCHORED = f"^{METRIC_NAME.pattern}$"  # for Arrow's RE2, over a whole column
 # The long shape has a cell per (row, label name): bound it against requests that combine many
 # series with many distinct label names (a few MB of protobuf could otherwise ask for GBs).
