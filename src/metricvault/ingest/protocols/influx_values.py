@@ -81,7 +81,7 @@ def field_value(field: str, text: str) -> float:
     if text.lower() in _NON_FINITE:
         raise _LineProblem(
             f"field {q(field)} is {clip(text)}: NaN and Inf are not valid line protocol values "
-            "and metricvault stores finite numbers only; drop the field or send a number",
+            "(InfluxDB refuses them too): drop the field or send a number",
             ValueRangeError,
         )
     try:
