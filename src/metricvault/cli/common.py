@@ -43,6 +43,12 @@ FormatOpt = Annotated[
         show_default=False,
     ),
 ]
+# commands whose answer is one record (stats, experiment show): a table, or -f json / --json
+RecordFormatOpt = Annotated[
+    str | None,
+    typer.Option("--format", "-f", help="Output: table or json.", show_default=False),
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Same as -f json.")]
 OutOpt = Annotated[
     Path | None,
     typer.Option(

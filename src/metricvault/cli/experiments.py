@@ -15,7 +15,9 @@ from metricvault.cli.common import (
     ConfigOpt,
     DataOpt,
     FormatOpt,
+    JsonFlag,
     OutOpt,
+    RecordFormatOpt,
     SetOpt,
     console,
     emit,
@@ -197,11 +199,8 @@ def experiment_end(
 @experiment_app.command("show")
 def experiment_show(
     experiment_id: Annotated[str, typer.Argument(help="Experiment id.")],
-    fmt: Annotated[
-        str | None,
-        typer.Option("--format", "-f", help="Output: table or json.", show_default=False),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Same as -f json.")] = False,
+    fmt: RecordFormatOpt = None,
+    as_json: JsonFlag = False,
     data: DataOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,

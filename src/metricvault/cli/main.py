@@ -28,7 +28,9 @@ from metricvault.cli.common import (
     ConfigOpt,
     DataOpt,
     FormatOpt,
+    JsonFlag,
     OutOpt,
+    RecordFormatOpt,
     SetOpt,
     console,
     emit,
@@ -211,11 +213,8 @@ def series(
 
 @app.command()
 def stats(
-    fmt: Annotated[
-        str | None,
-        typer.Option("--format", "-f", help="Output: table or json.", show_default=False),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Same as -f json.")] = False,
+    fmt: RecordFormatOpt = None,
+    as_json: JsonFlag = False,
     data: DataOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
