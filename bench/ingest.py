@@ -185,7 +185,7 @@ def _prometheus_labels(row: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _label_bytes(labels: list[tuple[str, str]]) -> bytes:
     """``TimeSeries.labels`` of one series, serialized by the protobuf message classes."""
-    from metricvault.ingest.proto.messages import WriteRequest
+    from metricvault.wire.proto.messages import WriteRequest
 
     request = WriteRequest()
     series = request.timeseries.add()
@@ -330,8 +330,8 @@ def _check_first_payload(
     and the gateway's own decoder accepts them with every sample."""
     import cramjam
 
-    from metricvault.ingest.proto.messages import WriteRequest
     from metricvault.ingest.protocols.remote_write import decode_remote_write
+    from metricvault.wire.proto.messages import WriteRequest
 
     if bytes(cramjam.snappy.decompress_raw(compressed)) != raw:
         raise SystemExit("snappy round trip failed")

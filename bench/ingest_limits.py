@@ -62,7 +62,7 @@ LINEAR_RATIO_MAX = 8.0  # 4x the request: ~4x the cost if linear, ~16x if series
 
 
 def remote_write_case(case: str) -> bytes:
-    from metricvault.collect.push import encode_write_request
+    from metricvault.wire.remote_write import encode_write_request
 
     if case == "normal":
         samples = [
@@ -110,9 +110,9 @@ def run_case(case: str, limits: str) -> dict[str, Any]:
     from starlette.testclient import TestClient
 
     from metricvault import Vault
-    from metricvault.collect.push import encode_write_request
     from metricvault.config import Settings, setting_names
     from metricvault.ingest.app import create_app
+    from metricvault.wire.remote_write import encode_write_request
 
     is_lp = case.startswith("lp_")
     body = line_protocol_case(case) if is_lp else remote_write_case(case)

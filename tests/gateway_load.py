@@ -39,7 +39,7 @@ from typing import Any, TextIO
 
 import cramjam
 
-from metricvault.ingest.proto import messages
+from metricvault.wire.proto import messages
 
 STEP_MS = 1_000
 METRIC = "mv_load_value"

@@ -631,7 +631,7 @@ def test_metricvault_serve_stores_into_influxdb(influxd, tmp_path):
     import subprocess
     import sys
 
-    from metricvault.collect.push import encode_write_request
+    from metricvault.wire.remote_write import encode_write_request
 
     from .conftest import free_port, stop_process, wait_http_ok
 

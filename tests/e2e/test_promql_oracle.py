@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from metricvault.collect.push import encode_write_request
 from metricvault.promql import STALE_NAN, Engine, MemorySource, PromQLError, VaultSource
 from metricvault.promql.values import QueryResult
+from metricvault.wire.remote_write import encode_write_request
 
 from .conftest import free_port, stop_process, wait_http_ok
 

@@ -36,8 +36,8 @@ from metricvault.collect.push import (
     samples_from_registry,
 )
 from metricvault.collect.spool import Spool, SpoolLockedError
-from metricvault.ingest.proto import messages
 from metricvault.ingest.protocols.remote_write import decode_remote_write
+from metricvault.wire.proto import messages
 
 WAIT_S = 5.0
 FAST = {"min_backoff_s": 0.01, "max_backoff_s": 0.05, "timeout_s": 2.0}

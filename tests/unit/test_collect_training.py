@@ -7,7 +7,6 @@ import argparse
 import getpass
 import importlib
 import importlib.util
-import itertools
 import socket
 import subprocess
 import sys
@@ -29,9 +28,9 @@ from metricvault.collect.integrations import (
 )
 from metricvault.collect.peaks import PEAK_BF16_DENSE_FLOPS, canonical_gpu, peak_flops_for
 from metricvault.collect.training import series_name, track
-from metricvault.durations import now_ms
 from metricvault.errors import ConflictError, InputError
 from metricvault.store.vault import Vault
+from tests.clocks import Clocks
 
 ID = "llama-7b-lr3e-4"
 
@@ -42,29 +41,9 @@ def _no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(training, "detect_gpu_name", lambda: None)
 
 
-class Clocks(list[float]):
-    """A controllable monotonic clock (``clocks[0]`` seconds) and a wall clock that advances
-    1 ms per reading, so every logged step gets its own timestamp; handed to ``track`` as
-    ``**clocks.kw``."""
-
-    def __init__(self) -> None:
-        super().__init__([1000.0])
-        self._wall = itertools.count(now_ms())
-
-    def monotonic(self) -> float:
-        return self[0]
-
-    def wall_ms(self) -> int:
-        return next(self._wall)
-
-    @property
-    def kw(self) -> dict[str, Any]:
-        return {"clock": self.monotonic, "wall_clock_ms": self.wall_ms}
-
-
 @pytest.fixture
 def clocks() -> Clocks:
-    return Clocks()
+    return Clocks()  # 1 ms per reading
 
 
 @pytest.fixture

@@ -4,14 +4,12 @@ experiment filters, the training API's series names, the demo report."""
 from __future__ import annotations
 
 import io
-import itertools
 import re
 import shlex
 import subprocess
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,9 +24,9 @@ from metricvault.archive.snapshot import export_snapshot
 from metricvault.cli.main import app
 from metricvault.collect import training
 from metricvault.collect.training import SeriesNamesNotice, track
-from metricvault.durations import now_ms
 from metricvault.errors import InputError, NotFoundError
 from metricvault.sim import ClusterSpec, generate
+from tests.clocks import Clocks
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "archive.md"
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -41,28 +39,9 @@ def _no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(training, "detect_gpu_name", lambda: None)
 
 
-class Clocks(list[float]):
-    """A controllable monotonic clock (``clocks[0]`` seconds) and a wall clock that advances
-    1 s per reading, handed to ``track`` as ``**clocks.kw``."""
-
-    def __init__(self) -> None:
-        super().__init__([1000.0])
-        self._wall = itertools.count(now_ms() + 1000, 1000)  # after the run's start
-
-    def monotonic(self) -> float:
-        return self[0]
-
-    def wall_ms(self) -> int:
-        return next(self._wall)
-
-    @property
-    def kw(self) -> dict[str, Any]:
-        return {"clock": self.monotonic, "wall_clock_ms": self.wall_ms}
-
-
 @pytest.fixture
 def clocks() -> Clocks:
-    return Clocks()
+    return Clocks(start_after_ms=1000, step_ms=1000)  # 1 s per reading, after the run's start
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "store": {"leaf"},
     "promql": {"leaf", "store"},
     "archive": {"leaf", "store"},
-    "decoders": {"leaf"},  # ingest/protocols, ingest/proto: pure decoding
+    "decoders": {"leaf"},  # ingest/protocols: pure decoding (schemas in the leaf wire/)
     # the cluster simulator: numbers from a spec, no store; the agent's simulated GPU source
     # runs it, so collect may import it (sim.workload's pyarrow frames stay out of the agent:
     # test_collect_agent.py checks what the agent process loads)

@@ -73,7 +73,7 @@ class GatewayVault:
             )
         if not samples:
             return 0
-        from metricvault.collect.push import encode_write_request
+        from metricvault.wire.remote_write import encode_write_request
 
         body = encode_write_request(samples)
         headers = {

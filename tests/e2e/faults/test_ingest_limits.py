@@ -19,10 +19,10 @@ import pytest
 from starlette.testclient import TestClient
 
 from metricvault import Vault
-from metricvault.collect.push import encode_write_request
 from metricvault.config import Settings
 from metricvault.errors import LabelError
 from metricvault.ingest.app import create_app
+from metricvault.wire.remote_write import encode_write_request
 
 RW1 = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}
 T0 = 1_767_225_600_000

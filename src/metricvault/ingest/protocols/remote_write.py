@@ -24,7 +24,7 @@ missing ``Content-Encoding`` is taken as snappy, as Prometheus does; any other e
 refused. Snappy means the *block* format; the framed stream format is refused.
 
 How it is fast (a gateway must sustain 250,000 samples/s on two cores): the body is parsed by
-the C protobuf runtime through "twin" schemas (see ``ingest/proto/messages.py``) that hand over
+the C protobuf runtime through "twin" schemas (see ``wire/proto/messages.py``) that hand over
 every label and sample of the request as flat lists; labels are resolved through a cache of
 label bytes, samples are decoded with numpy, and all checks run on whole columns. When any check
 fails, a plain per-series pass over the request finds the first offending series and raises the

@@ -1,1 +1,0 @@
-"""Moved to :mod:`metricvault.wire.proto` (issue 12); ``messages`` is re-exported here."""
