@@ -197,6 +197,12 @@ class Settings:
         "Samples one PromQL query may load; more is refused with 422 (Prometheus's "
         "--query.max-samples default): about 1.2 GB of memory at this default.",
     )
+    query_max_series: int = _setting(
+        1_000_000,
+        "Series one PromQL query may select, and series /api/v1/series, /api/v1/labels and "
+        "/api/v1/label/<name>/values may expand their match[] to; more is refused with 422 "
+        "(Mimir's -querier.max-fetched-series-per-query).",
+    )
     lookback_delta: str = _setting(
         "5m",
         "How far back a PromQL instant selector looks for a series' latest sample "
@@ -243,6 +249,7 @@ class Settings:
             "cache_bytes",
             "gateway_max_connections",
             "query_max_samples",
+            "query_max_series",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name} must be at least 1, got {getattr(self, name)}")
