@@ -117,3 +117,75 @@ def test_issue13_bad_times_are_refused_with_prometheus_words(text: str) -> None:
     with pytest.raises(PromQLError, match=f'cannot parse "{text}" to a valid timestamp') as info:
         parse_time_param(text, 0, "time")
     assert info.value.kind == "bad_data"
+
+
+def _three_series_client(tmp_path: Path, **settings: Any) -> tuple[TestClient, Vault]:
+    config = Settings.load(env={}, gateway_maintain=False, **settings)
+    vault = Vault.open_local(str(tmp_path / "v"), config)
+    test_client = TestClient(create_app(vault, config))
+    test_client.__enter__()
+    lines = "".join(f"m,i={i} x={i} {T0 + t * 15_000}\n" for i in range(3) for t in range(4))
+    assert test_client.post("/write?precision=ms", content=lines).status_code == 204
+    return test_client, vault
+
+
+def test_issue13_query_max_series_refuses_a_query_and_a_match_expansion(tmp_path: Path) -> None:
+    test_client, vault = _three_series_client(tmp_path, query_max_series=2)
+    at = str(T0 / 1000 + 60)
+    try:
+        for path, params in (
+            ("/api/v1/query", {"query": "sum(m_x)", "time": at}),
+            ("/api/v1/query_range",
+             {"query": "m_x", "start": str(T0 / 1000), "end": at, "step": "15"}),
+            ("/api/v1/series", {"match[]": "m_x"}),
+            ("/api/v1/series", {"match[]": "m_x", "limit": "1"}),  # the expansion is the cost
+            ("/api/v1/labels", {"match[]": '{i=~".+"}'}),
+            ("/api/v1/label/i/values", {"match[]": "m_x"}),
+        ):  # fmt: skip
+            if "label/" in path:  # GET only, as in Prometheus (Grafana sends GET there)
+                reply = test_client.get(path, params=params)
+            else:
+                reply = test_client.post(path, data=params, headers=FORM)
+            assert reply.status_code == 422, (path, reply.text)
+            body = reply.json()
+            assert (body["status"], body["errorType"]) == ("error", "execution")
+            assert "exceeded the maximum number of series (limit: 2 series)" in body["error"]
+        # within the limit, the same routes answer (the server is still up)
+        reply = test_client.post(
+            "/api/v1/query", data={"query": 'm_x{i!="2"}', "time": at}, headers=FORM
+        )
+        assert reply.status_code == 200 and len(reply.json()["data"]["result"]) == 2
+        values = test_client.get("/api/v1/label/i/values").json()  # no match[]: whole index
+        assert values == {"status": "success", "data": ["0", "1", "2"]}
+    finally:
+        test_client.__exit__(None, None, None)
+        vault.close()
+
+
+def test_issue13_limit_truncates_series_labels_and_values_with_prometheus_warning(
+    tmp_path: Path,
+) -> None:
+    test_client, vault = _three_series_client(tmp_path)
+    try:
+        for path, params, data in (
+            ("/api/v1/series", {"match[]": "m_x", "limit": "2"},
+             [{"__name__": "m_x", "i": "0"}, {"__name__": "m_x", "i": "1"}]),
+            ("/api/v1/labels", {"match[]": "m_x", "limit": "1"}, ["__name__"]),
+            ("/api/v1/label/i/values", {"match[]": "m_x", "limit": "2"}, ["0", "1"]),
+        ):  # fmt: skip
+            body = test_client.get(path, params=params).json()
+            assert body == {"status": "success", "data": data,
+                            "warnings": ["results truncated due to limit"]}, path  # fmt: skip
+            whole = test_client.get(path, params={**params, "limit": "0"}).json()
+            assert len(whole["data"]) > len(data) and "warnings" not in whole
+            exact = test_client.get(path, params={**params, "limit": str(len(whole["data"]))})
+            assert exact.json() == whole
+        for limit, words in (("-1", "limit must be non-negative"),
+                             ("ten", 'strconv.Atoi: parsing "ten": invalid syntax')):  # fmt: skip
+            reply = test_client.get("/api/v1/series", params={"match[]": "m_x", "limit": limit})
+            assert reply.status_code == 400
+            assert reply.json() == {"status": "error", "errorType": "bad_data",
+                                    "error": f'invalid parameter "limit": {words}'}  # fmt: skip
+    finally:
+        test_client.__exit__(None, None, None)
+        vault.close()

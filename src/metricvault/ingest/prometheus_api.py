@@ -53,6 +53,10 @@ _MAX_TIME = {"292277025-08-18T07:12:54.999999999Z", "9999-12-31T23:59:59Z"}
 # errors the routes word themselves, which must not get the "query" parameter's prefix
 BAD_PARAM_WORDS = ("invalid parameter", "exceeded maximum resolution", "no match[]",
                    "invalid label name")  # fmt: skip
+# What newer Prometheus (2.51+, web/api/v1/api.go) adds to warnings when `limit=` cut a
+# series/labels/label values answer short; Grafana's metrics browser looks for these words.
+TRUNCATED = "results truncated due to limit"
+_GO_INT = re.compile(r"^[+-]?[0-9]+$")  # what Go's strconv.Atoi accepts
 STATUS = {"bad_data": 400, "execution": 422, "timeout": 503, "internal": 500, "not_found": 404}
 
 
@@ -112,6 +116,28 @@ def parse_duration_param(text: str | None, name: str) -> int:
     raise invalid_param(name, f'cannot parse "{text}" to a valid duration')
 
 
+def parse_limit(params: dict[str, list[str]]) -> int:
+    """``limit=`` of series/labels/label values as newer Prometheus parses it (0: none)."""
+    text = _one(params, "limit")
+    if not text:
+        return 0
+    if not _GO_INT.match(text):
+        raise invalid_param("limit", f'strconv.Atoi: parsing "{text}": invalid syntax')
+    if int(text) < 0:
+        raise invalid_param("limit", "limit must be non-negative")
+    return int(text)
+
+
+def too_many_series(limit: int) -> PromQLError:
+    """Mimir's words and status (422 ``execution``) for its -querier.max-fetched-series-per-query
+    limit (Prometheus has no such limit; Thanos and Mimir answer 422 for theirs)."""
+    return PromQLError(
+        f"the query exceeded the maximum number of series (limit: {limit} series): add label "
+        "matchers to select fewer series, or raise the setting query_max_series",
+        kind="execution",
+    )
+
+
 def parse_matchers(texts: Sequence[str]) -> list[list[Matcher]]:
     out = []
     for text in texts:
@@ -132,7 +158,9 @@ class ScopedSource:
     tenant_matchers: tuple[Matcher, ...]
     max_samples: int
     raw_horizon_ms: int
+    max_series: int = 0  # 0: no limit (remote_read)
     loaded: int = 0
+    selected: int = 0
     truncated: bool = False
 
     def select(
@@ -142,6 +170,9 @@ class ScopedSource:
             [*matchers, *self.tenant_matchers], start_ms, end_ms
         )
         self.loaded += sum(int(s.ts.size) for s in series)
+        self.selected += len(series)
+        if self.max_series and self.selected > self.max_series:
+            raise too_many_series(self.max_series)
         if self.loaded > self.max_samples:
             raise PromQLError(
                 "query processing would load too many samples into memory in query execution",
@@ -159,6 +190,7 @@ class PrometheusAPI:
         settings = gateway.settings
         self.timeout_s = parse_duration_ms(settings.query_timeout) / 1000
         self.max_samples = settings.query_max_samples
+        self.max_series = settings.query_max_series
         self.options = EngineOptions(lookback_delta_ms=parse_duration_ms(settings.lookback_delta))
 
     def routes(self) -> list[Route]:
@@ -229,6 +261,7 @@ class PrometheusAPI:
             self.tenant_matchers(who),
             self.max_samples,
             self.gateway.vault.min_writable_ms(),  # raw data before it is gone (retention)
+            self.max_series,
         )
         return Engine(source, self.options), source
 
@@ -314,14 +347,22 @@ class PrometheusAPI:
                 found[key] = labels
         return [found[k] for k in sorted(found)]
 
+    def check_expansion(self, found: list[dict[str, str]], selectors: list[list[Matcher]]) -> None:
+        """``query_max_series`` on what the match[] selectors expanded to (without match[],
+        labels and label values read the whole index, which the limit does not cover)."""
+        if selectors and len(found) > self.max_series:
+            raise too_many_series(self.max_series)
+
     async def series(self, request: Request) -> Response:
         async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
             if not params.get("match[]"):
                 raise PromQLError("no match[] parameter provided", "bad_data")
             selectors = parse_matchers(params["match[]"])
             _check_range(params)
+            limit = parse_limit(params)
             found = await run_in_threadpool(self.matching_series, selectors, who)
-            return found, _range_note(params)
+            self.check_expansion(found, selectors)
+            return _truncate(found, limit, _range_note(params))
 
         return await self.answer(request, "/api/v1/series", work)
 
@@ -329,8 +370,11 @@ class PrometheusAPI:
         async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
             selectors = parse_matchers(params.get("match[]", []))
             _check_range(params)
+            limit = parse_limit(params)
             found = await run_in_threadpool(self.matching_series, selectors, who)
-            return sorted({name for labels in found for name in labels}), _range_note(params)
+            self.check_expansion(found, selectors)
+            names = sorted({name for labels in found for name in labels})
+            return _truncate(names, limit, _range_note(params))
 
         return await self.answer(request, "/api/v1/labels", work)
 
@@ -342,8 +386,11 @@ class PrometheusAPI:
                 raise PromQLError(f'invalid label name: "{name}"', "bad_data")
             selectors = parse_matchers(params.get("match[]", []))
             _check_range(params)
+            limit = parse_limit(params)
             found = await run_in_threadpool(self.matching_series, selectors, who)
-            return sorted({s[name] for s in found if name in s}), _range_note(params)
+            self.check_expansion(found, selectors)
+            values = sorted({s[name] for s in found if name in s})
+            return _truncate(values, limit, _range_note(params))
 
         return await self.answer(request, "/api/v1/label/{name}/values", work)
 
@@ -454,6 +501,13 @@ def _one(params: dict[str, list[str]], name: str) -> str | None:
 def _check_range(params: dict[str, list[str]]) -> None:
     parse_time_param(_one(params, "start"), 0, "start")
     parse_time_param(_one(params, "end"), 0, "end")
+
+
+def _truncate(items: list[Any], limit: int, warnings: list[str]) -> tuple[list[Any], list[str]]:
+    """The first ``limit`` items (0: all), with Prometheus's warning when some were cut."""
+    if limit and len(items) > limit:
+        return items[:limit], [*warnings, TRUNCATED]
+    return items, warnings
 
 
 def _range_note(params: dict[str, list[str]]) -> list[str]:
