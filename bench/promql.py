@@ -1,29 +1,46 @@
-"""PromQL dashboard queries: Debian's Prometheus and metricvault on the same samples, same run.
+"""PromQL dashboard queries: Prometheus, VictoriaMetrics and metricvault on the same samples.
 
-    .venv/bin/python bench/promql.py --quick          # 2 nodes x 8 GPUs x 1 day, < 1 min
-    .venv/bin/python bench/promql.py                  # 13 nodes x 8 GPUs x 1 day at 15 s
-    .venv/bin/python bench/promql.py --nodes 4 --days 0.5 --runs 3
+    .venv/bin/python bench/promql.py --quick          # 2 nodes x 8 GPUs x 1 day at 15 s, ~1 min
+    .venv/bin/python bench/promql.py                  # 13 x 8 GPUs: 7 d at 15 s, 30 d at 60 s
+    .venv/bin/python bench/promql.py --workloads 7d --nodes 4 --runs 3
 
-The simulated cluster's GPU utilisation and energy counter (one day ending now, at 15 s) go into
-a fresh vault and, through its remote-write receiver, into a fresh Prometheus 2.42 (Debian's
-``prometheus``; in time order, 30 minutes per request, so no sample is out of order or older
-than its head accepts; the load is checked against Prometheus's own appended-samples counter).
-Then ``metricvault serve`` is started over the same vault. For each query and range it reports
-the median latency of ``--runs`` warm runs (after one unmeasured run) of:
+Each workload (the simulated cluster's GPU utilisation and energy counter, plus a simulated
+latency histogram, ending at the run's start) goes into a fresh vault, which is then
+maintained (``vault.maintain``: compaction, the 1m/1h rollup tiers) as in production; through
+its remote-write receiver into a fresh Prometheus 2.42 (Debian's ``prometheus``; in time
+order, 30 minutes per request, so no sample is out of order or older than its head accepts;
+the load is checked against Prometheus's own appended-samples counter, and the head is left to
+compact into blocks); and through ``/api/v1/import`` into a fresh VictoriaMetrics 1.79
+(Debian's ``victoria-metrics``, started by ``bench/peers.py``; flushed and force-merged). Then
+``metricvault serve`` is started over the vault. For each query at Grafana's step for the range
+it reports the median of ``--runs`` warm runs (after one unmeasured run) of:
 
-- Prometheus ``GET /api/v1/query_range`` (keep-alive connection, the body read, not parsed);
-- metricvault ``GET /api/v1/query_range``, same parameters, same way, and again on a new
-  connection per request ("new conn": a reused connection waits ~40 ms per answer today);
-- ``Engine(VaultSource(vault))`` in this process (what the HTTP API runs, without HTTP/JSON);
-- the raw ``vault.query`` of the selector over the range (the read the engine cannot avoid);
+- Prometheus, VictoriaMetrics and metricvault ``GET /api/v1/query_range`` (one keep-alive
+  connection each, the body read, not parsed); VictoriaMetrics both as a dashboard gets it
+  (its rollup-result cache on) and with ``nocache=1``;
+- the engine in this process (``Engine(VaultSource(vault))``, what the HTTP API runs, without
+  HTTP/JSON), and the same engine over the old long-shape read (``vault.query``), before/after;
+- the raw reads of the selector over the range: ``vault.select_series`` (what ``VaultSource``
+  reads) and ``vault.query(..., output="arrow")`` (the long shape);
 
-with the number of series answered and whether metricvault's HTTP answer agrees with
-Prometheus's (same label sets and timestamps, values within a relative 1e-5, NaN equals NaN).
-Needs the ``prometheus`` binary (``apt-get install -y prometheus``); without it, or with
-``--no-prometheus``, those columns are left out.
+with the number of series answered, whether metricvault's and VictoriaMetrics's answers agree
+with Prometheus's (same label sets and timestamps, values within a relative 1e-5, NaN equals
+NaN: the rule of Prometheus's compliance tester), and issue 13's latency target (on ranges of
+24 h and more: metricvault HTTP <= VictoriaMetrics and >= 10x faster than Prometheus; on 1 h:
+<= 2x Prometheus) as met or missed. A peer that is not installed (``apt-get install -y
+prometheus victoria-metrics``) is skipped with a message, its columns left empty.
 """
 
+# ruff: noqa: E402  (the path set-up below must precede the project imports)
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+for _path in (REPO_ROOT, REPO_ROOT / "src"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 import argparse
 import http.client
@@ -34,40 +51,55 @@ import shutil
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+import cramjam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bench.ingest import SAMPLE_RECORD_BYTES, _label_bytes, _sample_records, _varint
+from bench.peers import VM_INSTALL_HINT, VictoriaMetrics, find_victoria_metrics
+from bench.peers import victoria_metrics_version as vm_version
 from metricvault.promql import Engine, MemorySource, VaultSource
 from metricvault.sim import ClusterSpec, generate
 from metricvault.store.vault import Vault
-from metricvault.wire.remote_write import encode_write_request
 
 METRICS = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
 HOUR_MS = 3_600_000
-INTERVAL_S = 15
+DAY_MS = 24 * HOUR_MS
 PUSH_WINDOW_MS = HOUR_MS // 2  # one remote-write request per 30 simulated minutes
 READY_TIMEOUT_S = 30.0
-COMPACTION_TIMEOUT_S = 60.0
+COMPACTION_TIMEOUT_S = 120.0
 REL_TOL = 1e-5
-# (name, PromQL with $i for Grafana's $__rate_interval, the selector it reads)
+
+# A clearly simulated latency histogram (the GPU simulator has none): 8 inference servers, 12
+# cumulative buckets each (11 bounds and +Inf), requests per scrape drawn from a Poisson law
+# with a daily cycle, latencies log-normal, a slow regime 5 % of the time.
+HISTOGRAM = "simulated_inference_request_duration_seconds_bucket"
+HIST_SERVERS = 8
+HIST_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+# (name, PromQL: $i is Grafana's $__interval, $r the rate window, the selector it reads)
 QUERIES = (
     ("per-GPU avg util", "avg_over_time(DCGM_FI_DEV_GPU_UTIL[$i])", "DCGM_FI_DEV_GPU_UTIL"),
     (
         "energy rate per host",
-        "sum by (Hostname) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[$i]))",
+        "sum by (Hostname) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[$r]))",
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    ),
+    (
+        "p99 latency (sim. hist.)",
+        f"histogram_quantile(0.99, sum by (le) (rate({HISTOGRAM}[5m])))",
+        HISTOGRAM,
     ),
     ("top 5 GPUs", "topk(5, avg_over_time(DCGM_FI_DEV_GPU_UTIL[$i]))", "DCGM_FI_DEV_GPU_UTIL"),
     (
@@ -76,64 +108,151 @@ QUERIES = (
         'DCGM_FI_DEV_GPU_UTIL{Hostname="node01", gpu="0"}',
     ),
 )
-# (range, step, window): Grafana's usual steps for a ~1000 px wide panel.
-RANGES = ((HOUR_MS, 15_000, "1m"), (24 * HOUR_MS, 120_000, "5m"))
 
 
-# --------------------------------------------------------------------------- load
-def load(spec: ClusterSpec, directory: Path) -> tuple[Vault, MemorySource, int, int]:
-    vault = Vault.open(str(directory / "vault"))
-    memory = MemorySource()
-    end, samples = 0, 0
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    days: float
+    interval_s: int
+    ranges_ms: tuple[int, ...]
+
+
+# Scrape intervals chosen so that loading three systems stays bounded on a 2-core machine:
+# 7 days at 15 s (Prometheus's default) and 30 days at 60 s.
+WORKLOADS = {
+    "7d": Workload("7 d at 15 s", 7, 15, (HOUR_MS, DAY_MS, 7 * DAY_MS)),
+    "30d": Workload("30 d at 60 s", 30, 60, (7 * DAY_MS, 30 * DAY_MS)),
+}
+QUICK = Workload("1 d at 15 s", 1, 15, (HOUR_MS, DAY_MS))
+
+
+# --------------------------------------------------------------------------- Grafana's step
+# Grafana's interval for a panel: rangeutil.calculateInterval() in
+# packages/grafana-data/src/datetime/rangeutil.ts rounds range / max data points to a "nice"
+# interval (roundInterval(), the table below: (upper bound, interval) in ms), then raises it to
+# the data source's min interval (the Prometheus data source's "scrape interval" setting, which
+# is the scrape interval); the Prometheus data source sends that as ``step`` and as
+# $__interval, and aligns start and end to multiples of the step (its default "align").
+MAX_DATA_POINTS = 1000  # a panel about 1000 px wide: Grafana's max data points = its width
+_ROUND_INTERVAL = (
+    (15, 10), (35, 20), (75, 50), (150, 100), (350, 200), (750, 500), (1500, 1000),
+    (3500, 2000), (7500, 5000), (12500, 10000), (17500, 15000), (25000, 20000),
+    (45000, 30000), (90000, 60000), (210000, 120000), (450000, 300000), (750000, 600000),
+    (1050000, 900000), (1500000, 1200000), (2700000, 1800000), (5400000, 3600000),
+    (9000000, 7200000), (16200000, 10800000), (32400000, 21600000), (86400000, 43200000),
+    (604800000, 86400000), (1209600000, 604800000), (2419200000, 1209600000),
+    (3024000000, 2592000000),
+)  # fmt: skip
+
+
+def round_interval(ms: float) -> int:
+    for bound, nice in _ROUND_INTERVAL:
+        if ms < bound:
+            return nice
+    return 31_536_000_000
+
+
+def grafana_step(range_ms: int, scrape_ms: int) -> int:
+    return max(round_interval(range_ms / MAX_DATA_POINTS), scrape_ms)
+
+
+def rate_window(step_ms: int, scrape_ms: int) -> int:
+    """``$__interval``, but at least 4 scrapes where it holds too few samples for rate():
+    the floor Grafana's ``$__rate_interval`` puts on it (1 h at 15 s: 1m, not 15s)."""
+    return max(step_ms, 4 * scrape_ms)
+
+
+def duration(ms: int) -> str:
+    for unit, size in (("d", DAY_MS), ("h", HOUR_MS), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+# --------------------------------------------------------------------------- data
+def histogram_table(start_ms: int, end_ms: int, interval_s: int, seed: int) -> pa.Table:
+    """The simulated histogram family in the long shape (one series per server and ``le``)."""
+    rng = np.random.default_rng(seed)
+    step = interval_s * 1000
+    ts = np.arange(start_ms, end_ms, step, dtype=np.int64)
+    upper = np.log(np.asarray(HIST_BOUNDS))
+    parts = []
+    for server in range(HIST_SERVERS):
+        load = 1 + 0.6 * np.sin(2 * np.pi * (ts % DAY_MS) / DAY_MS + server)
+        n = rng.poisson(5.0 * (1 + server / 4) * interval_s * load)
+        slow = rng.random(ts.size) < 0.05
+        counts = np.zeros((ts.size, len(HIST_BOUNDS) + 1), np.int64)
+        for is_slow, mu in ((False, np.log(0.06)), (True, np.log(0.9))):
+            cdf = np.array([0.5 * (1 + math.erf((u - mu) / (0.7 * math.sqrt(2)))) for u in upper])
+            probs = np.diff(np.concatenate(([0.0], cdf, [1.0])))
+            rows = slow == is_slow
+            counts[rows] = rng.multinomial(n[rows], probs)
+        cumulative = np.cumsum(np.cumsum(counts, axis=1), axis=0).astype(np.float64)
+        for b, le in enumerate([*(f"{x:g}" for x in HIST_BOUNDS), "+Inf"]):
+            parts.append((f"inference-{server:02d}:8000", le, cumulative[:, b]))
+    size = ts.size
+    return pa.table(
+        {
+            "metric": pa.array([HISTOGRAM] * (size * len(parts)), pa.string()),
+            "timestamp": pa.array(np.tile(ts, len(parts))),
+            "value": pa.array(np.concatenate([p[2] for p in parts])),
+            "instance": pa.array(np.repeat([p[0] for p in parts], size)),
+            "job": pa.array(["inference"] * (size * len(parts)), pa.string()),
+            "le": pa.array(np.repeat([p[1] for p in parts], size)),
+            "simulated": pa.array(["true"] * (size * len(parts)), pa.string()),
+        }
+    )
+
+
+def tables(spec: ClusterSpec) -> Iterator[pa.Table]:
+    """The benchmark's samples: the two GPU metrics of the simulator, then the histogram."""
+    end = spec.start_ms + int(spec.days * DAY_MS)
     for table in generate(spec):
-        table = table.filter(pc.is_in(table["metric"], pa.array(METRICS)))
-        vault.write(table)
-        end = max(end, int(pc.max(table["timestamp"]).as_py()))
-        samples += table.num_rows
-        _add_to_memory(memory, table)
-    vault.flush()
-    return vault, memory, end, samples
+        yield table.filter(pc.is_in(table["metric"], pa.array(METRICS)))
+    yield histogram_table(spec.start_ms, end, spec.interval_s, spec.seed)
 
 
-def _add_to_memory(memory: MemorySource, table: pa.Table) -> None:
-    frame = table.to_pandas()
-    labels = [c for c in frame.columns if c not in ("metric", "timestamp", "value")]
-    for key, rows in frame.groupby(["metric", *labels], dropna=False, sort=False):
-        names = ["__name__", *labels]
-        series = {n: str(v) for n, v in zip(names, key, strict=True) if isinstance(v, str) and v}
-        memory.add(series, rows["timestamp"].to_numpy(), rows["value"].to_numpy())
-    _merge_same_series(memory)
+def to_memory(table: pa.Table, memory: dict[tuple[tuple[str, str], ...], list[Any]]) -> None:
+    """Group a long table's rows by series into ``memory`` (label set -> [ts..], [values..])."""
+    labels = [c for c in table.column_names if c not in ("metric", "timestamp", "value")]
+    keys = ["metric", *labels]
+    table = table.append_column("row", pa.array(np.arange(table.num_rows)))
+    grouped = table.group_by(keys, use_threads=False).aggregate([("row", "list")])
+    ts, values = table["timestamp"].to_numpy(), table["value"].to_numpy()
+    rows_of = grouped["row_list"].to_pylist()
+    for row, rows in zip(grouped.select(keys).to_pylist(), rows_of, strict=True):
+        key = [("__name__", row["metric"])]
+        key += [(k, row[k]) for k in labels if row[k] not in (None, "")]
+        entry = memory.setdefault(tuple(sorted(key)), [[], []])
+        entry[0].append(ts[rows])
+        entry[1].append(values[rows])
 
 
-def _merge_same_series(memory: MemorySource) -> None:
-    # generate() yields time windows; join each series's pieces into one.
-    merged: dict[tuple[tuple[str, str], ...], list[int]] = {}
-    for i, s in enumerate(memory.series):
-        merged.setdefault(tuple(sorted(s.labels.items())), []).append(i)
-    out = []
-    for rows in merged.values():
-        first = memory.series[rows[0]]
-        first.ts = np.concatenate([memory.series[r].ts for r in rows])
-        first.values = np.concatenate([memory.series[r].values for r in rows])
-        out.append(first)
-    memory.series = out
+def memory_source(memory: dict[tuple[tuple[str, str], ...], list[Any]]) -> MemorySource:
+    source = MemorySource()
+    for key, (ts, values) in memory.items():
+        source.add(dict(key), np.concatenate(ts), np.concatenate(values))
+    return source
 
 
+# --------------------------------------------------------------------------- Prometheus
 def push_to_prometheus(url: str, memory: MemorySource, start: int, end: int) -> None:
     """Every sample, oldest first, all series in each request: Prometheus 2.42 refuses a
     sample more than an hour older than its head's newest (out of bounds), so a request
-    never reaches back behind the one before it."""
+    never reaches back behind the one before it. The WriteRequests are put together from
+    pre-encoded pieces (bench/ingest.py's encoder), not one protobuf object per sample."""
+    heads = [_label_bytes(sorted(s.labels.items())) for s in memory.series]
+    records = [_sample_records(s.ts, s.values) for s in memory.series]
     for lo in range(start, end + 1, PUSH_WINDOW_MS):
-        hi = lo + PUSH_WINDOW_MS
-        batch: list[tuple[str, dict[str, str], int, float]] = []
-        for s in memory.series:
-            a, b = np.searchsorted(s.ts, [lo, hi])
-            metric = s.labels["__name__"]
-            labels = {k: v for k, v in s.labels.items() if k != "__name__"}
-            ts, vs = s.ts[a:b].tolist(), s.values[a:b].tolist()
-            batch += [(metric, labels, t, v) for t, v in zip(ts, vs, strict=True)]
-        if batch:
-            post_write(url, encode_write_request(batch))
+        parts: list[bytes] = []
+        for s, head, rec in zip(memory.series, heads, records, strict=True):
+            a, b = np.searchsorted(s.ts, [lo, lo + PUSH_WINDOW_MS]).tolist()
+            if b > a:
+                parts.append(b"\x0a" + _varint(len(head) + SAMPLE_RECORD_BYTES * (b - a)) + head)
+                parts.append(rec[a:b].tobytes())
+        if parts:
+            post_write(url, bytes(cramjam.snappy.compress_raw(b"".join(parts))))
 
 
 def post_write(url: str, body: bytes) -> None:
@@ -147,12 +266,11 @@ def post_write(url: str, body: bytes) -> None:
         },
         method="POST",
     )
-    with urllib.request.urlopen(request, timeout=60) as resp:
+    with urllib.request.urlopen(request, timeout=120) as resp:
         if resp.status not in (200, 204):
             raise RuntimeError(f"Prometheus refused a remote-write request: {resp.read()!r}")
 
 
-# --------------------------------------------------------------------------- processes
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -178,8 +296,8 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, name: str) ->
 
 @contextmanager
 def process(cmd: list[str], directory: Path, name: str) -> Iterator[str]:
-    """Start ``cmd`` (its last ``--listen``/``--web.listen-address`` port is in the URL we
-    yield), wait for ``/-/ready``, SIGTERM it afterwards."""
+    """Start ``cmd`` (``{port}`` in it is a free port, the one in the URL we yield), wait for
+    ``/-/ready``, SIGTERM it afterwards (by its PID)."""
     port = free_port()
     cmd = [c.replace("{port}", str(port)) for c in cmd]
     log = directory / f"{name.replace(' ', '_')}.log"
@@ -209,6 +327,7 @@ def prometheus_cmd(binary: str, directory: Path) -> list[str]:
         binary,
         f"--config.file={config}",
         f"--storage.tsdb.path={directory / 'prometheus-data'}",
+        "--storage.tsdb.retention.time=3650d",  # the default 15d would drop the 30-day data
         "--web.listen-address=127.0.0.1:{port}",
         "--web.enable-remote-write-receiver",
     ]
@@ -218,6 +337,7 @@ def serve_cmd(vault_dir: Path) -> list[str]:
     return [
         sys.executable, "-m", "metricvault.cli", "serve", "--data", str(vault_dir),
         "--listen", "127.0.0.1:{port}", "--set", "gateway_maintain=false",
+        "--set", "retention_raw=forever",
     ]  # fmt: skip
 
 
@@ -235,7 +355,7 @@ def self_metrics(url: str) -> dict[str, float]:
 
 def settle_prometheus(url: str, expected: int) -> str:
     """Check every sample was appended, then wait (bounded) until the head is compacted into
-    blocks as it would be in production, so no compaction runs while queries are timed."""
+    blocks and the block count stays put, so no compaction runs while queries are timed."""
     m = self_metrics(url)
     appended = int(m.get("prometheus_tsdb_head_samples_appended_total", 0))
     refused = int(m.get("prometheus_tsdb_out_of_bound_samples_total", 0))
@@ -246,11 +366,15 @@ def settle_prometheus(url: str, expected: int) -> str:
             f"{expected:,} were sent"
         )
     deadline = time.monotonic() + COMPACTION_TIMEOUT_S
-    while time.monotonic() < deadline:
+    seen, stable = -1.0, 0
+    while time.monotonic() < deadline and stable < 6:
         m = self_metrics(url)
         span = m["prometheus_tsdb_head_max_time"] - m["prometheus_tsdb_head_min_time"]
-        if span <= 3 * HOUR_MS:  # 1.5 x the 2 h block range: nothing left to compact
-            break
+        blocks = m.get("prometheus_tsdb_blocks_loaded", 0) + m.get(
+            "prometheus_tsdb_compactions_total", 0
+        )
+        stable = stable + 1 if span <= 3 * HOUR_MS and blocks == seen else 0
+        seen = blocks
         time.sleep(0.5)
     blocks = int(m.get("prometheus_tsdb_blocks_loaded", 0))
     return f"{appended:,} samples appended, none refused; {blocks} blocks + head"
@@ -261,19 +385,15 @@ class Http:
     """GET on one keep-alive connection: the body is read (the whole answer crossed the
     wire) and kept for the agreement check, not parsed inside the timed part."""
 
-    def __init__(self, url: str, fresh: bool = False) -> None:
+    def __init__(self, url: str, extra: dict[str, str] | None = None) -> None:
         host, _, port = url.removeprefix("http://").partition(":")
-        self.connect = partial(http.client.HTTPConnection, host, int(port), timeout=120)
-        self.conn = self.connect()
-        self.fresh = fresh  # a new connection per request (then closed)
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=300)
+        self.extra = extra or {}
         self.body = b""
 
     def query_range(self, expr: str, start: int, end: int, step: int) -> None:
         params = {"query": expr, "start": f"{start / 1000:.3f}", "end": f"{end / 1000:.3f}",
-                  "step": f"{step / 1000:g}"}  # fmt: skip
-        if self.fresh:
-            self.conn.close()
-            self.conn = self.connect()
+                  "step": f"{step / 1000:g}", **self.extra}  # fmt: skip
         self.conn.request("GET", f"/api/v1/query_range?{urlencode(params)}")
         resp = self.conn.getresponse()
         self.body = resp.read()
@@ -310,121 +430,228 @@ def agree(ours: Any, theirs: Any) -> str:
         return {t: sorted(vs) for t, vs in steps.items()}
 
     a, b = keyed(ours), keyed(theirs)
+    if not a and not b:
+        return "both empty"
     same_points = a.keys() == b.keys() and all(
         [p[0] for p in a[k]] == [p[0] for p in b[k]] for k in a
     )
     if not same_points:
         pa_, pb = per_step(ours), per_step(theirs)
         if pa_.keys() == pb.keys() and all(
-            np.allclose(pa_[t], pb[t], rtol=REL_TOL, atol=0, equal_nan=True) for t in pa_
+            len(pa_[t]) == len(pb[t])
+            and np.allclose(pa_[t], pb[t], rtol=REL_TOL, atol=0, equal_nan=True)
+            for t in pa_
         ):
             return "ties: same values each step, other series picked"
-        return f"NO: {len(a)} vs {len(b)} series or other timestamps"
-    worst = 0.0
-    for key, points in a.items():
-        for (_, x), (_, y) in zip(points, b[key], strict=True):
+        points = sum(len(p) for p in a.values()), sum(len(p) for p in b.values())
+        return f"NO: {len(a)} vs {len(b)} series, {points[0]} vs {points[1]} points"
+    worst, points = 0.0, 0
+    for key, ps in a.items():
+        for (_, x), (_, y) in zip(ps, b[key], strict=True):
+            points += 1
             fx, fy = float(x), float(y)
             if fx == fy or (math.isnan(fx) and math.isnan(fy)):
                 continue
             worst = max(worst, abs(fx - fy) / max(abs(fx), abs(fy)))
     if worst > REL_TOL:
-        return f"NO: rel err {worst:.1e}"
-    return f"yes, {sum(len(p) for p in a.values())} points, max rel err {worst:.0e}"
+        return f"NO: rel. error {worst:.1e}"
+    return f"yes ({points:,} points, max rel. error {worst:.0e})"
+
+
+def target(range_ms: int, mv: float, prom: float | None, vm: float | None) -> str:
+    """Issue 13's latency target for the range, on metricvault's HTTP answer."""
+    missed = []
+    if range_ms <= HOUR_MS:
+        if prom is None:
+            return "- (no Prometheus)"
+        goal = "<= 2x Prometheus"
+        if mv > 2 * prom:
+            missed.append(f"{mv / prom:.1f}x Prometheus")
+    else:
+        goal = "<= VM, >= 10x faster than Prometheus"
+        if vm is not None and mv > vm:
+            missed.append(f"{mv / vm:.1f}x VM")
+        if prom is not None and mv * 10 > prom:
+            missed.append(f"{mv / prom:.2g}x Prometheus's time")
+        if vm is None and prom is None:
+            return "- (no peers)"
+    return f"missed ({goal}): {', '.join(missed)}" if missed else f"met ({goal})"
+
+
+def _http_ms(
+    client: Http | None, expr: str, query: tuple[int, int, int], runs: int
+) -> float | None:
+    return None if client is None else median_ms(partial(client.query_range, expr, *query), runs)
 
 
 def fmt(ms: float | None) -> str:
     if ms is None:
         return "-"
-    return f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"
+    return f"{ms:.1f} ms" if ms < 100 else f"{ms:,.0f} ms"
 
 
+class LongShapeOnly:
+    """The vault as a store without ``select_series``: VaultSource then reads the long shape
+    through ``query`` (the path before issue 13's typed read), for the before/after column."""
+
+    def __init__(self, vault: Vault) -> None:
+        self.query = vault.query
+
+
+# --------------------------------------------------------------------------- the run
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 nodes x 8 GPUs x 1 day, 3 runs")
+    parser.add_argument("--workloads", default="7d,30d", help="comma-separated: 7d, 30d")
     parser.add_argument("--nodes", type=int, default=13)
     parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--days", type=float, default=1.0)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--no-prometheus", action="store_true", help="skip the peer")
+    parser.add_argument("--no-prometheus", action="store_true", help="skip Prometheus")
+    parser.add_argument("--no-vm", action="store_true", help="skip VictoriaMetrics")
     args = parser.parse_args()
     if args.quick:
         args.nodes, args.runs = 2, 3
-    binary = None if args.no_prometheus else shutil.which("prometheus")
-    if binary is None and not args.no_prometheus:
-        print("prometheus is not installed (apt-get install -y prometheus): skipping the peer")
-    # The day ends now: Prometheus's head takes only recent samples in order.
-    span_ms = int(args.days * 24 * HOUR_MS)
-    start_ms = (int(time.time() * 1000) - span_ms) // (INTERVAL_S * 1000) * INTERVAL_S * 1000
-    spec = ClusterSpec(nodes=args.nodes, gpus_per_node=args.gpus_per_node, days=args.days,
-                       interval_s=INTERVAL_S, start_ms=start_ms)  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
+        workloads = [QUICK]
+    else:
+        workloads = [WORKLOADS[w.strip()] for w in args.workloads.split(",")]
+    prom_binary = None if args.no_prometheus else shutil.which("prometheus")
+    if prom_binary is None and not args.no_prometheus:
+        print("prometheus is not installed (apt-get install -y prometheus): skipping that peer")
+    vm_binary = None if args.no_vm else find_victoria_metrics()
+    if vm_binary is None and not args.no_vm:
+        print(VM_INSTALL_HINT)
+    for workload in workloads:
+        run_workload(args, workload, prom_binary, vm_binary)
+
+
+def run_workload(
+    args: argparse.Namespace, workload: Workload, prom_binary: str | None, vm_binary: str | None
+) -> None:
+    interval_ms = workload.interval_s * 1000
+    # The data ends now: Prometheus's head takes only recent samples in order.
+    span_ms = int(workload.days * DAY_MS)
+    start_ms = (int(time.time() * 1000) - span_ms) // interval_ms * interval_ms
+    spec = ClusterSpec(nodes=args.nodes, gpus_per_node=args.gpus_per_node, days=workload.days,
+                       interval_s=workload.interval_s, start_ms=start_ms)  # fmt: skip
+    print(f"\n## {args.nodes} nodes x {args.gpus_per_node} GPUs, {workload.name}")
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         directory = Path(tmp)
+        vault = Vault.open_local(str(directory / "vault"), retention_raw="forever")
+        stack.callback(vault.close)
+        vm = stack.enter_context(VictoriaMetrics(vm_binary, directory)) if vm_binary else None
         started = time.perf_counter()
-        vault, memory, end, total = load(spec, directory)
-        print(f"vault: {spec.nodes} nodes x {spec.gpus_per_node} GPUs x {spec.days} d at "
-              f"{INTERVAL_S} s ({len(memory.series)} series, {total:,} samples) in "
-              f"{time.perf_counter() - started:.1f} s")  # fmt: skip
-        with (
-            _peer(binary, directory, memory, spec.start_ms, end, total) as prom_url,
-            process(serve_cmd(directory / "vault"), directory, "metricvault serve") as mv,
-        ):
-            run_queries(args, vault, prom_url, mv, end)
-        vault.close()
+        memory: dict[tuple[tuple[str, str], ...], list[Any]] = {}
+        end, total, vm_s = 0, 0, 0.0
+        for table in tables(spec):
+            vault.write(table)
+            to_memory(table, memory)
+            end = max(end, int(pc.max(table["timestamp"]).as_py()))
+            total += table.num_rows
+            if vm is not None:
+                vm_s += sum(vm.ingest(table))
+        vault.flush()
+        loaded = time.perf_counter() - started
+        started = time.perf_counter()
+        report = vault.maintain(now_ms=end + HOUR_MS)
+        tiers = _tier_rows(vault)
+        print(f"vault: {len(memory)} series, {total:,} samples, loaded in {loaded:.0f} s "
+              f"(VictoriaMetrics import {vm_s:.0f} s of it); maintain in "
+              f"{time.perf_counter() - started:.0f} s ({report['rolled_up_hours']} hours rolled "
+              f"up; rows per tier {tiers})")  # fmt: skip
+        source = memory_source(memory)
+        memory.clear()
+        if vm is not None:
+            vm.force_flush()
+            merged = vm.force_merge_and_wait()
+            print(f"VictoriaMetrics {vm_version()}: {vm.series_count()} series, "
+                  f"force-merged in {merged:.0f} s")  # fmt: skip
+        prom_url = None
+        if prom_binary is not None:
+            prom_url = stack.enter_context(
+                _prometheus(prom_binary, directory, source, spec.start_ms, end, total)
+            )
+        del source
+        mv_url = stack.enter_context(
+            process(serve_cmd(directory / "vault"), directory, "metricvault serve")
+        )
+        vm_url = f"http://127.0.0.1:{vm.port}" if vm is not None else None
+        run_queries(args, workload, vault, prom_url, vm_url, mv_url, end)
+
+
+def _tier_rows(vault: Vault) -> dict[str, int]:
+    rows: dict[str, int] = {}
+    for f in vault.catalog_version().files:
+        rows[f.tier] = rows.get(f.tier, 0) + f.rows
+    return rows
 
 
 @contextmanager
-def _peer(
-    binary: str | None, directory: Path, memory: MemorySource, start: int, end: int, total: int
-) -> Iterator[str | None]:
-    if binary is None:
-        yield None
-        return
+def _prometheus(
+    binary: str, directory: Path, memory: MemorySource, start: int, end: int, total: int
+) -> Iterator[str]:
     version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
     with process(prometheus_cmd(binary, directory), directory, "prometheus") as url:
         started = time.perf_counter()
         push_to_prometheus(url, memory, start, end)
         pushed = time.perf_counter() - started
         state = settle_prometheus(url, total)
-        print(f"{version.stdout.splitlines()[0]}: remote-write in {pushed:.1f} s, {state}")
+        print(f"{version.stdout.splitlines()[0]}: remote-write in {pushed:.0f} s, {state}")
         yield url
 
 
 def run_queries(
-    args: argparse.Namespace, vault: Vault, prom_url: str | None, mv_url: str, end: int
+    args: argparse.Namespace,
+    workload: Workload,
+    vault: Vault,
+    prom_url: str | None,
+    vm_url: str | None,
+    mv_url: str,
+    data_end: int,
 ) -> None:
-    on_vault = Engine(VaultSource(vault))
-    mv, mv_new = Http(mv_url), Http(mv_url, fresh=True)
+    engine = Engine(VaultSource(vault))
+    engine_long = Engine(VaultSource(LongShapeOnly(vault)))
+    mv = Http(mv_url)
     prom = Http(prom_url) if prom_url else None
-    print(f"\nmedian ms of {args.runs} warm runs (HTTP on a keep-alive connection; 'new conn': "
-          "a new one per request); agree: metricvault HTTP vs Prometheus HTTP")  # fmt: skip
-    columns = ("Prometheus", "mv HTTP", "new conn", "mv engine", "vault.query", "series")
-    print(
-        f"{'query':21} {'range':>5} {'step':>5} " + " ".join(f"{c:>10}" for c in columns), " agree"
-    )
-    for range_ms, step_ms, window in RANGES:
-        if range_ms > args.days * 24 * HOUR_MS:
-            continue
+    vm = Http(vm_url) if vm_url else None
+    vm_nocache = Http(vm_url, {"nocache": "1"}) if vm_url else None
+    scrape_ms = workload.interval_s * 1000
+    print(f"\nmedian of {args.runs} warm runs; agreement with Prometheus's answer; targets on "
+          "metricvault HTTP\n")  # fmt: skip
+    head = ("query", "range, step", "Prometheus", "VM", "VM nocache", "mv HTTP", "mv engine",
+            "engine (long read)", "select_series", "vault.query", "series", "mv agrees",
+            "VM agrees", "target")  # fmt: skip
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for range_ms in workload.ranges_ms:
+        step = grafana_step(range_ms, scrape_ms)
+        end = data_end // step * step  # Grafana aligns the range to the step
+        start = end - range_ms
         for name, template, selector in QUERIES:
-            expr = template.replace("$i", window)
-            query = (end - range_ms, end, step_ms)
-            p_ms = median_ms(partial(prom.query_range, expr, *query), args.runs) if prom else None
-            h_ms = median_ms(partial(mv.query_range, expr, *query), args.runs)
-            n_ms = median_ms(partial(mv_new.query_range, expr, *query), args.runs)
-            e_ms = median_ms(partial(on_vault.evaluate, expr, *query), args.runs)
-            read = partial(vault.query, selector, end - range_ms, end + 1, output="arrow")
+            expr = template.replace("$i", duration(step))
+            expr = expr.replace("$r", duration(rate_window(step, scrape_ms)))
+            query = (start, end, step)
+            timed = partial(_http_ms, expr=expr, query=query, runs=args.runs)
+            p_ms, v_ms, vn_ms, h_ms = timed(prom), timed(vm), timed(vm_nocache), timed(mv)
+            e_ms = median_ms(partial(engine.evaluate, expr, *query), args.runs)
+            el_ms = median_ms(partial(engine_long.evaluate, expr, *query), args.runs)
+            select = getattr(vault, "select_series", None)
+            s_ms = (
+                median_ms(partial(select, selector, start, end + 1), args.runs)
+                if select is not None
+                else None
+            )
+            read = partial(vault.query, selector, start, end + 1, output="arrow")
             r_ms = median_ms(read, args.runs)
             ours = mv.answer()
             same = agree(ours, prom.answer()) if prom else "-"
-            cells = [
-                fmt(p_ms),
-                fmt(h_ms),
-                fmt(n_ms),
-                fmt(e_ms),
-                fmt(r_ms),
-                str(len(ours["result"])),
-            ]
-            print(f"{name:21} {range_ms // HOUR_MS:>4}h {step_ms // 1000:>4}s "
-                  + " ".join(f"{c:>10}" for c in cells), f" {same}")  # fmt: skip
+            vm_same = agree(vm.answer(), prom.answer()) if vm and prom else "-"
+            assert h_ms is not None
+            cells = [f"`{expr}`" if name != "one GPU" else "one GPU's `DCGM_FI_DEV_GPU_UTIL`",
+                     f"{duration(range_ms)}, {duration(step)}", fmt(p_ms), fmt(v_ms), fmt(vn_ms),
+                     fmt(h_ms), fmt(e_ms), fmt(el_ms), fmt(s_ms), fmt(r_ms),
+                     str(len(ours["result"])), same, vm_same,
+                     target(range_ms, h_ms, p_ms, v_ms)]  # fmt: skip
+            print("| " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
