@@ -14,6 +14,11 @@ Series, by ``method``, ``route`` (the route's path template) and ``status``:
 - ``http_request_errors_total`` (counter): 5xx responses and exceptions.
 - ``http_requests_in_flight`` (gauge, by ``method`` only: the route is known after routing).
 
+Through OpenTelemetry instead: ``MetricsMiddleware(app, otel=True)`` (the global meter provider),
+``meter_provider=`` or ``meter=``: the same series after Prometheus's OTLP translation
+(``metricvault.collect.otel``; needs ``pip install 'metricvault[otel]'``), latencies recorded in
+the request's span context so the SDK attaches its trace id as an exemplar.
+
 Label values stay bounded: routes are Starlette's path templates (``/v1/models/{name}``, not
 the concrete path); requests no route matched (404s) are ``other``; apps without Starlette
 routing get their raw path for the first ``max_paths`` distinct paths, ``other`` after that;
@@ -26,8 +31,8 @@ from __future__ import annotations
 import re
 import time
 import weakref
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import Any, NamedTuple, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
 from starlette.routing import Mount
@@ -50,6 +55,34 @@ LATENCY_BUCKETS = (
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _NO_TRACE = "0" * 32
 CLIENT_CLOSED = "499"  # nginx's code for a request the client abandoned before a response
+_NO_SPAN = "0" * 16
+
+
+class TraceParent(NamedTuple):
+    """A valid W3C ``traceparent``: the trace id, the parent (span) id, the flags (bit 0:
+    sampled)."""
+
+    trace_id: str
+    span_id: str
+    flags: int
+
+
+class HttpRecorder(Protocol):
+    """Where the middleware records: prometheus-client (:class:`HttpMetrics`) or an
+    OpenTelemetry meter (``metricvault.collect.otel.OtelHttpMetrics``)."""
+
+    def request_started(self, method: str) -> None: ...
+
+    def request_ended(self, method: str) -> None: ...
+
+    def observe(
+        self,
+        labels: Mapping[str, str],
+        elapsed_s: float,
+        first_byte_s: float | None,
+        error: bool,
+        parent: TraceParent | None,
+    ) -> None: ...
 
 
 class HttpMetrics:
@@ -85,6 +118,28 @@ class HttpMetrics:
             "http_requests_in_flight", "HTTP requests being served", ("method",), registry=registry
         )
 
+    def request_started(self, method: str) -> None:
+        self.in_flight.labels(method).inc()
+
+    def request_ended(self, method: str) -> None:
+        self.in_flight.labels(method).dec()
+
+    def observe(
+        self,
+        labels: Mapping[str, str],
+        elapsed_s: float,
+        first_byte_s: float | None,
+        error: bool,
+        parent: TraceParent | None,
+    ) -> None:
+        exemplar = {"trace_id": parent.trace_id} if parent else None
+        self.duration.labels(**labels).observe(elapsed_s, exemplar)
+        if first_byte_s is not None:
+            self.ttfb.labels(**labels).observe(first_byte_s)
+        self.requests.labels(**labels).inc()
+        if error:
+            self.errors.labels(**labels).inc()
+
 
 _BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, HttpMetrics] = (
     weakref.WeakKeyDictionary()
@@ -99,15 +154,22 @@ def http_metrics(registry: CollectorRegistry | None = None) -> HttpMetrics:
     return _BY_REGISTRY[registry]
 
 
-def trace_id(scope: Scope) -> str | None:
-    """The trace id of a valid W3C ``traceparent`` request header, else None."""
+def traceparent(scope: Scope) -> TraceParent | None:
+    """The request's W3C ``traceparent`` header when valid (version ff and all-zero ids are
+    not), else None."""
     for name, value in scope.get("headers") or ():
         if name.lower() == b"traceparent":
             match = _TRACEPARENT.match(value.decode("latin-1").strip().lower())
-            if match and match[1] != "ff" and match[2] != _NO_TRACE:
-                return match[2]
+            if match and match[1] != "ff" and match[2] != _NO_TRACE and match[3] != _NO_SPAN:
+                return TraceParent(match[2], match[3], int(match[4], 16))
             return None
     return None
+
+
+def trace_id(scope: Scope) -> str | None:
+    """The trace id of a valid W3C ``traceparent`` request header, else None."""
+    parent = traceparent(scope)
+    return parent.trace_id if parent else None
 
 
 def route_template(scope: Scope, root_path_before: str) -> str | None:
@@ -151,6 +213,8 @@ class MetricsMiddleware:
     """Records latency, time to first byte, request and error counts of any ASGI app.
 
     ``registry``: where the metrics live (default: prometheus-client's global registry);
+    ``otel=True``, ``meter_provider=`` or ``meter=``: record through OpenTelemetry instead (the
+    global meter provider, that provider, or that meter; see ``metricvault.collect.otel``);
     ``route_label``: label requests by route (False: every route is ``*``, for apps whose
     routes are not worth telling apart); ``max_paths``: distinct raw paths kept as labels for
     apps without Starlette routing."""
@@ -160,11 +224,14 @@ class MetricsMiddleware:
         app: ASGIApp,
         registry: CollectorRegistry | None = None,
         *,
+        otel: bool = False,
+        meter_provider: Any = None,
+        meter: Any = None,
         route_label: bool = True,
         max_paths: int = 100,
     ) -> None:
         self.app = app
-        self.metrics = http_metrics(registry)
+        self.metrics = recorder(registry, otel=otel, meter_provider=meter_provider, meter=meter)
         self.route_label = route_label
         self.max_paths = max_paths
         self._raw_paths: set[str] = set()
@@ -178,15 +245,14 @@ class MetricsMiddleware:
         root_path = str(scope.get("root_path", ""))
         exchange = _Exchange(send)
         failed = False
-        gauge = self.metrics.in_flight.labels(method)
-        gauge.inc()
+        self.metrics.request_started(method)
         try:
             await self.app(scope, receive, exchange.send)
         except Exception:
             failed = True
             raise
         finally:
-            gauge.dec()
+            self.metrics.request_ended(method)
             self._record(scope, root_path, method, exchange, failed)
 
     def _record(
@@ -194,15 +260,11 @@ class MetricsMiddleware:
     ) -> None:
         elapsed = time.perf_counter() - exchange.start
         status = _status(exchange.status, failed)
-        labels = (method, self._route(scope, root_path, status), status)
-        trace = trace_id(scope)
-        m = self.metrics
-        m.duration.labels(*labels).observe(elapsed, {"trace_id": trace} if trace else None)
-        if exchange.first_byte_s is not None:
-            m.ttfb.labels(*labels).observe(exchange.first_byte_s)
-        m.requests.labels(*labels).inc()
-        if failed or status.startswith("5"):
-            m.errors.labels(*labels).inc()
+        labels = {"method": method, "route": self._route(scope, root_path, status)}
+        labels["status"] = status
+        error = failed or status.startswith("5")
+        parent = traceparent(scope)
+        self.metrics.observe(labels, elapsed, exchange.first_byte_s, error, parent)
 
     def _route(self, scope: Scope, root_path: str, status: str) -> str:
         if not self.route_label:
@@ -222,6 +284,28 @@ class MetricsMiddleware:
             return False
         self._raw_paths.add(path)
         return True
+
+
+def recorder(
+    registry: CollectorRegistry | None = None,
+    *,
+    otel: bool = False,
+    meter_provider: Any = None,
+    meter: Any = None,
+) -> HttpRecorder:
+    """prometheus-client's families in ``registry``, or, when OpenTelemetry is asked for, the
+    instruments of ``meter`` / ``meter_provider``'s / the global provider's meter."""
+    if not (otel or meter_provider is not None or meter is not None):
+        return http_metrics(registry)
+    if registry is not None:
+        raise ValueError(
+            "MetricsMiddleware: registry= is prometheus-client's; with OpenTelemetry "
+            "(otel=, meter_provider=, meter=) the exporter decides where metrics go"
+        )
+    from metricvault.collect import otel as otel_api  # the optional extra, imported here only
+
+    found = otel_api.resolve_meter(__name__, meter_provider, meter)
+    return otel_api.http_metrics(found, LATENCY_BUCKETS)
 
 
 def _status(sent: int | None, failed: bool) -> str:

@@ -31,6 +31,11 @@ commit stay, the new params and tags are merged in, and a different git commit g
 An id whose experiment has ended is refused (ConflictError): a new run needs a new id, or
 ``reopen=True`` to append to the finished experiment (its end is cleared, then set again).
 
+Through OpenTelemetry instead (``track(..., otel=True)``, ``meter_provider=`` or ``meter=``):
+the experiment is still registered in ``data``, the series are recorded on Gauges and a Counter
+(``metricvault.collect.otel``) that the app's exporter sends, e.g. by OTLP to the gateway's
+``/v1/metrics``: the same series names there, one value per export interval.
+
 Call ``track`` in one process per run (rank 0 under DDP/FSDP, with ``gpus`` = the world size
 when it logs the global batch's tokens); other processes would end the experiment on exit too.
 """
@@ -51,7 +56,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, SupportsFloat
+from typing import TYPE_CHECKING, Any, Protocol, SupportsFloat
 
 from metricvault.collect.peaks import PEAK_BF16_DENSE_FLOPS, canonical_gpu, peak_flops_for
 from metricvault.durations import now_ms
@@ -91,6 +96,35 @@ class SeriesNamesNotice(UserWarning):
 
 _Entry = tuple[int, dict[str, Any]]  # (ts ms, series -> float or a detached tensor)
 _Sample = tuple[str, dict[str, str], int, float]
+
+
+class SampleRecorder(Protocol):
+    """Where a run's samples go: the vault (:class:`VaultSamples`) or an OpenTelemetry meter
+    (``metricvault.collect.otel.OtelSamples``)."""
+
+    def check(self, series: str) -> None:
+        """Raise ValueError when ``series`` cannot be recorded under that name."""
+
+    def write(self, samples: list[_Sample], kinds: Mapping[str, str]) -> None: ...
+
+    def flush(self) -> None:
+        """Deliver what was written (before the experiment's end is set)."""
+
+
+class VaultSamples:
+    """The default recorder: ``vault.write`` (the vault or the gateway's remote_write)."""
+
+    def __init__(self, vault: GatewayVault | TrackingStore) -> None:
+        self.vault = vault
+
+    def check(self, series: str) -> None:
+        pass  # series_name already holds names to the vault's rule
+
+    def write(self, samples: list[_Sample], kinds: Mapping[str, str]) -> None:
+        self.vault.write(samples, kinds=kinds)
+
+    def flush(self) -> None:
+        pass  # write returned once the vault had the samples
 
 
 def series_name(name: str) -> str:
@@ -166,12 +200,15 @@ class Run:
         owns_vault: bool = True,
         clock: Callable[[], float] = time.monotonic,
         wall_clock_ms: Callable[[], int] = now_ms,
+        recorder: SampleRecorder | None = None,
     ) -> None:
         # Two clocks, injectable for tests: the wall clock stamps samples, the monotonic one
         # measures throughput (immune to NTP steps).
         self._clock = clock
         self._wall_clock_ms = wall_clock_ms
         self.vault = vault
+        self.recorder = VaultSamples(vault) if recorder is None else recorder
+        self._checked: set[str] = set()
         self.experiment = experiment
         self.labels = dict(labels)
         self.flops_per_token = flops_per_token
@@ -217,6 +254,9 @@ class Run:
         renamed = {}
         for name, value in values.items():
             metric = series_name(name)
+            if metric not in self._checked:
+                self.recorder.check(metric)
+                self._checked.add(metric)
             series[metric] = logged_value(name, value)
             if metric != name:
                 renamed[name] = metric
@@ -333,7 +373,7 @@ class Run:
 
     def _store(self, samples: list[_Sample]) -> None:
         try:
-            self.vault.write(samples, kinds=KINDS)
+            self.recorder.write(samples, KINDS)
         except InputError as exc:  # can never succeed as sent: retrying would repeat it
             self.lost += len(samples)
             log.error(
@@ -382,6 +422,7 @@ class Run:
             if self._retry:
                 self._write_pending()  # one last try for what failed in the loop
             self._report_lost()
+            self.recorder.flush()
             end = max(self._wall_clock_ms(), self._last_ts + 1, self.experiment.start_ms + 1)
             self.experiment = self.vault.experiments.end(self.experiment_id, end)
         finally:
@@ -433,6 +474,9 @@ def track(
     max_queue: int = 100_000,
     clock: Callable[[], float] = time.monotonic,
     wall_clock_ms: Callable[[], int] = now_ms,
+    otel: bool = False,
+    meter_provider: Any = None,
+    meter: Any = None,
 ) -> Run:
     """Start (or continue) experiment ``experiment_id`` and return its :class:`Run`.
 
@@ -456,13 +500,16 @@ def track(
     repository commit (a dirty tree warns). ``reopen``: continue the experiment even if it
     has ended (its end is cleared; e.g. a test phase after training). ``clock`` (monotonic
     seconds, for tokens/s) and ``wall_clock_ms`` (sample timestamps) replace the system clocks,
-    e.g. in tests.
+    e.g. in tests. ``otel=True`` (the global meter provider), ``meter_provider=`` or ``meter=``:
+    record the series through OpenTelemetry (``pip install 'metricvault[otel]'``) instead of
+    writing them to ``data``, which still registers the experiment; close flushes the provider.
     """
     from metricvault.experiment import validate_id
 
     validate_id(experiment_id)
     _check_options(gpus, flops_per_token, peak_flops, flush_interval_s, max_queue)
     peak, gpu_name = resolve_peak(gpu, peak_flops, flops_per_token)
+    recorder = _otel_recorder(otel, meter_provider, meter)
     host = socket.gethostname()
     run_labels = _labels(experiment_id, host, labels)
     hardware: dict[str, Any] = {"host": host, "gpu": gpu_name, "gpus": gpus, "peak_flops": peak}
@@ -494,7 +541,18 @@ def track(
         owns_vault=owns_vault,
         clock=clock,
         wall_clock_ms=wall_clock_ms,
+        recorder=recorder,
     )
+
+
+def _otel_recorder(otel: bool, meter_provider: Any, meter: Any) -> SampleRecorder | None:
+    """The OpenTelemetry recorder when asked for (None: the vault's), made before the
+    experiment is registered so that a missing extra or a wrong argument changes nothing."""
+    if not (otel or meter_provider is not None or meter is not None):
+        return None
+    from metricvault.collect import otel as otel_api  # the optional extra, imported here only
+
+    return otel_api.samples_recorder(__name__, meter_provider, meter)
 
 
 def _check_options(
