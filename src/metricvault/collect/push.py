@@ -45,8 +45,9 @@ from metricvault.wire.remote_write import (  # the encoder moved: issue 12
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
-    from prometheus_client.core import Metric
     from prometheus_client.samples import Timestamp
+
+    from metricvault.collect.families import Metric
 
 __all__ = [
     "SERVER_TIME_HEADER",
@@ -686,7 +687,7 @@ class PushClient:
 
     def collect(self) -> Iterator[Metric]:
         """The agent's push self-metrics (prometheus-client custom-collector protocol)."""
-        from prometheus_client.core import (
+        from metricvault.collect.families import (
             CounterMetricFamily,
             GaugeMetricFamily,
             InfoMetricFamily,

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client.core import Metric
+from metricvault.collect.families import Metric
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from prometheus_client.core import Metric
+from metricvault.collect.families import Metric
 
 HOSTNAME_LABEL = "Hostname"  # dcgm-exporter < 3.3; newer versions call it "hostname"
 MIG_PROFILE_LABEL = "GPU_I_PROFILE"

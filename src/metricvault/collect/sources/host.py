@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from typing import Any
 
 import psutil
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from metricvault.collect.families import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from metricvault.collect.sources import FastReading
 from metricvault.model import label_name_problem

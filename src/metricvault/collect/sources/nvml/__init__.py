@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from prometheus_client.core import Metric
+from metricvault.collect.families import Metric
 
 from metricvault.collect.sources import FastReading
 from metricvault.collect.sources._labels import HOSTNAME_LABEL, FamilyBuilder
