@@ -52,12 +52,16 @@ _MIN_TIME = {"-292273086-05-16T16:47:06Z", "0001-01-01T00:00:00Z"}
 _MAX_TIME = {"292277025-08-18T07:12:54.999999999Z", "9999-12-31T23:59:59Z"}
 # errors the routes word themselves, which must not get the "query" parameter's prefix
 BAD_PARAM_WORDS = ("invalid parameter", "exceeded maximum resolution", "no match[]",
-                   "invalid label name")  # fmt: skip
+                   "invalid label name", "invalid expression type")  # fmt: skip
 # What newer Prometheus (2.51+, web/api/v1/api.go) adds to warnings when `limit=` cut a
 # series/labels/label values answer short; Grafana's metrics browser looks for these words.
 TRUNCATED = "results truncated due to limit"
 _GO_INT = re.compile(r"^[+-]?[0-9]+$")  # what Go's strconv.Atoi accepts
 STATUS = {"bad_data": 400, "execution": 422, "timeout": 503, "internal": 500, "not_found": 404}
+
+
+class _Worded(PromQLError):
+    """A refusal the route worded in full: ``answer`` adds no ``invalid parameter`` prefix."""
 
 
 def invalid_param(name: str, detail: str) -> PromQLError:
@@ -138,14 +142,35 @@ def too_many_series(limit: int) -> PromQLError:
     )
 
 
-def parse_matchers(texts: Sequence[str]) -> list[list[Matcher]]:
+def parse_matchers(texts: Sequence[str], wrapped: bool = True) -> list[list[Matcher]]:
+    """``match[]`` selectors; refusals worded as Prometheus's ``parseMatchersParam`` words
+    them: a selector of matchers that all match "" is its own error, and what does not parse is
+    a ``parse error`` in the PromQL parser's words. ``wrapped``: with the ``invalid parameter
+    "match[]"`` prefix, which Prometheus 2.42 gives on /series but not on /labels and
+    /label/<name>/values."""
     out = []
     for text in texts:
         try:
             out.append(list(parse_selector(text).matchers))
         except SelectorError as exc:
-            raise invalid_param("match[]", str(exc)) from None
+            error = _match_error(text, str(exc))
+            if not wrapped:
+                bare = error.message.removeprefix('invalid parameter "match[]": ')
+                raise _Worded(bare, "bad_data") from None
+            raise error from None
     return out
+
+
+def _match_error(text: str, ours: str) -> PromQLError:
+    from metricvault.promql.parse import parse
+
+    try:
+        parse(text)
+    except PromQLError as exc:
+        if "at least one non-empty matcher" in exc.message:
+            return invalid_param("match[]", "match[] must contain at least one non-empty matcher")
+        return invalid_param("match[]", exc.message)
+    return invalid_param("match[]", ours)
 
 
 # --------------------------------------------------------------------------- the source
@@ -220,6 +245,7 @@ class PrometheusAPI:
                 data, warnings = await work(params, who)
             except PromQLError as exc:  # Prometheus: a query that can never run is a bad param
                 bare = exc.kind == "bad_data" and not exc.message.startswith(BAD_PARAM_WORDS)
+                bare = bare and not isinstance(exc, _Worded)
                 prefix = 'invalid parameter "query": ' if bare else ""
                 return _error(exc.kind, prefix + exc.message)
             body: dict[str, Any] = {"status": "success", "data": data}
@@ -270,9 +296,17 @@ class PrometheusAPI:
             return ()
         return (Matcher(self.gateway.settings.tenant_label, "=", who.tenant),)
 
-    async def evaluate(self, call: Callable[[], Any]) -> Any:
+    def query_timeout(self, params: dict[str, list[str]]) -> float:
+        """Seconds a query may run: ``query_timeout``, or less where the request's ``timeout=``
+        says so (Prometheus's API and Grafana's ``queryTimeout`` send one)."""
+        text = _one(params, "timeout")
+        if not text:
+            return self.timeout_s
+        return min(self.timeout_s, parse_duration_param(text, "timeout") / 1000)
+
+    async def evaluate(self, call: Callable[[], Any], timeout_s: float) -> Any:
         try:
-            return await asyncio.wait_for(run_in_threadpool(call), self.timeout_s)
+            return await asyncio.wait_for(run_in_threadpool(call), timeout_s)
         except TimeoutError:
             raise PromQLError("query timed out in expression evaluation", "timeout") from None
 
@@ -290,8 +324,9 @@ class PrometheusAPI:
         async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
             at = parse_time_param(_one(params, "time"), round(time.time() * 1000), "time")
             expr = _one(params, "query") or ""
+            timeout_s = self.query_timeout(params)
             engine, source = self.engine(who)
-            result = await self.evaluate(lambda: engine.evaluate(expr, at))
+            result = await self.evaluate(lambda: engine.evaluate(expr, at), timeout_s)
             return result.to_prometheus(), self.warnings(source)
 
         return await self.answer(request, "/api/v1/query", work)
@@ -320,8 +355,9 @@ class PrometheusAPI:
                     "bad_data",
                 )
             expr = _one(params, "query") or ""
+            timeout_s = self.query_timeout(params)
             engine, source = self.engine(who)
-            result = await self.evaluate(lambda: engine.evaluate(expr, start, end, step))
+            result = await self.evaluate(lambda: engine.evaluate(expr, start, end, step), timeout_s)
             return result.to_prometheus(), self.warnings(source)
 
         return await self.answer(request, "/api/v1/query_range", work)
@@ -368,7 +404,7 @@ class PrometheusAPI:
 
     async def labels(self, request: Request) -> Response:
         async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
-            selectors = parse_matchers(params.get("match[]", []))
+            selectors = parse_matchers(params.get("match[]", []), wrapped=False)
             _check_range(params)
             limit = parse_limit(params)
             found = await run_in_threadpool(self.matching_series, selectors, who)
@@ -384,7 +420,7 @@ class PrometheusAPI:
         async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
             if not _LABEL_NAME.match(name):
                 raise PromQLError(f'invalid label name: "{name}"', "bad_data")
-            selectors = parse_matchers(params.get("match[]", []))
+            selectors = parse_matchers(params.get("match[]", []), wrapped=False)
             _check_range(params)
             limit = parse_limit(params)
             found = await run_in_threadpool(self.matching_series, selectors, who)
