@@ -302,10 +302,10 @@ def recorder(
             "MetricsMiddleware: registry= is prometheus-client's; with OpenTelemetry "
             "(otel=, meter_provider=, meter=) the exporter decides where metrics go"
         )
-    from metricvault.collect import otel as otel_api  # the optional extra, imported here only
+    from metricvault.collect.otel import http_metrics as otel_metrics  # the extra, only here
+    from metricvault.collect.otel import resolve_meter
 
-    found = otel_api.resolve_meter(__name__, meter_provider, meter)
-    return otel_api.http_metrics(found, LATENCY_BUCKETS)
+    return otel_metrics(resolve_meter(__name__, meter_provider, meter), LATENCY_BUCKETS)
 
 
 def _status(sent: int | None, failed: bool) -> str:

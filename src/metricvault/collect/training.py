@@ -550,9 +550,9 @@ def _otel_recorder(otel: bool, meter_provider: Any, meter: Any) -> SampleRecorde
     experiment is registered so that a missing extra or a wrong argument changes nothing."""
     if not (otel or meter_provider is not None or meter is not None):
         return None
-    from metricvault.collect import otel as otel_api  # the optional extra, imported here only
+    from metricvault.collect.otel import samples_recorder  # the optional extra, only here
 
-    return otel_api.samples_recorder(__name__, meter_provider, meter)
+    return samples_recorder(__name__, meter_provider, meter)
 
 
 def _check_options(
