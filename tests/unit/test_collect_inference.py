@@ -183,6 +183,7 @@ def test_no_exemplar_without_a_valid_traceparent(registry: CollectorRegistry) ->
         (TRACEPARENT, TRACE),
         (TRACEPARENT.upper(), TRACE),
         (f"00-{'0' * 32}-00f067aa0ba902b7-01", None),  # all-zero trace id
+        (f"00-{TRACE}-{'0' * 16}-01", None),  # all-zero parent id (W3C: ignore the header)
         ("00-xyz-00f067aa0ba902b7-01", None),
         ("", None),
     ],
