@@ -90,8 +90,10 @@ class MemorySource:
 
 
 class VaultSource:
-    """The read protocol over a :class:`~metricvault.store.vault.Vault`'s public query API
-    (raw samples, so answers cover the raw retention window)."""
+    """The read protocol over a store's public read API (raw samples, so answers cover the
+    raw retention window): its typed ``select_series`` read (the embedded vault: series
+    straight from the data files, labels from the series index), or, for a store without
+    one, ``query``'s long shape split back into series (the same samples, slower)."""
 
     def __init__(self, vault: Any) -> None:
         self.vault = vault
@@ -100,6 +102,17 @@ class VaultSource:
         self, matchers: Sequence[Matcher], start_ms: int, end_ms: int
     ) -> list[SeriesSamples]:
         # The vault's range is half-open [start, end): ask for end + 1 to include end_ms.
+        select_series = getattr(self.vault, "select_series", None)
+        if select_series is None:
+            return self.select_long(matchers, start_ms, end_ms)
+        found = select_series(Selector(tuple(matchers)), start_ms, end_ms + 1, stale_markers=True)
+        return [SeriesSamples(labels, ts, values) for labels, ts, values in found]
+
+    def select_long(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int
+    ) -> list[SeriesSamples]:
+        """The same series through ``query(..., output="arrow")`` (stores without
+        ``select_series``; the equality test compares the two)."""
         table = self.vault.query(
             str(Selector(tuple(matchers))),
             start=start_ms,

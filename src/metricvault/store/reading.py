@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from metricvault.durations import TimeLike, ms_to_datetime, now_ms, parse_time_ms
 from metricvault.errors import TimeRangeError, ValueRangeError
 from metricvault.model import SAMPLE_SCHEMA, STALE_NAN_BITS
-from metricvault.selector import SelectorUnion, parse_selectors
+from metricvault.selector import Selector, SelectorUnion, parse_selectors
 from metricvault.store import query as q
 from metricvault.store.backend import SampleReader
 from metricvault.store.rollup import empty_partials
@@ -94,3 +94,61 @@ def drop_stale_markers(samples: pa.Table) -> pa.Table:
         return samples
     stale = stale_marker_mask(samples["value"])
     return samples.filter(pa.array(~stale)) if stale.any() else samples
+
+
+SeriesArrays = tuple[dict[str, str], np.ndarray, np.ndarray]
+
+
+def select_series(
+    reader: SampleReader, sel: Selector | SelectorUnion, t0: int, t1: int, stale_markers: bool
+) -> list[SeriesArrays]:
+    """The raw samples in ``[t0, t1)`` of every series ``sel`` matches, one
+    ``(labels, ts, values)`` per series: ``labels`` holds ``__name__`` and the series' labels
+    (from the series index, once per series), ``ts`` int64 ms ascending, ``values`` float64
+    with NaN and, if ``stale_markers``, the staleness markers bit for bit.
+
+    The same samples, in the same series order (metric, then labels) as ``answer`` gives in
+    the long shape, from the same ``raw_samples`` read (its dedup rules), without building a
+    row per sample with label columns and splitting it back into series."""
+    ids = reader.index.match(sel)
+    if not ids:
+        return []
+    samples = reader.raw_samples(ids, t0, t1)
+    if not stale_markers:
+        samples = drop_stale_markers(samples)
+    if samples.num_rows == 0:
+        return []
+    sid = _int64(samples["series_id"])
+    ts = _int64(samples["ts"])
+    values = np.asarray(samples["value"].to_numpy(), dtype=np.float64)
+    order = _series_time_order(sid, ts)
+    if order is None:  # already by series, then time: copies the engine may own
+        ts, values = ts.copy(), values.copy()
+    else:
+        sid, ts, values = sid[order], ts[order], values[order]
+    starts = np.flatnonzero(sid[1:] != sid[:-1]) + 1
+    bounds = zip([0, *starts.tolist()], [*starts.tolist(), len(sid)], strict=True)
+    out: list[tuple[str, SeriesArrays]] = []
+    for lo, hi in bounds:
+        info = reader.index.get(int(sid[lo]))
+        labels = {"__name__": info.metric}
+        labels.update((k, v) for k, v in sorted(info.labels.items()) if v)
+        out.append((info.metric + "\x00" + info.labels_json, (labels, ts[lo:hi], values[lo:hi])))
+    out.sort(key=lambda item: item[0])
+    return [series for _, series in out]
+
+
+def _int64(column: pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(column.to_numpy(), dtype=np.int64)
+
+
+def _series_time_order(sid: np.ndarray, ts: np.ndarray) -> np.ndarray | None:
+    """None where rows are already ordered by series, then time (one data file); else the
+    order that makes them so (several day files, each sorted by series)."""
+    if len(sid) < 2:
+        return None
+    # compared, not np.diff: series ids are 64-bit hashes, whose differences overflow
+    later, same = sid[1:] > sid[:-1], sid[1:] == sid[:-1]
+    if bool(np.all(later | (same & (ts[1:] > ts[:-1])))):
+        return None
+    return np.lexsort((ts, sid))

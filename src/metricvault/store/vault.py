@@ -29,7 +29,9 @@ from metricvault.errors import (
     BackpressureError,
     InputError,
     StorageError,
+    TimeRangeError,
 )
+from metricvault.selector import Matcher, Selector, SelectorUnion, parse_selectors
 from metricvault.store import files as fmt
 from metricvault.store import layout
 from metricvault.store import query as q
@@ -38,7 +40,7 @@ from metricvault.store.catalog import Catalog, Change, DataFile, SeriesFile, Sna
 from metricvault.store.layout import Location, open_location
 from metricvault.store.normalize import normalize
 from metricvault.store.reader import FileCache, Reader, read_error
-from metricvault.store.reading import check_horizon, run_query
+from metricvault.store.reading import SeriesArrays, check_horizon, run_query, select_series
 from metricvault.store.series_index import SeriesIndex
 
 if TYPE_CHECKING:
@@ -457,6 +459,31 @@ class Vault:
         return run_query(
             selector, start, end, step, aggs, output, self._query_reader, stale_markers
         )
+
+    def select_series(
+        self,
+        selector: str | Selector | SelectorUnion | Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        *,
+        stale_markers: bool = True,
+    ) -> list[SeriesArrays]:
+        """The raw samples in ``[start_ms, end_ms)`` (epoch ms, half-open like ``query``) of
+        each series the selector (PromQL text, a parsed selector, or matchers) matches, as
+        ``(labels, ts, values)``: ``labels`` with ``__name__``, ``ts`` int64 ms ascending,
+        ``values`` float64 holding NaN samples and (``stale_markers``) Prometheus staleness
+        markers bit for bit. The same samples as ``query(..., output="arrow")`` without the
+        long shape; what the PromQL engine reads (``metricvault.promql.VaultSource``)."""
+        if isinstance(selector, str):
+            sel: Selector | SelectorUnion = parse_selectors(selector)
+        elif isinstance(selector, (Selector, SelectorUnion)):
+            sel = selector
+        else:
+            sel = Selector(tuple(selector))
+        if end_ms <= start_ms:
+            raise TimeRangeError(f"start {start_ms} is not before end {end_ms}")
+        reader = self._query_reader(sel)
+        return select_series(reader, sel, int(start_ms), int(end_ms), stale_markers)
 
     def _query_reader(self, _selector: Any) -> q.ContextReader:
         self.flush_for_read()
