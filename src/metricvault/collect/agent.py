@@ -60,6 +60,8 @@ class AgentOptions:
     tls_cert: str = ""
     tls_key: str = ""
     host_metrics: bool = True
+    kubernetes: str = "auto"  # auto | off: pod labels on GPU series (sources/kubernetes)
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
 
 def gpu_sources(opts: AgentOptions) -> tuple[list[Source], str]:
@@ -108,6 +110,7 @@ class Agent:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if sources is None:
             found, self.gpu_kind = gpu_sources(opts)
+            found = _with_pod_labels(found, opts)
             sources = [*found, *self._host_and_logs()]
         else:
             self.gpu_kind = "given"
@@ -294,6 +297,18 @@ def push_auth(opts: AgentOptions) -> PushAuth | None:
         if any(f is not None for f in files):
             return PushAuth(bearer_token_file=files[0], basic_auth_file=files[1])
         return PushAuth.from_environment(os.environ)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _with_pod_labels(sources: list[Source], opts: AgentOptions) -> list[Source]:
+    """The GPU sources with Kubernetes pod labels (``--kubernetes auto``), or as they are."""
+    if opts.kubernetes == "off" or not sources:
+        return sources
+    from metricvault.collect.sources.kubernetes import with_pod_labels
+
+    try:
+        return with_pod_labels(sources, opts.kubernetes, socket=opts.pod_resources_socket)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
 

@@ -120,6 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="Regex counted in watched logs (repeatable).",
     )
     add("--no-host", action="store_true", help="Skip host metrics.")
+    add(
+        "--kubernetes",
+        choices=("auto", "off"),
+        default="auto",
+        help="Label GPU series with namespace/pod/container on a Kubernetes node: auto, off.",
+    )
+    add(
+        "--pod-resources-socket",
+        type=Path,
+        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        metavar="PATH",
+        help="The kubelet's pod-resources socket (used with --kubernetes auto when present).",
+    )
     add("--tls-cert", default="", help="PEM certificate: serve HTTPS.")
     add("--tls-key", default="", help="PEM key for --tls-cert.")
     add("--config", "-c", type=Path, default=None, help="TOML settings file (auth tables).")
@@ -197,6 +210,8 @@ def _make_agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ag
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         host_metrics=not args.no_host,
+        kubernetes=args.kubernetes,
+        pod_resources_socket=args.pod_resources_socket,
     )
     if args.hostname:
         opts.hostname = args.hostname

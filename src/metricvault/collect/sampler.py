@@ -170,8 +170,6 @@ def window_families(stats: Iterable[WindowStat], window_s: float) -> list[Metric
     families: dict[str, GaugeMetricFamily] = {}
     for stat in stats:
         base, what = WINDOW_NAMES.get(stat.metric, (f"{stat.metric}_window", stat.metric))
-        names = [n for n, _ in stat.labels]
-        values = [v for _, v in stat.labels]
         for agg, value in (("mean", stat.mean), ("max", stat.max)):
             name = f"{base}_{agg}"
             family = families.get(name)
@@ -180,8 +178,9 @@ def window_families(stats: Iterable[WindowStat], window_s: float) -> list[Metric
                     name,
                     f"{agg.capitalize()} of {what} sampled at high rate over the last "
                     "scrape window (see metricvault_agent_window_seconds)",
-                    labels=names,
                 )
                 families[name] = family
-            family.add_metric(values, value)
+            # by name, not position: series of one metric may differ in their label names
+            # (a GPU a pod holds has namespace/pod/container, another GPU has not)
+            family.add_sample(name, dict(stat.labels), value)
     return [*families.values()]
