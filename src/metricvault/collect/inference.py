@@ -54,8 +54,8 @@ LATENCY_BUCKETS = (
 # W3C Trace Context: version-traceid-parentid-flags; version ff and an all-zero id are invalid.
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _NO_TRACE = "0" * 32
-CLIENT_CLOSED = "499"  # nginx's code for a request the client abandoned before a response
 _NO_SPAN = "0" * 16
+CLIENT_CLOSED = "499"  # nginx's code for a request the client abandoned before a response
 
 
 class TraceParent(NamedTuple):
