@@ -16,19 +16,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
-from prometheus_client.process_collector import ProcessCollector
-
 from metricvault import __version__
-from metricvault.collect.sampler import FastSampler, window_families
 from metricvault.collect.sources import FastReading, Source
-from metricvault.config import Settings
 from metricvault.errors import ConfigError
 
 if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
     from metricvault.collect.exposition import MetricsServer
     from metricvault.collect.push import PushAuth, PushClient
+    from metricvault.config import Settings
+
+# prometheus-client and the fast sampler are imported where the full agent uses them: the
+# edge agent (metricvault.collect.edge) shares this module's options and helpers, not them.
 
 log = logging.getLogger("metricvault.agent")
 
@@ -60,12 +60,24 @@ class AgentOptions:
     tls_cert: str = ""
     tls_key: str = ""
     host_metrics: bool = True
+    sample_interval_s: float = 10.0  # the edge profile's collection interval
     kubernetes: str = "auto"  # auto | off: pod labels on GPU series (sources/kubernetes)
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
 
-def gpu_sources(opts: AgentOptions) -> tuple[list[Source], str]:
-    """The GPU source to use and a word saying which (nvml, simulated, none)."""
+def gpu_sources(opts: AgentOptions, light: bool = False) -> tuple[list[Source], str]:
+    """The GPU source to use and a word saying which (nvml, simulated, none); ``light``
+    simulates GPUs without numpy (`LightSimulatedGpuSource`, for the edge agent)."""
+    if opts.simulate_gpus and light:
+        from metricvault.collect.sources.simulated_light import LightSimulatedGpuSource
+
+        light_sim = LightSimulatedGpuSource(
+            gpus=opts.simulate_gpus,
+            hostname=opts.hostname,
+            seed=opts.seed,
+            hostname_label=opts.hostname_label,
+        )
+        return [light_sim], "simulated"
     if opts.simulate_gpus:
         from metricvault.collect.sources.simulated import SimulatedGpuSource
 
@@ -100,6 +112,11 @@ class Agent:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.process_collector import ProcessCollector
+
+        from metricvault.collect.sampler import FastSampler
+
         self.opts = opts
         self._clock = clock  # monotonic seconds: sampling times and scrape windows (tests inject)
         # a bad URL or credential file stops the agent before anything starts
@@ -225,6 +242,10 @@ class Agent:
     # ------------------------------------------------------------------ own metrics
     def collect(self) -> Iterable[Metric]:
         """Window statistics of the fast sampler and the agent's self-metrics."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+        from metricvault.collect.sampler import window_families
+
         now = self._clock()
         if self._last_collect is not None:
             since = now - self._last_collect

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from metricvault.collect.agent import Agent
+    from metricvault.collect.edge import EdgeAgent
 
 DESCRIPTION = """\
 Collect GPU (NVML, under dcgm-exporter's names), host and log metrics of this machine.
@@ -85,7 +86,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="File holding user:password for push basic auth (re-read on HTTP 401).",
     )
-    add("--push-interval", type=float, default=15.0, help="Seconds between pushes.")
+    add(
+        "--push-interval",
+        type=float,
+        default=None,
+        help="Seconds between pushes (default 15; 30 with --profile edge).",
+    )
+    add(
+        "--profile",
+        choices=("full", "edge"),
+        default="full",
+        help="full: everything above; edge: host and GPU metrics pushed every 30 s, nothing "
+        "served, ~20 MB RSS (docs/agent.md).",
+    )
+    add(
+        "--sample-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="--profile edge: seconds between collections (default 10).",
+    )
     add(
         "--spool-max-bytes",
         type=int,
@@ -160,10 +180,7 @@ def main(argv: Sequence[str]) -> int:
     except MetricVaultError as exc:
         print(f"error ({type(exc).__name__}): {exc.message}", file=sys.stderr)
         return 2
-    assert agent.server is not None
-    print(
-        f"metricvault agent on {agent.server.url} (GPU source: {agent.gpu_kind})", file=sys.stderr
-    )
+    print(_started_line(agent), file=sys.stderr)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -172,9 +189,10 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _make_agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Agent:
+def _make_agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Agent | EdgeAgent:
     from metricvault.collect.agent import Agent, AgentOptions
-    from metricvault.config import Settings
+
+    _check_profile(args, parser)
 
     if args.watch_log and not args.pattern:
         parser.error("--watch-log needs at least one --pattern NAME=REGEX")
@@ -188,7 +206,6 @@ def _make_agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ag
         if not sep or not name:
             parser.error(f"--set {item!r}: write NAME=VALUE, e.g. --set tls_cert=cert.pem")
         flags[name.strip()] = value.strip()
-    settings = Settings.load(config_file=args.config, **flags)
     opts = AgentOptions(
         listen=args.listen,
         hostname_label=args.hostname_label,
@@ -202,7 +219,8 @@ def _make_agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ag
         push_url=args.push or "",
         push_bearer_token_file=args.push_bearer_token_file,
         push_basic_auth_file=args.push_basic_auth_file,
-        push_interval_s=args.push_interval,
+        push_interval_s=_push_interval(args),
+        sample_interval_s=_sample_interval(args),
         spool_max_bytes=args.spool_max_bytes,
         clock_bound_s=args.clock_bound,
         state_dir=args.state_dir,
@@ -215,6 +233,13 @@ def _make_agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ag
     )
     if args.hostname:
         opts.hostname = args.hostname
+    if args.profile == "edge":
+        from metricvault.collect.edge import EdgeAgent
+
+        return EdgeAgent(opts)
+    from metricvault.config import Settings
+
+    settings = Settings.load(config_file=args.config, **flags)
     secured = settings if settings.auth_basic_users or settings.auth_bearer_tokens else None
     return Agent(opts, secured)
 
@@ -222,6 +247,8 @@ def _make_agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ag
 def _watched(
     paths: list[Path], patterns: list[str], parser: argparse.ArgumentParser
 ) -> list[tuple[Path, dict[str, str]]]:
+    if not paths:
+        return []  # logwatch imports prometheus-client: not for nothing (the edge agent)
     from metricvault.collect.logwatch import parse_patterns
 
     try:
@@ -229,3 +256,64 @@ def _watched(
     except ValueError as exc:
         parser.error(str(exc))
     return [(p, dict(parsed)) for p in paths]
+
+
+# Options of the full profile that the edge profile has no use for (it serves nothing and
+# samples no faster than --sample-interval): given with --profile edge, they are refused.
+_FULL_ONLY = (
+    ("listen", "--listen"),
+    ("sample_hz", "--sample-hz"),
+    ("min_sample_hz", "--min-sample-hz"),
+    ("load_high", "--load-high"),
+    ("load_low", "--load-low"),
+    ("watch_log", "--watch-log"),
+    ("pattern", "--pattern"),
+    ("tls_cert", "--tls-cert"),
+    ("tls_key", "--tls-key"),
+    ("config", "--config"),
+    ("overrides", "--set"),
+)
+
+
+def _check_profile(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if args.profile != "edge":
+        if args.sample_interval is not None:
+            parser.error("--sample-interval is for --profile edge (the full agent: --sample-hz)")
+        return
+    given = [flag for dest, flag in _FULL_ONLY if getattr(args, dest) != parser.get_default(dest)]
+    if given:
+        parser.error(
+            f"--profile edge serves no /metrics, runs no fast sampler and watches no logs: "
+            f"{', '.join(given)} do(es) not apply (docs/agent.md)"
+        )
+    if not args.push:
+        parser.error("--profile edge only pushes: give --push URL (e.g. http://gw:9201)")
+
+
+def _push_interval(args: argparse.Namespace) -> float:
+    if args.push_interval is not None:
+        return float(args.push_interval)
+    if args.profile == "edge":
+        from metricvault.collect.edge import PUSH_INTERVAL_S
+
+        return PUSH_INTERVAL_S
+    return 15.0
+
+
+def _sample_interval(args: argparse.Namespace) -> float:
+    from metricvault.collect.edge import SAMPLE_INTERVAL_S
+
+    return SAMPLE_INTERVAL_S if args.sample_interval is None else float(args.sample_interval)
+
+
+def _started_line(agent: Agent | EdgeAgent) -> str:
+    server = getattr(agent, "server", None)
+    if server is not None:
+        return f"metricvault agent on {server.url} (GPU source: {agent.gpu_kind})"
+    from metricvault.collect.push import redact_url
+
+    return (
+        f"metricvault agent --profile edge pushing to {redact_url(agent.opts.push_url)} every "
+        f"{agent.opts.push_interval_s:g} s, collecting every {agent.opts.sample_interval_s:g} s "
+        f"(GPU source: {agent.gpu_kind})"
+    )

@@ -55,11 +55,13 @@ class Metric:
         self.samples.append(Sample(name, labels, value, timestamp, exemplar, native_histogram))
 
     def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, Metric)
-            and (self.name, self.documentation, self.type, self.unit, self.samples)
-            == (other.name, other.documentation, other.type, other.unit, other.samples)
-        )
+        return isinstance(other, Metric) and (
+            self.name,
+            self.documentation,
+            self.type,
+            self.unit,
+            self.samples,
+        ) == (other.name, other.documentation, other.type, other.unit, other.samples)
 
     __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
 
@@ -128,7 +130,6 @@ class CounterMetricFamily(_LabelledFamily):
         self, labels: Sequence[str], value: float, timestamp: float | None = None
     ) -> None:
         self.add_sample(self.name + "_total", self._labels(labels), float(value), timestamp)
-
 
 
 class InfoMetricFamily(_LabelledFamily):

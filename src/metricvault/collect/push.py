@@ -25,14 +25,13 @@ import http.client
 import logging
 import math
 import random
-import ssl
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from metricvault import __version__
@@ -44,6 +43,8 @@ from metricvault.wire.remote_write import (  # the encoder moved: issue 12
 )
 
 if TYPE_CHECKING:
+    import ssl
+
     from prometheus_client import CollectorRegistry
     from prometheus_client.samples import Timestamp
 
@@ -57,6 +58,7 @@ __all__ = [
     "SampleTuple",
     "encode_write_request",
     "estimate_clock_offset",
+    "samples_from_families",
     "samples_from_registry",
 ]
 
@@ -116,8 +118,16 @@ def samples_from_registry(
     ``_created`` companions and native histograms. A sample's timestamp is its own when it has
     one, else ``now_ms``. ``extra_labels`` win over a sample's labels of the same name, which
     are kept as ``exported_<name>`` (Prometheus's ``honor_labels: false``)."""
+    return samples_from_families(registry.collect(), now_ms, extra_labels)
+
+
+def samples_from_families(
+    families: Iterable[Any], now_ms: int, extra_labels: Mapping[str, str] = _NO_LABELS
+) -> RegistrySamples:
+    """:func:`samples_from_registry` of the families themselves (the edge agent has no
+    registry: it collects its sources directly)."""
     out = RegistrySamples()
-    for family in registry.collect():
+    for family in families:
         created = f"{family.name}_created" if family.type in _CREATED_FAMILIES else None
         for sample in family.samples:
             if sample.name == created or sample.native_histogram is not None:
@@ -221,7 +231,12 @@ class _Http:
 
 
 def _ssl_context(verify_tls: bool | str) -> ssl.SSLContext:
-    """``True``: the system's CAs; a path: that CA bundle; ``False``: no verification."""
+    """``True``: the system's CAs; a path: that CA bundle; ``False``: no verification.
+
+    ``ssl`` is imported here, for https only: it loads libssl and libcrypto (~4 MB of RSS),
+    which an agent pushing over http (the edge agent) does without."""
+    import ssl
+
     if isinstance(verify_tls, str):
         return ssl.create_default_context(cafile=verify_tls)
     context = ssl.create_default_context()
@@ -413,7 +428,8 @@ def estimate_clock_offset(
     time comes from the ``X-Metricvault-Server-Time-Ms`` header, or, without it, from ``Date``
     (+-1 s more). Raises OSError, http.client.HTTPException or ValueError when no estimate can
     be made."""
-    http_ = _Http(url_base.rstrip("/") + "/-/healthy", _ssl_context(verify_tls))
+    context = _ssl_context(verify_tls) if url_base.startswith("https:") else None
+    http_ = _Http(url_base.rstrip("/") + "/-/healthy", context)
     try:
         return _estimate(http_, samples, timeout_s, headers or {})
     finally:

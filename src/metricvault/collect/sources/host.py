@@ -16,8 +16,8 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from typing import Any
 
 import psutil
-from metricvault.collect.families import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from metricvault.collect.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from metricvault.collect.sources import FastReading
 from metricvault.model import label_name_problem
 

@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from metricvault.collect.families import Metric
-
 from metricvault.collect.sources import FastReading
 from metricvault.collect.sources._labels import HOSTNAME_LABEL, FamilyBuilder
 from metricvault.collect.sources.nvml.calls import (
