@@ -112,3 +112,27 @@ def test_jittery_series_go_to_byte_stream_split_and_smooth_ones_to_deltas():
     assert physical["value_i"].slice(5000).null_count == 0
     back = _roundtrip(table)["value"].to_numpy()
     assert np.array_equal(back, np.concatenate([noisy, smooth]))
+
+
+def test_rollup_first_and_bucket_times_roundtrip_and_nan_only_buckets_stay_empty():
+    """Issue 13: rollup rows carry the first sample and both sample times; a bucket that held
+    only NaN samples (count 0) keeps no min/max/first/last after the derivable-value elision."""
+    table = pa.table(
+        {
+            "series_id": pa.array([1, 1, 1, 1], pa.int64()),
+            "ts": pa.array([0, 60_000, 120_000, 180_000], pa.int64()),
+            "count": pa.array([12, 1, 5, 0], pa.int64()),
+            "sum": [12.5, 4.0, 10.0, 0.0],
+            "min": [0.5, 4.0, 2.0, None],
+            "max": [2.0, 4.0, 2.0, None],
+            "first": [1.75, 4.0, 2.0, None],
+            "first_ts": pa.array([0, 61_000, 120_000, None], pa.int64()),
+            "last": [1.5, 4.0, 2.0, None],
+            "last_ts": pa.array([55_000, 61_000, 175_000, None], pa.int64()),
+            "increase": pa.array([None, None, None, None], pa.float64()),
+            "nonfinite": pa.array([0, 0, 1, 3], pa.int64()),
+        }
+    )
+    back = _roundtrip(table, files.ROLLUP_FLOATS)
+    for column in ("first", "first_ts", "last", "last_ts", "min", "max", "nonfinite"):
+        assert back[column].to_pylist() == table[column].to_pylist(), column

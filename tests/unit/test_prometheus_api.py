@@ -79,15 +79,22 @@ def test_issue13_every_query_route_needs_credentials_and_answers_in_prometheus_s
         assert reply.json()["status"] == "error" and "WWW-Authenticate" in reply.headers
 
 
-def test_issue13_too_many_samples_is_an_execution_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("interval_ms", "query", "at_s"),
+    [
+        (1000, "quantile_over_time(0.5, m_x[1m])", 60),  # 50 raw samples
+        (60_000, "count_over_time(m_x[50m])", 3000),  # 50 one-minute buckets (tiers.py)
+    ],
+)
+def test_issue13_too_many_samples_is_an_execution_error(
+    tmp_path: Path, interval_ms: int, query: str, at_s: int
+) -> None:
     settings = Settings.load(env={}, gateway_maintain=False, query_max_samples=10)
     vault = Vault.open_local(str(tmp_path / "v"), settings)
     with TestClient(create_app(vault, settings)) as test_client:
-        lines = "".join(f"m x={i} {T0 + i * 1000}\n" for i in range(50))
+        lines = "".join(f"m x={i} {T0 + i * interval_ms}\n" for i in range(50))
         assert test_client.post("/write?precision=ms", content=lines).status_code == 204
-        reply = test_client.get(
-            "/api/v1/query", params={"query": "count_over_time(m_x[1m])", "time": T0 / 1000 + 60}
-        )
+        reply = test_client.get("/api/v1/query", params={"query": query, "time": T0 / 1000 + at_s})
     vault.close()
     assert reply.status_code == 422, reply.text
     assert reply.json()["errorType"] == "execution"

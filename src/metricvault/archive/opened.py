@@ -275,7 +275,7 @@ class SnapshotVault:
 def _empty(tier: str) -> pa.Table:
     if tier == "raw":
         return SAMPLE_SCHEMA.empty_table()
-    return rollup.empty_partials().drop_columns(["last_ts"])
+    return rollup.empty_partials().select(["series_id", "ts", *ROLLUP_COLUMNS])
 
 
 def _sql_path(path: Path) -> str:

@@ -36,7 +36,8 @@ from starlette.routing import Route
 from metricvault.credentials import Principal
 from metricvault.durations import parse_duration_ms
 from metricvault.errors import InputError, MetricVaultError, PromQLError, SelectorError
-from metricvault.promql import Engine, EngineOptions, SeriesSamples, VaultSource
+from metricvault.promql import Engine, EngineOptions, QueryResult, SeriesSamples, VaultSource
+from metricvault.promql.tiers import BucketSelection
 from metricvault.protocols import Reading, has
 from metricvault.selector import Matcher, Selector, parse_selector
 
@@ -194,8 +195,36 @@ class ScopedSource:
         series: list[SeriesSamples] = self.inner.select(
             [*matchers, *self.tenant_matchers], start_ms, end_ms
         )
-        self.loaded += sum(int(s.ts.size) for s in series)
-        self.selected += len(series)
+        self._count(sum(int(s.ts.size) for s in series), len(series))
+        if self.raw_horizon_ms and start_ms < self.raw_horizon_ms:
+            self.truncated = True
+        return series
+
+    def select_buckets(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, width_ms: int
+    ) -> BucketSelection | None:
+        """The rollup path's reads (promql/tiers.py), scoped and counted the same way (a
+        bucket row counts as one sample)."""
+        select = getattr(self.inner, "select_buckets", None)
+        found: BucketSelection | None = (
+            select([*matchers, *self.tenant_matchers], start_ms, end_ms, width_ms)
+            if select
+            else None
+        )
+        if found is not None:
+            self._count(sum(s.columns["ts"].size for s in found.series), len(found.series))
+        return found
+
+    @property
+    def counter_lookback_ms(self) -> int:
+        return int(getattr(self.inner, "counter_lookback_ms", 0))
+
+    def raw_horizon(self) -> int:
+        return int(self.inner.raw_horizon()) if hasattr(self.inner, "raw_horizon") else 0
+
+    def _count(self, samples: int, series: int) -> None:
+        self.loaded += samples
+        self.selected += series
         if self.max_series and self.selected > self.max_series:
             raise too_many_series(self.max_series)
         if self.loaded > self.max_samples:
@@ -203,9 +232,6 @@ class ScopedSource:
                 "query processing would load too many samples into memory in query execution",
                 kind="execution",
             )
-        if self.raw_horizon_ms and start_ms < self.raw_horizon_ms:
-            self.truncated = True
-        return series
 
 
 # --------------------------------------------------------------------------- the routes
@@ -310,14 +336,18 @@ class PrometheusAPI:
         except TimeoutError:
             raise PromQLError("query timed out in expression evaluation", "timeout") from None
 
-    def warnings(self, source: ScopedSource) -> list[str]:
-        if not source.truncated:
-            return []
-        horizon = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(source.raw_horizon_ms / 1000))
-        return [
-            f"raw samples before {horizon} were dropped by retention (retention_raw): this "
-            "answer covers only the raw data after it; rollup tiers do not answer PromQL yet"
-        ]
+    def warnings(self, source: ScopedSource, result: QueryResult) -> list[str]:
+        """The engine's own (rollups answering before the raw horizon), and whether raw
+        selections were cut short by it."""
+        notes = list(result.warnings)
+        if source.truncated:
+            horizon = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(source.raw_horizon_ms / 1000))
+            notes.append(
+                f"raw samples before {horizon} were dropped by retention (retention_raw): "
+                "selectors read there cover only the raw data after it (rate, increase, delta "
+                "and the *_over_time functions are answered from the rollup tiers there)"
+            )
+        return notes
 
     # ------------------------------------------------------------------ endpoints
     async def query(self, request: Request) -> Response:
@@ -327,7 +357,7 @@ class PrometheusAPI:
             timeout_s = self.query_timeout(params)
             engine, source = self.engine(who)
             result = await self.evaluate(lambda: engine.evaluate(expr, at), timeout_s)
-            return result.to_prometheus(), self.warnings(source)
+            return result.to_prometheus(), self.warnings(source, result)
 
         return await self.answer(request, "/api/v1/query", work)
 
@@ -358,7 +388,7 @@ class PrometheusAPI:
             timeout_s = self.query_timeout(params)
             engine, source = self.engine(who)
             result = await self.evaluate(lambda: engine.evaluate(expr, start, end, step), timeout_s)
-            return result.to_prometheus(), self.warnings(source)
+            return result.to_prometheus(), self.warnings(source, result)
 
         return await self.answer(request, "/api/v1/query_range", work)
 

@@ -54,6 +54,8 @@ class EngineOptions:
     lookback_delta_ms: int = 300_000
     subquery_step_ms: int = 60_000  # Prometheus's default: the global evaluation_interval
     left_open_windows: bool = False
+    # Answer rate/increase/delta/*_over_time from rollup tiers where that is exact (tiers.py)
+    use_rollups: bool = True
 
 
 class Engine:
@@ -73,7 +75,8 @@ class Engine:
         tree = parse(expr)
         if end_ms is None:
             ev = Evaluator(self.source, self.options, start_ms, start_ms)
-            return _instant_result(ev.eval(tree, np.array([start_ms], dtype=np.int64)), start_ms)
+            value = ev.eval(tree, np.array([start_ms], dtype=np.int64))
+            return ev.annotate(_instant_result(value, start_ms))
         steps = _steps(start_ms, end_ms, step_ms)
         ev = Evaluator(self.source, self.options, start_ms, end_ms)
         value = ev.eval(tree, steps)
@@ -84,7 +87,7 @@ class Engine:
                 "instant Vector",
                 kind="bad_data",
             )
-        return _range_result(value, steps)
+        return ev.annotate(_range_result(value, steps))
 
 
 def _steps(start_ms: int, end_ms: int, step_ms: int | None) -> np.ndarray:
@@ -152,6 +155,13 @@ class Evaluator:
         self.options = options
         self.query_start = query_start
         self.query_end = query_end
+        self.notes: list[str] = []  # warnings for the answer (approximations)
+        self.served_by: set[str] = set()  # rollup tiers that answered a range function
+
+    def annotate(self, result: QueryResult) -> QueryResult:
+        result.warnings = list(dict.fromkeys(self.notes))
+        result.served_by = set(self.served_by)
+        return result
 
     # ------------------------------------------------------------------ dispatch
     def eval(self, node: Any, steps: np.ndarray) -> Value:
@@ -217,10 +227,14 @@ class Evaluator:
             base = np.full(steps.size, datetime_ms(at.at), dtype=np.int64)
         return base - duration_ms(node.offset)
 
-    def select(self, vs: Any, lo: int, hi: int) -> list[RangeSeries]:
+    def matchers(self, vs: Any) -> list[Matcher]:
         matchers = [Matcher(m.name, _MATCH_OPS[str(m.op)], m.value) for m in vs.matchers.matchers]
         if vs.name is not None:
             matchers.insert(0, Matcher("__name__", "=", vs.name))
+        return matchers
+
+    def select(self, vs: Any, lo: int, hi: int) -> list[RangeSeries]:
+        matchers = self.matchers(vs)
         series = [
             RangeSeries(make_labels(s.labels.items()), s.ts, s.values)
             for s in self.source.select(matchers, lo, hi)

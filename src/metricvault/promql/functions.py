@@ -11,6 +11,7 @@ import numpy as np
 import promql_parser as pp
 
 from metricvault.promql import rangefuncs as rf
+from metricvault.promql import tiers
 from metricvault.promql.errors import PromQLError
 from metricvault.promql.values import (
     NAME,
@@ -88,6 +89,9 @@ def _range_call(ev: Evaluator, name: str, args: list[Any], steps: np.ndarray) ->
         for i, a in enumerate(args)
         if _unwrap(a).__class__ in (pp.MatrixSelector, pp.SubqueryExpr)
     )
+    from_rollups = tiers.range_call(ev, name, args[matrix_pos], steps)
+    if from_rollups is not None:
+        return from_rollups
     rv = ev.eval_range(args[matrix_pos], steps)
     scalars = [ev.eval_scalar(a, steps) for i, a in enumerate(args) if i != matrix_pos]
     if name == "absent_over_time":

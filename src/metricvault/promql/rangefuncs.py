@@ -31,6 +31,9 @@ def _reduce(ufunc: np.ufunc, values: np.ndarray, lo: np.ndarray, hi: np.ndarray)
         return np.asarray(ufunc.reduceat(padded, idx)[0::2])
 
 
+reduce_windows = _reduce  # ``ufunc`` over ``values[lo:hi]`` per window (tiers.py uses it too)
+
+
 def gathered(s: RangeSeries, lo: np.ndarray, hi: np.ndarray, fn: Windowed) -> np.ndarray:
     """``fn(values, ts, mask, n, steps)`` on windows gathered as (steps, width) matrices."""
     n = hi - lo
@@ -67,13 +70,31 @@ def extrapolated_rate(
             drops = np.zeros(v.size)
             drops[1:] = np.where(v[1:] < v[:-1], v[:-1], 0.0)
             result = result + np.where(ok, _reduce(np.add, drops, first_i + 1, last_i + 1), 0.0)
-        to_start = (t[first_i] - rv.starts) / 1000.0
-        to_end = (rv.ends - t[last_i]) / 1000.0
-        sampled = (t[last_i] - t[first_i]) / 1000.0
+    value = extrapolate(result, v[first_i], t[first_i], t[last_i], n, rv, counter, rate)
+    return value, ok
+
+
+def extrapolate(
+    result: np.ndarray,
+    first_v: np.ndarray,
+    first_t: np.ndarray,
+    last_t: np.ndarray,
+    n: np.ndarray,
+    rv: RangeVector,
+    counter: bool,
+    rate: bool,
+) -> np.ndarray:
+    """Prometheus's extrapolation of a window's ``result`` (last - first, plus resets for
+    counters) from its first and last sample towards the window's ends (functions.go); the
+    rollup path (tiers.py) gives the same inputs from bucket rows."""
+    with np.errstate(all="ignore"):
+        to_start = (first_t - rv.starts) / 1000.0
+        to_end = (rv.ends - last_t) / 1000.0
+        sampled = (last_t - first_t) / 1000.0
         average = sampled / (n - 1)
         if counter:
-            to_zero = sampled * (v[first_i] / result)
-            shorten = (result > 0) & (v[first_i] >= 0) & (to_zero < to_start)
+            to_zero = sampled * (first_v / result)
+            shorten = (result > 0) & (first_v >= 0) & (to_zero < to_start)
             to_start = np.where(shorten, to_zero, to_start)
         threshold = average * 1.1
         interval = sampled.copy()
@@ -82,7 +103,7 @@ def extrapolated_rate(
         factor = interval / sampled
         if rate:
             factor = factor / (rv.range_ms / 1000.0)
-        return result * factor, ok
+        return np.asarray(result * factor)
 
 
 def instant_value(s: RangeSeries, lo: np.ndarray, hi: np.ndarray, rate: bool) -> Result:

@@ -108,6 +108,32 @@ class VaultSource:
         found = select_series(Selector(tuple(matchers)), start_ms, end_ms + 1, stale_markers=True)
         return [SeriesSamples(labels, ts, values) for labels, ts, values in found]
 
+    def select_buckets(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, width_ms: int
+    ) -> Any:
+        """Per-bucket summaries for the rollup path (``promql.tiers``), or None where the
+        store keeps no rollups the engine can read (InfluxDB, snapshots)."""
+        buckets = getattr(self.vault, "buckets", None)
+        if buckets is None:
+            return None
+        from metricvault.promql.tiers import from_table
+
+        return from_table(buckets(str(Selector(tuple(matchers))), start_ms, end_ms, width_ms))
+
+    @property
+    def counter_lookback_ms(self) -> int:
+        settings = getattr(self.vault, "settings", None)
+        if settings is None:
+            return 0
+        from metricvault.durations import parse_duration_ms
+
+        return parse_duration_ms(settings.counter_lookback)
+
+    def raw_horizon(self) -> int:
+        """Raw samples before this are gone (0: none dropped, or not known)."""
+        catalog_version = getattr(self.vault, "catalog_version", None)
+        return int(catalog_version().raw_horizon_ms or 0) if catalog_version else 0
+
     def select_long(
         self, matchers: Sequence[Matcher], start_ms: int, end_ms: int
     ) -> list[SeriesSamples]:

@@ -155,6 +155,8 @@ class QueryResult:
     result_type: str
     series: list[tuple[dict[str, str], np.ndarray, np.ndarray]]
     text: str | None = None
+    warnings: list[str] = field(default_factory=list)  # where the answer is approximate
+    served_by: set[str] = field(default_factory=set)  # rollup tiers that answered (tiers.py)
 
     def to_prometheus(self) -> dict[str, Any]:
         """The ``data`` object of Prometheus's /api/v1/query(_range) answer."""

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 MAX_SCALE = 9
 _EXACT_LIMIT = 2.0**53
-ROLLUP_FLOATS = ("sum", "min", "max", "last", "increase")
+ROLLUP_FLOATS = ("sum", "min", "max", "first", "last", "increase")
 RAW_FLOATS = ("value",)
 ZSTD_LEVEL = 15  # a little smaller than 9 at small CPU cost: bench/encoding.py
 # Raw files: 256 Ki rows per row group; rollup rows are wider and read a few series at a time.
@@ -58,6 +58,7 @@ def _series_scales(series_id: np.ndarray, row_scale: np.ndarray) -> np.ndarray:
 def encode(table: pa.Table, float_columns: Sequence[str]) -> pa.Table:
     """Logical table (float64 columns) -> physical table (scaled ints + float fallbacks)."""
     sid = table.column("series_id").to_numpy()
+    float_columns = [c for c in float_columns if c in table.column_names]
     arrays = {c: table.column(c).to_numpy(zero_copy_only=False) for c in float_columns}
     rollup = "count" in table.column_names
     if rollup:
@@ -117,21 +118,26 @@ def _bss_bytes(x: np.ndarray) -> int:
 
 def _elide_derivable(arrays: dict[str, np.ndarray], count: np.ndarray) -> dict[str, np.ndarray]:
     """Null out rollup values that follow from others (restored by :func:`_restore_derivable`):
-    a one-sample bucket's min, max and last equal its sum; a constant bucket's max and last
-    equal its min. Sparse or idle series then cost little more in rollups than in raw."""
+    a one-sample bucket's min, max, first and last equal its sum; a constant bucket's max,
+    first and last equal its min. Sparse or idle series then cost little more in rollups than
+    in raw."""
     out = {c: v.copy() for c, v in arrays.items()}
     single = count == 1
     constant = ~single & (arrays["min"] == arrays["max"])
     out["min"][single] = np.nan
-    out["max"][single | constant] = np.nan
-    out["last"][single | constant] = np.nan
+    for column in ("max", "first", "last"):
+        if column in out:
+            out[column][single | constant] = np.nan
     return out
 
 
 def _restore_derivable(columns: dict[str, pa.Array]) -> None:
-    columns["min"] = pc.coalesce(columns["min"], columns["sum"])
-    columns["max"] = pc.coalesce(columns["max"], columns["min"])
-    columns["last"] = pc.coalesce(columns["last"], columns["min"])
+    # A bucket holding only NaN samples (count 0) has no min, max, first or last.
+    held = pc.greater(columns["count"], 0)
+    columns["min"] = pc.if_else(held, pc.coalesce(columns["min"], columns["sum"]), None)
+    for column in ("max", "first", "last"):
+        if column in columns:  # files written before issue 13 have no first
+            columns[column] = pc.if_else(held, pc.coalesce(columns[column], columns["min"]), None)
 
 
 def _split(vals: np.ndarray, scale: np.ndarray, optional: bool) -> tuple[pa.Array, pa.Array]:
@@ -162,7 +168,8 @@ def decode(table: pa.Table, float_columns: Sequence[str]) -> pa.Table:
         if c != "scale" and not c.endswith(("_i", "_j", "_f"))
     }
     for c in float_columns:
-        out[c] = decode_column(table, c)
+        if f"{c}_f" in table.column_names:  # rollup files before issue 13 have no first
+            out[c] = decode_column(table, c)
     if "count" in out:
         _restore_derivable(out)
     return pa.table(out).combine_chunks()
@@ -174,7 +181,7 @@ def _column_encodings(physical: pa.Schema, rollup: bool) -> dict[str, str]:
     smaller than deltas (bench/encoding.py; docs/decisions/0002)."""
     enc = {}
     for f in physical:
-        if f.name == "ts" or (f.name.endswith("_i") and not rollup):
+        if f.name in ("ts", "first_ts", "last_ts") or (f.name.endswith("_i") and not rollup):
             enc[f.name] = "DELTA_BINARY_PACKED"
         elif f.name.endswith(("_f", "_i", "_j")):
             enc[f.name] = "BYTE_STREAM_SPLIT"

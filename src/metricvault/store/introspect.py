@@ -102,7 +102,9 @@ _VIEW_SQL = {
     f"coalesce({_ROLLUP_VALUE.format(c='max')}, {_ROLLUP_MIN}) AS max, "
     f"coalesce({_ROLLUP_VALUE.format(c='last')}, {_ROLLUP_MIN}) AS last, "
     f"{_ROLLUP_VALUE.format(c='increase')} AS increase, "
-    f"{_ROLLUP_VALUE.format(c='sum')} / count AS mean FROM {{src}}",
+    f"{_ROLLUP_VALUE.format(c='sum')} / count AS mean FROM {{src}} "
+    # a bucket holding only NaN samples is kept for PromQL (rollup.py), not shown here
+    "WHERE count > 0",
 }
 
 
@@ -158,7 +160,8 @@ def _empty(tier: str) -> pa.Table:
             [
                 *list(ROLLUP_SCHEMA)[:2],
                 ("timestamp", ts),
-                *list(ROLLUP_SCHEMA)[2:],
+                *[ROLLUP_SCHEMA.field(c) for c in ("count", "sum", "min", "max", "last")],
+                ROLLUP_SCHEMA.field("increase"),
                 ("mean", pa.float64()),
             ]
         )

@@ -153,6 +153,42 @@ def aggregate(
     return partials, segments
 
 
+@dataclass(frozen=True)
+class Buckets:
+    """Per-(series, bucket) summaries for PromQL over the rollup tiers (promql/tiers.py):
+    the partials of :func:`aggregate` (first/last samples with their times, NaN counts, and
+    for counters the increase; buckets holding only NaN samples kept, with ``count`` 0),
+    sorted by ``(series_id, ts)``."""
+
+    table: pa.Table
+    labels: dict[int, dict[str, str]]  # series_id -> labels, ``__name__`` included
+    counters: frozenset[int]
+    tiers: tuple[str, ...]  # the tiers that served them, coarsest first
+    raw_horizon_ms: int  # raw samples before this are gone (0: none dropped)
+    counter_lookback_ms: int  # how far back a bucket's increase looked for the sample before
+
+
+def buckets(ctx: QueryContext, series_ids: list[int], start: int, end: int, width: int) -> Buckets:
+    """Buckets of ``width`` (a multiple of every tier it may use) over ``[start, end)``."""
+    if series_ids:
+        table, segments = aggregate(ctx, series_ids, start, end, width)
+        table = table.sort_by([("series_id", "ascending"), ("ts", "ascending")])
+    else:
+        table, segments = rollup.empty_partials(), []
+    labels = {}
+    for sid in series_ids:
+        info = ctx.index.get(sid)
+        labels[sid] = {**info.labels, "__name__": info.metric}
+    return Buckets(
+        table,
+        labels,
+        frozenset(s for s in series_ids if ctx.index.is_counter(s)),
+        tuple(dict.fromkeys(seg.tier for seg in segments)),
+        ctx.snapshot.raw_horizon_ms or 0,
+        ctx.lookback_ms,
+    )
+
+
 def _widen_to_empty_time(snapshot: Snapshot, start: int, end: int) -> tuple[int, int]:
     """Stretch ``[start, end)`` over time that holds no data at all, to whole hours, so a
     "whole range" query starting at the first sample is answered from rollups, not raw."""

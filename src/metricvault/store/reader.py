@@ -23,7 +23,7 @@ from metricvault.model import SAMPLE_SCHEMA
 from metricvault.store import files as fmt
 from metricvault.store.catalog import DataFile
 from metricvault.store.layout import Location
-from metricvault.store.rollup import ROLLUP_SCHEMA
+from metricvault.store.rollup import ROLLUP_SCHEMA, conform
 
 
 def float_columns(tier: str) -> tuple[str, ...]:
@@ -154,6 +154,8 @@ class Reader:
             except (OSError, pa.ArrowException) as exc:
                 raise read_error(f.path, f"{f.tier} data file", exc) from exc
             table = fmt.decode(raw, float_columns(f.tier))
+            if f.tier != "raw":
+                table = conform(table)
             if use_cache:
                 self.cache.put(key, table)
         return table

@@ -18,7 +18,7 @@ from metricvault.model import SAMPLE_SCHEMA, STALE_NAN_BITS
 from metricvault.selector import Selector, SelectorUnion, parse_selectors
 from metricvault.store import query as q
 from metricvault.store.backend import SampleReader
-from metricvault.store.rollup import empty_partials
+from metricvault.store.rollup import empty_partials, finite_rows
 
 
 def run_query(
@@ -64,7 +64,7 @@ def answer(
         if not stale_markers:
             samples = drop_stale_markers(samples)
         return q.shape(reader.index, samples, {"value": samples["value"]}, output)
-    partials = reader.partials(ids, t0, t1, step_ms) if ids else empty_partials()
+    partials = finite_rows(reader.partials(ids, t0, t1, step_ms)) if ids else empty_partials()
     return q.shape(reader.index, partials, q.finish_aggregates(partials, agg_names), output)
 
 

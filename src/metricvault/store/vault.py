@@ -512,6 +512,15 @@ class Vault:
 
         return promql_frame(self, expr, start, end, step, output)
 
+    def buckets(self, selector: str, start_ms: int, end_ms: int, width_ms: int) -> q.Buckets:
+        """Per-series summaries of ``width_ms`` buckets over ``[start_ms, end_ms)`` from the
+        coarsest tiers that hold them exactly (raw where rollups are not done yet): what the
+        PromQL engine answers ``rate``/``*_over_time`` from (``metricvault.promql.tiers``)."""
+        self.flush_for_read()
+        ctx = self._context()
+        ids = ctx.index.match(parse_selectors(selector))
+        return q.buckets(ctx, ids, start_ms, end_ms, width_ms)
+
     def flush_for_read(self) -> None:
         """Reads flush first, so they see every write so far. Where nothing can be written (a
         full disk) they answer from the data files alone, and say what that leaves out."""

@@ -280,19 +280,20 @@ def _aggregated(
     before the segment, earlier than any after it, which is all merging segments needs."""
     values = values[~np.isnan(values[:, 1])]  # buckets with only an increase written
     ts = values[:, 0].astype(np.int64) if stamp is None else np.full(len(values), stamp)
-    return pa.table(
-        {
-            "series_id": pa.array(np.full(len(values), sid, np.int64)),
-            "ts": pa.array(ts, pa.int64()),
-            "count": pa.array(values[:, 1].astype(np.int64)),
-            "sum": pa.array(values[:, 2]),
-            "min": pa.array(values[:, 3]),
-            "max": pa.array(values[:, 4]),
-            "last": pa.array(values[:, 5]),
-            "last_ts": pa.array(np.minimum(ts + width, seg_end) - 1, pa.int64()),
-            "increase": _nullable(values[:, 6]),
-        },
-        schema=rollup.PARTIAL_SCHEMA,
+    return rollup.conform(
+        pa.table(
+            {
+                "series_id": pa.array(np.full(len(values), sid, np.int64)),
+                "ts": pa.array(ts, pa.int64()),
+                "count": pa.array(values[:, 1].astype(np.int64)),
+                "sum": pa.array(values[:, 2]),
+                "min": pa.array(values[:, 3]),
+                "max": pa.array(values[:, 4]),
+                "last": pa.array(values[:, 5]),
+                "last_ts": pa.array(np.minimum(ts + width, seg_end) - 1, pa.int64()),
+                "increase": _nullable(values[:, 6]),
+            }
+        )
     )
 
 
@@ -301,18 +302,19 @@ def _rows(sid: int, values: np.ndarray) -> pa.Table:
     values = values[~np.isnan(values[:, 1])]
     count = values[:, 1]
     total = np.where(np.isnan(values[:, 3]), values[:, 2] * count, values[:, 3])
-    return pa.table(
-        {
-            "series_id": pa.array(np.full(len(values), sid, np.int64)),
-            "ts": pa.array(values[:, 0].astype(np.int64)),
-            "count": pa.array(count.astype(np.int64)),
-            "sum": pa.array(total),
-            "min": pa.array(values[:, 4]),
-            "max": pa.array(values[:, 5]),
-            "last": pa.array(values[:, 6]),
-            "increase": _nullable(values[:, 7]),
-        },
-        schema=rollup.ROLLUP_SCHEMA,
+    return rollup.conform(
+        pa.table(
+            {
+                "series_id": pa.array(np.full(len(values), sid, np.int64)),
+                "ts": pa.array(values[:, 0].astype(np.int64)),
+                "count": pa.array(count.astype(np.int64)),
+                "sum": pa.array(total),
+                "min": pa.array(values[:, 4]),
+                "max": pa.array(values[:, 5]),
+                "last": pa.array(values[:, 6]),
+                "increase": _nullable(values[:, 7]),
+            }
+        )
     )
 
 

@@ -1,0 +1,202 @@
+"""PromQL from the rollup tiers (issue 13): where windows and steps are whole buckets, the
+1m/1h rows answer exactly what the raw samples answer (the raw-sample engine over the same
+samples is the reference here; tests/e2e/test_promql_oracle.py checks it against Prometheus),
+and where they cannot (NaN samples, gauges under rate, unaligned windows, Prometheus 3
+windows) the engine reads raw samples."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from metricvault.promql import Engine, EngineOptions, MemorySource, VaultSource
+from metricvault.promql.values import QueryResult
+
+HOUR = 3_600_000
+MIN = 60_000
+T0 = (1_700_000_000_000 // (24 * HOUR)) * 24 * HOUR  # midnight: samples on bucket boundaries
+SPAN = 6 * HOUR
+
+
+def _workload() -> list[tuple[str, dict[str, str], np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(7)
+    out = []
+    ts5 = T0 + np.arange(0, SPAN, 5_000)  # 5 s scrapes: every minute's first sample on :00
+    for gpu in range(3):
+        util = np.round(rng.uniform(0, 100, ts5.size), 1)
+        out.append(("gpu_util", {"gpu": str(gpu)}, ts5, util))
+        energy = np.cumsum(np.round(rng.uniform(100, 400, ts5.size), 3))
+        if gpu == 1:  # counter resets (a restart every ~80 minutes), one right on a boundary
+            for at in (1000, 1920, 3000):
+                energy[at:] -= energy[at] - 5.0
+        out.append(("energy_total", {"gpu": str(gpu)}, ts5, energy))
+    # jittered 15 s scrapes, and a counter with a gap longer than the counter lookback (1h)
+    ts15 = T0 + np.arange(0, SPAN, 15_000) + rng.integers(0, 900, SPAN // 15_000)
+    out.append(("jitter_total", {"job": "x"}, ts15, np.cumsum(rng.uniform(0, 9, ts15.size))))
+    gap = (ts15 < T0 + HOUR) | (ts15 > T0 + 2 * HOUR + 30 * MIN)
+    out.append(("gappy_total", {"job": "x"}, ts15[gap], np.arange(gap.sum(), dtype=float)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engine, Engine, object]]:
+    from metricvault.store.vault import Vault
+
+    memory = MemorySource()
+    vault = Vault.open_local(str(tmp_path_factory.mktemp("tiers") / "vault"))
+    rows = []
+    for metric, labels, ts, values in _workload():
+        memory.add({"__name__": metric, **labels}, ts.tolist(), values.tolist())
+        rows += [(metric, labels, int(t), float(v)) for t, v in zip(ts, values, strict=True)]
+    vault.write(rows)
+    vault.maintain(now_ms=T0 + SPAN + 2 * HOUR)  # rolls up every hour
+    assert vault.catalog_version().rollup_watermark_ms() is None
+    yield Engine(VaultSource(vault)), Engine(memory), vault
+    vault.close()
+
+
+def _agree(got: QueryResult, want: QueryResult) -> None:
+    assert [s[0] for s in got.series] == [s[0] for s in want.series]
+    for (labels, gt, gv), (_, wt, wv) in zip(got.series, want.series, strict=True):
+        assert gt.tolist() == wt.tolist(), labels
+        assert np.allclose(gv, wv, rtol=1e-5, atol=0, equal_nan=True), (labels, gv, wv)
+
+
+ALIGNED = [
+    ("avg_over_time(gpu_util[1h])", HOUR, {"1h"}),
+    ("max_over_time(gpu_util[1h])", HOUR, {"1h"}),
+    ("min_over_time(gpu_util[2h])", HOUR, {"1h"}),
+    ("sum_over_time(gpu_util[1m])", MIN, {"1m"}),
+    ("count_over_time(gpu_util[5m])", 5 * MIN, {"1m"}),
+    ("last_over_time(gpu_util[1h])", 30 * MIN, {"1m"}),
+    ("present_over_time(jitter_total[1m])", MIN, {"1m"}),
+    ("rate(energy_total[1h])", HOUR, {"1h"}),
+    ("increase(energy_total[5m])", 5 * MIN, {"1m"}),
+    ("rate(energy_total[1m])", MIN, {"1m"}),
+    ("delta(gpu_util[10m])", 10 * MIN, {"1m"}),
+    ("rate(jitter_total[2m])", 2 * MIN, {"1m"}),
+    ("increase(gappy_total[2h])", HOUR, {"1h"}),
+    ("rate(gappy_total[10m])", 5 * MIN, {"1m"}),
+    ("sum by (gpu) (rate(energy_total[5m] offset 1h))", 5 * MIN, {"1m"}),
+    ("topk(2, avg_over_time(gpu_util[1h]))", HOUR, {"1h"}),
+    (f"max_over_time(gpu_util[1h] @ {(T0 + 3 * HOUR) // 1000})", 2 * HOUR, {"1h"}),
+    (f"max_over_time(gpu_util[1h] @ {(T0 + 3 * HOUR) // 1000 + 30})", 2 * HOUR, set()),
+]
+
+
+@pytest.mark.parametrize(("expr", "step", "tiers"), ALIGNED)
+def test_aligned_windows_are_answered_from_rollups_exactly(engines, expr, step, tiers) -> None:
+    rollups, raw, _ = engines
+    start, end = T0 + 2 * HOUR, T0 + SPAN
+    got = rollups.evaluate(expr, start, end, step)
+    _agree(got, raw.evaluate(expr, start, end, step))
+    assert got.served_by == tiers, got.served_by
+    assert got.warnings == []
+
+
+def test_instant_queries_on_a_boundary_use_rollups(engines) -> None:
+    rollups, raw, _ = engines
+    for expr in ("rate(energy_total[1h])", "max_over_time(gpu_util[3h])"):
+        got = rollups.evaluate(expr, T0 + 4 * HOUR)
+        _agree(got, raw.evaluate(expr, T0 + 4 * HOUR))
+        assert got.served_by == {"1h"}
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "rate(energy_total[75s])",  # Grafana's $__rate_interval at a 1m step: not whole minutes
+        "avg_over_time(gpu_util[1m])",  # evaluated at :30 below
+        "irate(energy_total[5m])",  # needs the last two samples
+        "rate(gpu_util[5m])",  # a gauge: rollups keep no increase for it
+    ],
+)
+def test_what_rollups_cannot_answer_exactly_reads_raw_samples(engines, expr) -> None:
+    rollups, raw, _ = engines
+    start = T0 + 2 * HOUR + 30_000
+    got = rollups.evaluate(expr, start, start + HOUR, MIN)
+    _agree(got, raw.evaluate(expr, start, start + HOUR, MIN))
+    assert got.served_by == set()
+
+
+def test_rollups_can_be_turned_off(engines) -> None:
+    _, _, vault = engines
+    engine = Engine(VaultSource(vault), EngineOptions(use_rollups=False))
+    got = engine.evaluate("rate(energy_total[1h])", T0 + 2 * HOUR, T0 + SPAN, HOUR)
+    assert got.served_by == set()
+
+
+def test_prometheus_3_windows_read_raw_samples(engines) -> None:
+    _, _, vault = engines
+    memory = MemorySource()
+    for metric, labels, ts, values in _workload():
+        memory.add({"__name__": metric, **labels}, ts.tolist(), values.tolist())
+    options = EngineOptions(left_open_windows=True)
+    got = Engine(VaultSource(vault), options).evaluate(
+        "max_over_time(gpu_util[1h])", T0 + 2 * HOUR, T0 + SPAN, HOUR
+    )
+    _agree(
+        got,
+        Engine(memory, options).evaluate(
+            "max_over_time(gpu_util[1h])", T0 + 2 * HOUR, T0 + SPAN, HOUR
+        ),
+    )
+    assert got.served_by == set()
+
+
+def test_a_nan_sample_in_the_window_makes_the_engine_read_raw(tmp_path: Path) -> None:
+    from metricvault.store.vault import Vault
+
+    vault = Vault.open_local(str(tmp_path / "vault"))
+    ts = T0 + np.arange(0, 2 * HOUR, 15_000)
+    values = np.arange(ts.size, dtype=float)
+    values[100] = np.nan
+    vault.write([("nan_gauge", {}, int(t), float(v)) for t, v in zip(ts, values, strict=True)])
+    vault.maintain(now_ms=T0 + 4 * HOUR)
+    memory = MemorySource()
+    memory.add({"__name__": "nan_gauge"}, ts.tolist(), values.tolist())
+    for expr in ("avg_over_time(nan_gauge[1h])", "count_over_time(nan_gauge[1m])"):
+        got = Engine(VaultSource(vault)).evaluate(expr, T0 + HOUR, T0 + 2 * HOUR, MIN)
+        _agree(got, Engine(memory).evaluate(expr, T0 + HOUR, T0 + 2 * HOUR, MIN))
+        assert got.served_by == set()
+    # A bucket holding only a NaN sample is no row to aggregate queries.
+    table = vault.query("nan_gauge", start=T0, end=T0 + 2 * HOUR, step="1m", output="arrow")
+    assert table.num_rows == ts.size // 4
+    vault.close()
+
+
+def test_before_the_raw_horizon_rollups_answer_and_say_so(tmp_path: Path) -> None:
+    from metricvault.store.vault import Vault
+
+    day = 24 * HOUR
+    now = T0 + 3 * day
+    vault = Vault.open_local(str(tmp_path / "vault"), retention_raw="1d")
+    memory = MemorySource()
+    ts = T0 + np.arange(0, 3 * day, 15_000)
+    energy = np.cumsum(np.random.default_rng(3).uniform(100, 400, ts.size))
+    memory.add({"__name__": "energy_total"}, ts.tolist(), energy.tolist())
+    vault.write([("energy_total", {}, int(t), float(v)) for t, v in zip(ts, energy, strict=True)])
+    vault.maintain(now_ms=now)
+    horizon = vault.catalog_version().raw_horizon_ms
+    assert horizon and horizon > T0 + day  # the first day's raw samples are gone
+    engine = Engine(VaultSource(vault))
+    start, end = T0 + 2 * HOUR, T0 + 20 * HOUR
+    # Whole hours: the 1h rows answer what the raw samples would have.
+    got = engine.evaluate("rate(energy_total[1h])", start, end, HOUR)
+    _agree(got, Engine(memory).evaluate("rate(energy_total[1h])", start, end, HOUR))
+    assert got.served_by == {"1h"} and "raw horizon" in got.warnings[0]
+    # Not whole minutes: each window moves to the whole minutes before it, so the value at
+    # t is exactly the raw answer for the window ending at t rounded down to a minute.
+    for expr in ("rate(energy_total[10m])", "increase(energy_total[90s])"):
+        got = engine.evaluate(expr, start + 30_000, end, 30 * MIN)
+        assert got.served_by == {"1m"} and "rounded down" in got.warnings[0]
+        assert got.series[0][1].tolist() == list(range(start + 30_000, end, 30 * MIN))
+        minutes = expr.replace("90s", "2m")  # lengths go to the nearest whole minute
+        want = Engine(memory).evaluate(minutes, start, end - 30_000, 30 * MIN)
+        assert np.allclose(got.series[0][2], want.series[0][2], rtol=1e-9)
+    # Functions rollups cannot answer have only the raw samples after the horizon.
+    assert engine.evaluate("irate(energy_total[5m])", start, end, HOUR).series == []
+    vault.close()
