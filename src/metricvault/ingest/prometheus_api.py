@@ -36,6 +36,7 @@ from starlette.routing import Route
 from metricvault.credentials import Principal
 from metricvault.durations import parse_duration_ms
 from metricvault.errors import InputError, MetricVaultError, PromQLError, SelectorError
+from metricvault.ingest.prometheus_json import answer_body
 from metricvault.promql import Engine, EngineOptions, QueryResult, SeriesSamples, VaultSource
 from metricvault.promql.tiers import BucketSelection
 from metricvault.protocols import Reading, has
@@ -222,6 +223,10 @@ class ScopedSource:
     def raw_horizon(self) -> int:
         return int(self.inner.raw_horizon()) if hasattr(self.inner, "raw_horizon") else 0
 
+    def rolled_up_until(self) -> int | None:
+        until: int | None = self.inner.rolled_up_until()
+        return until
+
     def _count(self, samples: int, series: int) -> None:
         self.loaded += samples
         self.selected += series
@@ -274,6 +279,8 @@ class PrometheusAPI:
                 bare = bare and not isinstance(exc, _Worded)
                 prefix = 'invalid parameter "query": ' if bare else ""
                 return _error(exc.kind, prefix + exc.message)
+            if isinstance(data, QueryResult):  # the same bytes, written without to_prometheus()
+                return Response(answer_body(data, warnings), media_type="application/json")
             body: dict[str, Any] = {"status": "success", "data": data}
             if warnings:
                 body["warnings"] = warnings
@@ -388,7 +395,7 @@ class PrometheusAPI:
             timeout_s = self.query_timeout(params)
             engine, source = self.engine(who)
             result = await self.evaluate(lambda: engine.evaluate(expr, start, end, step), timeout_s)
-            return result.to_prometheus(), self.warnings(source, result)
+            return result, self.warnings(source, result)  # answer() writes its JSON
 
         return await self.answer(request, "/api/v1/query_range", work)
 

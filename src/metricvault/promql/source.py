@@ -134,6 +134,15 @@ class VaultSource:
         catalog_version = getattr(self.vault, "catalog_version", None)
         return int(catalog_version().raw_horizon_ms or 0) if catalog_version else 0
 
+    def rolled_up_until(self) -> int | None:
+        """Rollups are complete before this (None: everywhere); later buckets would be
+        computed from raw samples at query time, which is slower than reading them."""
+        catalog_version = getattr(self.vault, "catalog_version", None)
+        if catalog_version is None:
+            return 0
+        watermark: int | None = catalog_version().rollup_watermark_ms()
+        return watermark
+
     def select_long(
         self, matchers: Sequence[Matcher], start_ms: int, end_ms: int
     ) -> list[SeriesSamples]:

@@ -88,6 +88,9 @@ class BucketSource(Protocol):
 
     def raw_horizon(self) -> int: ...
 
+    def rolled_up_until(self) -> int | None:
+        """Rollups are complete before this (None: everywhere)."""
+
 
 def from_table(buckets: Any) -> BucketSelection:
     """A :class:`BucketSelection` from the store's ``Buckets`` (store/query.py)."""
@@ -142,13 +145,22 @@ def plan(ev: Evaluator, name: str, ms: Any, steps: np.ndarray) -> Plan | None:
     range_ms = duration_ms(ms.range)
     for _, res in RESOLUTIONS:
         if range_ms % res == 0 and not (refs % res).any() and not ev.options.left_open_windows:
-            return Plan(res, False, refs, range_ms)
+            if _mostly_rolled_up(source, int(refs.min()) - range_ms, int(refs.max())):
+                return Plan(res, False, refs, range_ms)
+            break
     horizon = source.raw_horizon()
     res = min(res for _, res in RESOLUTIONS)
     if horizon and int(refs.min()) - range_ms < horizon and range_ms >= res:
         # Each window moves to whole minutes: its end down to one, its length to the nearest.
         return Plan(res, True, refs // res * res, max(res, round(range_ms / res) * res))
     return None
+
+
+def _mostly_rolled_up(source: Any, start: int, end: int) -> bool:
+    """Whether rollups are done for most of ``[start, end]``: buckets after the watermark
+    are computed from raw samples at query time, slower than the raw path itself."""
+    until = source.rolled_up_until() if hasattr(source, "rolled_up_until") else 0
+    return until is None or until - start >= (end - start) / 2
 
 
 def range_call(ev: Evaluator, name: str, ms: Any, steps: np.ndarray) -> StepVector | None:
