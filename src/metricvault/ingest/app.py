@@ -50,9 +50,10 @@ from metricvault.ingest.experiments_api import (
 )
 from metricvault.ingest.limits import NewSeriesLimiter
 from metricvault.ingest.metrics import GatewayMetrics
+from metricvault.ingest.otlp_api import OtlpAPI
 from metricvault.ingest.prometheus_api import PrometheusAPI
 from metricvault.ingest.protocols.influx_line import decode_line_protocol
-from metricvault.ingest.protocols.remote_write import decode_remote_write
+from metricvault.ingest.protocols.remote_write import DecodedWrite, decode_remote_write
 from metricvault.open import open as open_store
 from metricvault.protocols import ServingStore
 from metricvault.redact import redact_logs
@@ -108,6 +109,23 @@ class Gateway:
         self.metrics.stored.labels(protocol).inc(stored)
         return stored
 
+    async def store_decoded(self, decoded: DecodedWrite, who: Principal, protocol: str) -> int:
+        """Store one decoded remote-write (or OTLP) request; the samples stored."""
+        # staleness markers and NaN/±Inf samples are stored like any other (issue 13)
+        self.metrics.received.labels(protocol).inc(decoded.samples)
+        if decoded.kinds:  # metadata usually arrives in requests of its own
+            self.vault.set_metric_kinds(decoded.kinds)
+        if decoded.histograms:
+            self.metrics.dropped.labels("histogram").inc(decoded.histograms)
+        stored = 0
+        if decoded.table.num_rows:
+            stored = await run_in_threadpool(
+                self.store, decoded.table, decoded.kinds, who, protocol
+            )
+            if stored < decoded.table.num_rows:  # InfluxDB holds no NaN, ±Inf or markers
+                self.metrics.dropped.labels("non_finite").inc(decoded.table.num_rows - stored)
+        return stored
+
     async def handle(
         self, request: Request, endpoint: str, work: Callable[[Request, Principal], Any]
     ) -> Response:
@@ -146,19 +164,7 @@ class Gateway:
                 max_decoded_bytes=self.settings.max_body_bytes,
                 **self.decode_limits(),
             )
-            # staleness markers and NaN/±Inf samples are stored like any other (issue 13)
-            self.metrics.received.labels("remote_write").inc(decoded.samples)
-            if decoded.kinds:  # metadata usually arrives in requests of its own
-                self.vault.set_metric_kinds(decoded.kinds)
-            if decoded.histograms:
-                self.metrics.dropped.labels("histogram").inc(decoded.histograms)
-            stored = 0
-            if decoded.table.num_rows:
-                stored = await run_in_threadpool(
-                    self.store, decoded.table, decoded.kinds, who, "remote_write"
-                )
-                if stored < decoded.table.num_rows:  # InfluxDB holds no NaN, ±Inf or markers
-                    self.metrics.dropped.labels("non_finite").inc(decoded.table.num_rows - stored)
+            stored = await self.store_decoded(decoded, who, "remote_write")
             headers = {}
             if decoded.version == "2.0":
                 headers = {
@@ -456,6 +462,7 @@ def create_app(
         Route("/api/v1/write", gateway.remote_write, methods=["POST"]),
         Route("/write", gateway.influx_write, methods=["POST"]),
         Route("/api/v2/write", gateway.influx_write, methods=["POST"]),
+        Route("/v1/metrics", OtlpAPI(gateway).export, methods=["POST"]),  # OpenTelemetry
         Route("/ping", gateway.influx_ping, methods=["GET", "HEAD"]),
         Route("/query", gateway.influx_query, methods=["GET", "POST"]),
         Route("/api/v1/experiments", gateway.experiments, methods=["GET", "POST"]),

@@ -1,0 +1,93 @@
+"""``POST /v1/metrics``: OpenTelemetry metrics (OTLP/HTTP, protobuf or JSON) into the vault.
+
+After decoding (``protocols/otlp.py``) a request takes exactly the remote-write path
+(``Gateway.store_decoded``): the same authentication, tenants, limits, self-metrics (protocol
+``otlp``) and durability (200 only once the samples are in the durable buffer). Replies follow
+the OTLP/HTTP spec: 200 with an ``ExportMetricsServiceResponse`` in the request's content type
+(``partial_success`` counts the data points left out, and says why), and for a refused request
+its status (400, 401, 413, 415, 429/503 with Retry-After) with a ``google.rpc.Status`` body.
+
+DELTA points are added up per stream in this worker (``otlp_streams``); requests that carry
+them are stored one at a time, so two of them never add to the same total at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from metricvault.credentials import Principal
+from metricvault.ingest.protocols.otlp import (
+    OtlpDecoded,
+    OtlpStreams,
+    decode_otlp,
+    response_body,
+    status_body,
+    to_write,
+)
+from metricvault.ingest.protocols.otlp_body import PROTOBUF, media_type
+
+if TYPE_CHECKING:
+    from metricvault.ingest.app import Gateway
+
+ENDPOINT = "/v1/metrics"
+
+
+class OtlpAPI:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.streams = OtlpStreams()
+        self.delta_lock = asyncio.Lock()
+
+    async def export(self, request: Request) -> Response:
+        response = await self.gateway.handle(request, ENDPOINT, self.work)
+        if response.status_code < 400:
+            return response
+        # a refusal, worded by the gateway: the same message as a google.rpc.Status
+        kind = media_type(request.headers.get("content-type")) or PROTOBUF
+        message = bytes(response.body).decode("utf-8", "replace").rstrip("\n")
+        headers = {
+            name: value
+            for name, value in response.headers.items()
+            if name.lower() not in ("content-type", "content-length")
+        }
+        return Response(
+            status_body(response.status_code, message, kind),
+            response.status_code,
+            headers=headers,
+            media_type=kind,
+        )
+
+    async def work(self, request: Request, who: Principal) -> Response:
+        gateway = self.gateway
+        body = await gateway.body(request)
+        decoded: OtlpDecoded = await run_in_threadpool(
+            decode_otlp,
+            body,
+            content_type=request.headers.get("content-type"),
+            content_encoding=request.headers.get("content-encoding"),
+            max_decoded_bytes=gateway.settings.max_body_bytes,
+            **gateway.decode_limits(),
+        )
+        if decoded.has_deltas:
+            async with self.delta_lock:  # totals are read, stored and committed in turn
+                await self.store(decoded, who)
+        else:
+            await self.store(decoded, who)
+        if decoded.points.rejected:
+            gateway.metrics.rejected.labels("otlp_data_point").inc(decoded.points.rejected)
+        content = response_body(
+            decoded.points.rejected, decoded.error_message(), decoded.content_type
+        )
+        return Response(content, 200, media_type=decoded.content_type)
+
+    async def store(self, decoded: OtlpDecoded, who: Principal) -> None:
+        min_ms = await run_in_threadpool(self.gateway.vault.min_writable_ms)
+        pending = self.streams.apply(decoded.points, who.tenant, min_ms)
+        write = await run_in_threadpool(to_write, decoded)
+        await self.gateway.store_decoded(write, who, "otlp")
+        pending.commit()  # only now: a refused request changes no stream

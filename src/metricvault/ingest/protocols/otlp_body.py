@@ -1,0 +1,179 @@
+"""An OTLP/HTTP request body -> an ``ExportMetricsServiceRequest``, and the replies' bodies.
+
+Content types (OTLP/HTTP spec): ``application/x-protobuf`` (binary protobuf) and
+``application/json`` (the OTLP JSON mapping: lowerCamelCase or original field names, int64 and
+uint64 as strings or numbers, enums as integers, trace and span ids in hex, unknown fields
+ignored). ``Content-Encoding: gzip`` is inflated in bounded chunks (a gzip bomb stops at
+``max_decoded_bytes``). Replies go back in the request's content type: an
+``ExportMetricsServiceResponse`` on success, a ``google.rpc.Status`` on errors.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from typing import Any
+
+from google.protobuf import json_format  # type: ignore[import-untyped]
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+
+from metricvault.errors import InputError, TooLargeError, UnsupportedError
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+CONTENT_TYPES = (PROTOBUF, JSON)
+_GUNZIP_CHUNK = 1 << 20
+_GRPC_INVALID_ARGUMENT = 3  # google.rpc.Code for a 400
+# google.rpc.Code by HTTP status, for the Status body of a refusal
+GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 413: 8, 415: 3, 429: 8, 500: 13, 503: 14}
+
+
+def media_type(content_type: str | None) -> str | None:
+    """``application/json; charset=utf-8`` -> ``application/json``; None if not OTLP's."""
+    kind = (content_type or "").split(";", 1)[0].strip().lower()
+    return kind if kind in CONTENT_TYPES else None
+
+
+def check_content_type(content_type: str | None) -> str:
+    kind = media_type(content_type)
+    if kind is None:
+        shown = json.dumps(content_type) if content_type else "none"
+        raise UnsupportedError(
+            f"Content-Type {shown} is not an OTLP/HTTP encoding; send "
+            f"'{PROTOBUF}' (binary protobuf) or '{JSON}' (the OTLP JSON mapping)"
+        )
+    return kind
+
+
+def inflate(body: bytes, content_encoding: str | None, limit: int) -> bytes:
+    """The body as sent, or gunzipped; never more than ``limit`` bytes of it."""
+    encoding = (content_encoding or "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "x-gzip"):
+        raise UnsupportedError(
+            f"Content-Encoding {json.dumps(content_encoding)} is not supported for OTLP; send "
+            "the body uncompressed or with 'Content-Encoding: gzip'"
+        )
+    out: list[bytes] = []
+    total, data = 0, body
+    try:
+        while True:
+            inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            while not inflater.eof:
+                chunk = inflater.decompress(data, min(_GUNZIP_CHUNK, limit + 1 - total))
+                total += len(chunk)
+                if total > limit:
+                    raise TooLargeError(
+                        f"the gzip body inflates to more than {limit} bytes (max_body_bytes); "
+                        "export smaller batches (OTel SDK: lower max_export_batch_size; "
+                        "Collector: send_batch_max_size)"
+                    )
+                progress = bool(chunk) or len(inflater.unconsumed_tail) != len(data)
+                data = inflater.unconsumed_tail
+                out.append(chunk)
+                if not progress:
+                    break
+            if not inflater.eof:
+                raise InputError(
+                    f"the gzip body ends early after {total} decompressed bytes (truncated "
+                    "upload?); send the complete gzip stream"
+                )
+            data = inflater.unused_data
+            if not data:
+                return b"".join(out)
+    except zlib.error as exc:
+        raise InputError(
+            f"the body is not valid gzip ({exc}); compress it with gzip or drop the "
+            "'Content-Encoding: gzip' header"
+        ) from exc
+
+
+def parse_request(raw: bytes, kind: str) -> Any:
+    """The ``ExportMetricsServiceRequest`` in ``raw``, or ``InputError`` saying why not."""
+    request = ExportMetricsServiceRequest()
+    if kind == PROTOBUF:
+        try:
+            request.ParseFromString(raw)
+        except DecodeError as exc:
+            raise InputError(
+                f"the body ({len(raw):,} bytes) is not a valid protobuf "
+                f"ExportMetricsServiceRequest: {exc}; send an OTLP metrics export request "
+                f"(opentelemetry-proto) with Content-Type {PROTOBUF}"
+            ) from exc
+        return request
+    try:
+        document = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"the body is not JSON: {exc}; send OTLP/JSON") from exc
+    if not isinstance(document, dict):
+        raise InputError(
+            f"the JSON body is a {type(document).__name__}, not an object; send an OTLP/JSON "
+            'ExportMetricsServiceRequest ({"resourceMetrics": [...]})'
+        )
+    try:
+        _hex_ids_to_base64(document)
+        json_format.ParseDict(document, request, ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, TypeError, AttributeError) as exc:
+        raise InputError(
+            f"the JSON body is not a valid OTLP/JSON ExportMetricsServiceRequest: {exc}"
+        ) from exc
+    return request
+
+
+_ID_KEYS = ("traceId", "spanId", "trace_id", "span_id")
+
+
+def _hex_ids_to_base64(node: Any) -> None:
+    """OTLP/JSON writes trace and span ids in hex, where proto3 JSON expects base64."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _ID_KEYS and isinstance(value, str):
+                try:
+                    node[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
+                except ValueError as exc:
+                    raise ValueError(f"{key} {value!r} is not hex") from exc
+            else:
+                _hex_ids_to_base64(value)
+    elif isinstance(node, list):
+        for item in node:
+            _hex_ids_to_base64(item)
+
+
+def response_body(rejected: int, message: str, kind: str) -> bytes:
+    """An ``ExportMetricsServiceResponse``; ``partial_success`` set only when something was
+    rejected (the spec: an empty response means everything was accepted)."""
+    response = ExportMetricsServiceResponse()
+    if rejected or message:
+        response.partial_success.rejected_data_points = rejected
+        response.partial_success.error_message = message
+    if kind == JSON:
+        return json.dumps(json_format.MessageToDict(response)).encode()
+    return bytes(response.SerializeToString())
+
+
+def status_body(status: int, message: str, kind: str) -> bytes:
+    """A ``google.rpc.Status`` (code, message), encoded by hand: its two scalar fields are all
+    a refusal needs, and googleapis-common-protos would be a dependency for them only."""
+    code = GRPC_CODES.get(status, _GRPC_INVALID_ARGUMENT if status < 500 else 13)
+    if kind == JSON:
+        return json.dumps({"code": code, "message": message}).encode()
+    text = message.encode()
+    return b"\x08" + _varint(code) + b"\x12" + _varint(len(text)) + text
+
+
+def _varint(number: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = number & 0x7F
+        number >>= 7
+        if number:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
