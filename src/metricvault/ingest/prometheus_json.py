@@ -1,0 +1,66 @@
+"""The JSON body of a Prometheus query answer, written straight from a :class:`QueryResult`.
+
+``json.dumps(result.to_prometheus())`` spends most of a big range answer's time on one
+``numpy.format_float_positional`` call and a few small objects per point (about 3 us a
+point: 0.25 s for 75,000). This writes the same bytes, as Starlette's ``JSONResponse`` would
+(``ensure_ascii=False``, no spaces), with each distinct timestamp and value formatted once per
+answer: values through ``repr`` (the same shortest round-trip digits) where it writes no
+exponent, ``numpy`` where it would.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from metricvault.promql.values import QueryResult
+
+_DUMPS = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+).encode
+
+
+def format_value(value: float) -> str:
+    """Prometheus's text of a sample value (Go's ``FormatFloat(v, 'f', -1, 64)``):
+    positional digits, the shortest that read back to the same float; NaN, +Inf, -Inf."""
+    text = repr(value)
+    if "e" in text or "n" in text:  # exponent, nan, inf
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "+Inf" if value > 0 else "-Inf"
+        return np.format_float_positional(value, unique=True, trim="-")
+    return text[:-2] if text.endswith(".0") else text
+
+
+def answer_body(result: QueryResult, warnings: list[str]) -> bytes:
+    """``{"status":"success","data":...,"warnings":[...]}`` for ``result``, byte for byte
+    what ``JSONResponse`` writes for ``to_prometheus()`` (matrices written here, the small
+    result types through ``to_prometheus``)."""
+    if result.result_type == "matrix":
+        data = '{"resultType":"matrix","result":[' + _matrix(result.series) + "]}"
+    else:
+        data = _DUMPS(result.to_prometheus())
+    tail = ',"warnings":' + _DUMPS(warnings) if warnings else ""
+    return ('{"status":"success","data":' + data + tail + "}").encode("utf-8")
+
+
+def _matrix(series: list[tuple[dict[str, str], np.ndarray, np.ndarray]]) -> str:
+    times: dict[int, str] = {}  # the steps repeat across series
+    values: dict[Any, str] = {}
+    out = []
+    for labels, ts, vs in series:
+        points = []
+        for t, v in zip(ts.tolist(), vs.tolist(), strict=True):
+            head = times.get(t)
+            if head is None:
+                head = times[t] = "[" + repr(t / 1000) + ',"'
+            text = values.get(v) if v else None  # 0.0 and -0.0 are equal keys: format both
+            if text is None:
+                text = values[v] = format_value(v) + '"]'
+            points.append(head + text)
+        out.append('{"metric":' + _DUMPS(labels) + ',"values":[' + ",".join(points) + "]}")
+    return ",".join(out)
