@@ -134,7 +134,9 @@ class Agent:
         self.sources = list(sources)
         self.registry = CollectorRegistry(auto_describe=False)
         for source in self.sources:
-            self.registry.register(source)
+            # sources yield light families (collect/families.py): prometheus-client reads
+            # them by attribute, only its type hints want its own classes
+            self.registry.register(source)  # type: ignore[arg-type]
         self.registry.register(self)
         ProcessCollector(registry=self.registry)
         self.sampler = FastSampler(
@@ -215,7 +217,7 @@ class Agent:
             auth=self.push_auth,
             correct_clock_above_s=self.opts.clock_bound_s,
         )
-        self.registry.register(self.pusher)
+        self.registry.register(self.pusher)  # type: ignore[arg-type]  # light families
         self.pusher.start()
         self._push_thread = threading.Thread(target=self._push_loop, name="push", daemon=True)
         self._push_thread.start()

@@ -25,8 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-from prometheus_client.core import CounterMetricFamily, Metric
-
+from metricvault.collect.families import CounterMetricFamily, Metric
 from metricvault.collect.sources import FastReading
 from metricvault.collect.sources.host import validate_extra_labels
 from metricvault.collect.state import CounterState

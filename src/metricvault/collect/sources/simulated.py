@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
-from prometheus_client.core import Metric
 
+from metricvault.collect.families import Metric
 from metricvault.collect.sources import FastReading
 from metricvault.collect.sources._labels import (
     HOSTNAME_LABEL,

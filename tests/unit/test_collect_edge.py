@@ -1,0 +1,173 @@
+"""Issue 14: the edge profile's sources, defaults, refusals, light families and imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import core as prom
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+from metricvault.collect import cli, families
+from metricvault.collect.agent import AgentOptions
+from metricvault.collect.edge import EdgeAgent, edge_sources
+from metricvault.collect.sources._labels import METRICS
+from metricvault.collect.sources.host import HostSource
+from metricvault.collect.sources.simulated_light import LightSimulatedGpuSource
+from metricvault.errors import ConfigError
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def options(tmp_path: Path, **kw: object) -> AgentOptions:
+    return AgentOptions(push_url="http://127.0.0.1:9", state_dir=tmp_path / "state", **kw)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- source selection
+def test_edge_sources_are_the_light_simulator_and_the_host(tmp_path: Path) -> None:
+    sources, kind = edge_sources(options(tmp_path, simulate_gpus=2))
+    assert [type(s) for s in sources] == [LightSimulatedGpuSource, HostSource]
+    assert kind == "simulated"
+
+
+def test_edge_sources_without_host_or_gpu(tmp_path: Path) -> None:
+    sources, kind = edge_sources(options(tmp_path, simulate_gpus=1, host_metrics=False))
+    assert [type(s) for s in sources] == [LightSimulatedGpuSource]
+    sources, kind = edge_sources(options(tmp_path, gpu="none"))
+    assert [type(s) for s in sources] == [HostSource] and kind == "none"
+
+
+def test_edge_sources_refuse_a_log_watch(tmp_path: Path) -> None:
+    opts = options(tmp_path, watch_logs=[(tmp_path / "train.log", {"oom": "OOM"})])
+    with pytest.raises(ConfigError, match="watches no training logs"):
+        edge_sources(opts)
+
+
+# ---------------------------------------------------------------- command line
+def make(argv: list[str]) -> object:
+    parser = cli.build_parser()
+    return cli._make_agent(parser.parse_args(argv), parser)
+
+
+def test_the_edge_profile_pushes_every_30_s_and_collects_every_10_s(tmp_path: Path) -> None:
+    state = ["--state-dir", str(tmp_path / "s"), "--gpu", "none"]
+    agent = make(["--profile", "edge", "--push", "http://127.0.0.1:9", *state])
+    assert isinstance(agent, EdgeAgent)
+    assert agent.opts.push_interval_s == 30.0 and agent.opts.sample_interval_s == 10.0
+    assert agent.push_url == "http://127.0.0.1:9/api/v1/write"
+    agent = make(["--profile", "edge", "--push", "http://gw:9201", "--push-interval", "5", *state])
+    assert isinstance(agent, EdgeAgent) and agent.opts.push_interval_s == 5.0
+
+
+def test_the_full_profile_keeps_15_s(tmp_path: Path) -> None:
+    parser = cli.build_parser()
+    args = parser.parse_args(["--push", "http://gw:9201"])
+    assert cli._push_interval(args) == 15.0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--profile", "edge"], "only pushes: give --push URL"),
+        (["--profile", "edge", "--push", "http://gw:9", "--listen", ":1"], "--listen"),
+        (["--profile", "edge", "--push", "http://gw:9", "--sample-hz", "2"], "--sample-hz"),
+        (["--profile", "edge", "--push", "http://gw:9", "--set", "a=b"], "--set"),
+        (["--sample-interval", "5"], "is for --profile edge"),
+    ],
+)
+def test_options_that_do_not_apply_are_refused(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        make(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_too_short_interval_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--sample-interval 0"):
+        EdgeAgent(options(tmp_path, sample_interval_s=0.0, gpu="none"))
+
+
+# ---------------------------------------------------------------- collection
+def test_a_collection_labels_every_sample_with_the_host(tmp_path: Path) -> None:
+    sim = LightSimulatedGpuSource(gpus=2, hostname="edge01", clock=lambda: 1_000.0)
+    agent = EdgeAgent(options(tmp_path, hostname="edge01"), sources=[sim])
+    assert agent.collect_once() > 0
+    samples = agent._pending
+    assert {s[1]["Hostname"] for s in samples} == {"edge01"}
+    names = {s[0] for s in samples}
+    assert {"DCGM_FI_DEV_GPU_UTIL", "metricvault_agent_info", "process_cpu_seconds_total"} <= names
+    info = [s for s in samples if s[0] == "metricvault_agent_info"]
+    assert info[0][1]["profile"] == "edge"
+
+
+def test_the_light_simulator_uses_the_gpu_sources_names_and_labels() -> None:
+    now = [5_000.0]
+    sim = LightSimulatedGpuSource(gpus=3, hostname="h", seed=1, clock=lambda: now[0])
+    first = {f.name: f for f in sim.collect()}
+    assert set(first) <= set(METRICS)
+    assert all(s.labels["simulated"] == "true" for f in first.values() for s in f.samples)
+    util = [s.value for s in first["DCGM_FI_DEV_GPU_UTIL"].samples]
+    assert len(util) == 3 and all(0 <= u <= 100 for u in util)
+    energy0 = [s.value for s in first["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].samples]
+    now[0] += 60
+    energy1 = [s.value for f in sim.collect() if f.name.endswith("ENERGY_CONSUMPTION")
+               for s in f.samples]  # fmt: skip
+    assert all(b > a for a, b in zip(energy0, energy1, strict=True))
+    with pytest.raises(ConfigError):
+        LightSimulatedGpuSource(gpus=0)
+
+
+# ---------------------------------------------------------------- light families
+class Families:
+    def __init__(self, module: object) -> None:
+        self.module = module
+
+    def collect(self) -> list[object]:
+        m = self.module
+        gauge = m.GaugeMetricFamily("g_bytes", "a gauge", labels=["a"])  # type: ignore[attr-defined]
+        gauge.add_metric(["x"], 1.5)
+        counter = m.CounterMetricFamily("c_total", "a counter", labels=["b"])  # type: ignore[attr-defined]
+        counter.add_metric(["y"], 3)
+        info = m.InfoMetricFamily("i", "info", labels=["k"])  # type: ignore[attr-defined]
+        info.add_metric(["v"], {"version": "1"})
+        plain = m.GaugeMetricFamily("plain", "no labels", value=2)  # type: ignore[attr-defined]
+        return [gauge, counter, info, plain]
+
+
+@pytest.mark.parametrize("render", [generate_latest, generate_openmetrics])
+def test_light_families_render_like_prometheus_clients_own(render: object) -> None:
+    outputs = []
+    for module in (families, prom):
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(Families(module))  # type: ignore[arg-type]
+        outputs.append(render(registry))  # type: ignore[operator]
+    assert outputs[0] == outputs[1]
+
+
+def test_the_edge_modules_import_no_prometheus_client_protobuf_or_numpy() -> None:
+    """In a fresh interpreter: what `--profile edge` imports to collect and push."""
+    code = (
+        "import sys\n"
+        "from metricvault.collect.edge import import_http_client\n"
+        "import_http_client(False)\n"
+        "import metricvault.collect.cli, metricvault.collect.edge, metricvault.collect.push\n"
+        "import metricvault.collect.sources.host, metricvault.collect.sources.simulated_light\n"
+        "import metricvault.collect.sources.nvml\n"
+        "heavy = ('prometheus_client', 'google.protobuf', 'numpy', 'pandas', 'pyarrow', 'duckdb',"
+        " 'ssl', 'typer', 'rich')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or m in heavy))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(SRC)},
+        timeout=60,
+    )
+    assert out.stdout.strip() == "[]"
