@@ -1,0 +1,331 @@
+"""deploy/kubernetes: the manifests are valid Kubernetes objects, consistent with each other, and
+pass only settings and flags that metricvault has.
+
+Kubernetes objects are validated offline by ``kubernetes-validate`` (strict: unknown fields are
+errors) against the schemas of the newest Kubernetes version it ships; the ServiceMonitor, a
+CRD it cannot know, against the part of the CRD's openAPIV3Schema vendored in
+``tests/data/kubernetes/crd`` (its source is named there).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]  # kubernetes-validate depends on it
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+from click import Command
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from metricvault.cli.main import app
+from metricvault.collect.cli import build_parser
+from metricvault.config import ENV_PREFIX, Settings, setting_names
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy" / "kubernetes"
+CRD_SCHEMA = ROOT / "tests" / "data" / "kubernetes" / "crd" / "servicemonitor-v1.schema.yaml"
+HELM_VALUES = "prometheus-remote-write.yaml"
+NOT_RESOURCES = {HELM_VALUES, "kustomization.yaml"}
+K8S_VERSION = kubernetes_validate.latest_version()
+GATEWAY_URL = "http://metricvault-gateway.metricvault.svc:9201"
+
+
+def manifests() -> list[tuple[str, dict[str, Any]]]:
+    """(file name, object) for every Kubernetes object of deploy/kubernetes."""
+    found = []
+    for path in sorted(DEPLOY.glob("*.yaml")):
+        if path.name not in NOT_RESOURCES:
+            found += [(path.name, doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return found
+
+
+def objects(kind: str) -> list[dict[str, Any]]:
+    return [doc for _, doc in manifests() if doc["kind"] == kind]
+
+
+def one(kind: str, name: str) -> dict[str, Any]:
+    found = [doc for doc in objects(kind) if doc["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} objects"
+    return found[0]
+
+
+def pod_specs() -> list[dict[str, Any]]:
+    return [
+        doc["spec"]["template"]["spec"] for doc in [*objects("DaemonSet"), *objects("StatefulSet")]
+    ]
+
+
+def containers() -> list[dict[str, Any]]:
+    return [c for spec in pod_specs() for c in spec["containers"]]
+
+
+def validate_crd(doc: dict[str, Any]) -> None:
+    schema = yaml.safe_load(CRD_SCHEMA.read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)
+
+
+# -- valid objects ----------------------------------------------------------------------------
+
+
+def test_the_deployment_has_every_part() -> None:
+    kinds = sorted((doc["kind"], doc["metadata"]["name"]) for _, doc in manifests())
+    assert kinds == [
+        ("DaemonSet", "metricvault-agent"),
+        ("Namespace", "metricvault"),
+        ("NetworkPolicy", "metricvault-agent"),
+        ("NetworkPolicy", "metricvault-gateway"),
+        ("Secret", "metricvault-agent-token"),
+        ("Secret", "metricvault-gateway-config"),
+        ("Secret", "metricvault-prometheus-token"),
+        ("Service", "metricvault-agent"),
+        ("Service", "metricvault-gateway"),
+        ("Service", "metricvault-gateway-headless"),
+        ("ServiceMonitor", "metricvault-agent"),
+        ("ServiceMonitor", "metricvault-gateway"),
+        ("StatefulSet", "metricvault-gateway"),
+    ]
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    listed = sorted(kustomization["resources"])
+    assert listed == sorted({name for name, _ in manifests()}), "kustomize applies every file"
+
+
+@pytest.mark.parametrize(
+    "name, doc",
+    [(f"{n}:{d['kind']}/{d['metadata']['name']}", d) for n, d in manifests()],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_each_object_is_valid(name: str, doc: dict[str, Any]) -> None:
+    if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+        validate_crd(doc)
+    else:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def _misspelt_field(doc: dict[str, Any]) -> None:
+    doc["spec"]["template"]["spec"]["runtimeClasName"] = "nvidia"
+
+
+def _wrong_type(doc: dict[str, Any]) -> None:
+    doc["spec"]["replicas"] = "one"
+
+
+def _named_service_port(doc: dict[str, Any]) -> None:
+    doc["spec"]["ports"][0]["port"] = "http"  # port is a number; targetPort may be a name
+
+
+@pytest.mark.parametrize(
+    "kind, name, spoil, expected",
+    [
+        ("DaemonSet", "metricvault-agent", _misspelt_field, "runtimeClasName"),
+        ("StatefulSet", "metricvault-gateway", _wrong_type, "one"),
+        ("Service", "metricvault-gateway", _named_service_port, "http"),
+    ],
+)
+def test_the_validator_refuses_a_spoilt_object(kind, name, spoil, expected) -> None:
+    doc = copy.deepcopy(one(kind, name))
+    spoil(doc)
+    with pytest.raises(kubernetes_validate.ValidationError, match=expected):
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_crd_schema_refuses_a_spoilt_servicemonitor() -> None:
+    doc = copy.deepcopy(one("ServiceMonitor", "metricvault-agent"))
+    doc["spec"]["endpoints"][0]["honourLabels"] = True  # misspelt
+    with pytest.raises(jsonschema.ValidationError, match="honourLabels"):
+        validate_crd(doc)
+    doc = copy.deepcopy(one("ServiceMonitor", "metricvault-agent"))
+    doc["spec"]["endpoints"][0]["interval"] = "15 seconds"
+    with pytest.raises(jsonschema.ValidationError, match="15 seconds"):
+        validate_crd(doc)
+    del doc["spec"]["selector"]
+    with pytest.raises(jsonschema.ValidationError, match="selector"):
+        validate_crd(doc)
+
+
+# -- settings and flags exist -----------------------------------------------------------------
+
+
+def _config_listing() -> set[str]:
+    result = CliRunner().invoke(app, ["config"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return {line.split("\t", 1)[0] for line in result.output.splitlines()[1:] if line}
+
+
+def test_every_environment_variable_is_a_setting_metricvault_reads() -> None:
+    listed = _config_listing()
+    assert listed == set(setting_names())
+    env = {
+        e["name"]: e["value"]
+        for c in containers()
+        for e in c.get("env", [])
+        if e["name"].startswith(ENV_PREFIX)
+    }
+    assert env, "the manifests set settings through METRICVAULT_* variables"
+    for name, value in env.items():
+        setting = name.removeprefix(ENV_PREFIX).lower()
+        assert setting in listed, f"{name} is no setting of `metricvault config`"
+        loaded = getattr(Settings.load(env={name: value}), setting)  # refused if invalid
+        assert str(loaded).lower() == value.lower(), f"{name}={value} read as {loaded!r}"
+
+
+def _subcommands() -> dict[str, Command]:
+    group = get_command(app)
+    return dict(group.commands)  # type: ignore[attr-defined]  # a TyperGroup
+
+
+def _flags(args: list[str]) -> list[str]:
+    return [a.split("=", 1)[0] for a in args if a.startswith("--")]
+
+
+def test_every_flag_is_in_its_commands_help() -> None:
+    commands = _subcommands()
+    checked = set()
+    for container in containers():
+        assert container["command"] == ["metricvault"]
+        sub, *args = container["args"]
+        if sub == "agent":
+            help_text = build_parser().format_help()
+            build_parser().parse_args(args)  # and the agent's parser takes them as given
+        else:
+            result = CliRunner().invoke(
+                app, [sub, "--help"], catch_exceptions=False, terminal_width=200
+            )
+            assert result.exit_code == 0
+            help_text = result.output
+            options = {o for p in commands[sub].params for o in p.opts}
+            assert set(_flags(args)) <= options, f"metricvault {sub}: {set(_flags(args)) - options}"
+        for flag in _flags(args):
+            assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text), f"{sub} {flag}"
+        checked.add(sub)
+    assert checked == {"agent", "serve", "maintain"}
+
+
+# -- the parts fit together -------------------------------------------------------------------
+
+
+def _secret(name: str) -> dict[str, str]:
+    return one("Secret", name)["stringData"]
+
+
+def test_each_token_digest_is_the_digest_of_its_token(tmp_path: Path) -> None:
+    toml_text = _secret("metricvault-gateway-config")["metricvault.toml"]
+    digests = {t["sha256"] for t in tomllib.loads(toml_text)["auth_bearer_tokens"]}
+    tokens = [
+        _secret(n)["token"] for n in ("metricvault-agent-token", "metricvault-prometheus-token")
+    ]
+    assert digests == {hashlib.sha256(t.encode()).hexdigest() for t in tokens}
+    config = tmp_path / "metricvault.toml"
+    config.write_text(toml_text)
+    settings = Settings.load(config_file=config, env={})
+    assert len(settings.auth_bearer_tokens) == 2, "metricvault reads the gateway's config"
+
+
+def test_the_agent_daemonset_is_set_up_for_pod_attribution() -> None:
+    spec = one("DaemonSet", "metricvault-agent")["spec"]["template"]["spec"]
+    assert spec["runtimeClassName"] == "nvidia" and spec["hostPID"] is True
+    agent = spec["containers"][0]
+    args = build_parser().parse_args(agent["args"][1:])
+    assert args.kubernetes == "auto"
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    socket_dir = str(args.pod_resources_socket.parent)
+    [mount] = [m for m in mounts.values() if m["mountPath"] == socket_dir]
+    assert mount.get("readOnly") is True
+    assert volumes[mount["name"]]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    token_dir = str(args.push_bearer_token_file.parent)
+    [token_mount] = [m for m in mounts.values() if m["mountPath"] == token_dir]
+    secret = volumes[token_mount["name"]]["secret"]["secretName"]
+    assert args.push_bearer_token_file.name in _secret(secret)
+    assert args.push == GATEWAY_URL
+    assert str(args.state_dir) in {m["mountPath"] for m in mounts.values()}
+    limits, requests = agent["resources"]["limits"], agent["resources"]["requests"]
+    assert requests["memory"] == "80Mi" and limits["memory"] == "160Mi"  # docs/kubernetes.md
+
+
+def test_the_gateway_statefulset_keeps_its_vault_on_the_claim() -> None:
+    sts = one("StatefulSet", "metricvault-gateway")["spec"]
+    headless = one("Service", sts["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    [claim] = sts["volumeClaimTemplates"]
+    pod = sts["template"]["spec"]
+    by_name = {c["name"]: c for c in pod["containers"]}
+    for name in ("gateway", "maintain"):
+        args = by_name[name]["args"]
+        data = args[args.index("--data") + 1]
+        mounts = [
+            m for m in by_name[name]["volumeMounts"] if m["name"] == claim["metadata"]["name"]
+        ]
+        assert len(mounts) == 1 and data.startswith(mounts[0]["mountPath"] + "/")
+        config = args[args.index("--config") + 1]
+        assert any(config.startswith(m["mountPath"] + "/") for m in by_name[name]["volumeMounts"])
+    assert by_name["maintain"]["args"][:2] == ["maintain", "--loop"]
+    env = {e["name"]: e["value"] for e in by_name["gateway"]["env"]}
+    assert env["METRICVAULT_GATEWAY_MAINTAIN"] == "false", "one maintainer: the maintain container"
+    # a Service's selector selects its pods, and its target port is a named container port
+    labels = sts["template"]["metadata"]["labels"]
+    ports = {p["name"] for c in pod["containers"] for p in c.get("ports", [])}
+    for service in objects("Service"):
+        selected = service["spec"]["selector"].items() <= labels.items()
+        if service["metadata"]["name"].startswith("metricvault-gateway"):
+            assert selected and {p["targetPort"] for p in service["spec"]["ports"]} <= ports
+
+
+def test_servicemonitors_select_services_and_their_ports() -> None:
+    for monitor in objects("ServiceMonitor"):
+        wanted = monitor["spec"]["selector"]["matchLabels"]
+        services = [
+            s for s in objects("Service") if wanted.items() <= s["metadata"]["labels"].items()
+        ]
+        assert services, monitor["metadata"]["name"]
+        ports = {p["name"] for s in services for p in s["spec"]["ports"]}
+        assert {e["port"] for e in monitor["spec"]["endpoints"]} <= ports
+        assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    agent = one("ServiceMonitor", "metricvault-agent")["spec"]["endpoints"][0]
+    assert agent["honorLabels"] is True, "the agent's pod labels must win over the target's"
+
+
+def test_the_remote_write_snippet_points_at_the_gateway_with_its_token() -> None:
+    values = yaml.safe_load((DEPLOY / HELM_VALUES).read_text())
+    [remote] = values["prometheus"]["prometheusSpec"]["remoteWrite"]
+    assert remote["url"] == GATEWAY_URL + "/api/v1/write"
+    credentials = remote["authorization"]["credentials"]
+    secret = one("Secret", credentials["name"])
+    assert (
+        secret["metadata"]["namespace"] == "monitoring"
+        and credentials["key"] in secret["stringData"]
+    )
+    drop = remote["writeRelabelConfigs"][0]
+    assert drop == {"sourceLabels": ["job"], "regex": "metricvault-agent", "action": "drop"}
+    assert drop["regex"] == one("Service", "metricvault-agent")["metadata"]["name"], (
+        "the agent job's name is its Service's (the ServiceMonitor's default job label)"
+    )
+    # each field is one of the Prometheus CRD's RemoteWriteSpec (a structural check)
+    assert set(remote) <= {"url", "authorization", "writeRelabelConfigs", "queueConfig"}
+    assert set(remote["queueConfig"]) <= {
+        "maxSamplesPerSend",
+        "batchSendDeadline",
+        "capacity",
+        "maxShards",
+    }
+
+
+def test_network_policies_let_the_agents_and_prometheus_in() -> None:
+    gateway = one("NetworkPolicy", "metricvault-gateway")["spec"]
+    agent_labels = one("DaemonSet", "metricvault-agent")["spec"]["template"]["metadata"]["labels"]
+    sources = gateway["ingress"][0]["from"]
+    assert any(
+        s.get("podSelector", {}).get("matchLabels", {}).items() <= agent_labels.items()
+        and "namespaceSelector" not in s
+        for s in sources
+    )
+    assert gateway["ingress"][0]["ports"] == [{"port": 9201, "protocol": "TCP"}]
+    assert one("NetworkPolicy", "metricvault-agent")["spec"]["ingress"][0]["ports"] == [
+        {"port": 9400, "protocol": "TCP"}
+    ]
