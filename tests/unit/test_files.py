@@ -88,6 +88,16 @@ def test_rollup_columns_roundtrip_with_missing_increase():
     back = _roundtrip(table, files.ROLLUP_FLOATS)
     assert back["increase"].to_pylist() == [None, 3.0]
     assert back["sum"].to_pylist() == [12.5, 13.75]
+    # Rows in this shape (written before issue 13) read in today's schema: first and the
+    # sample times unknown (PromQL then reads raw samples), no NaN samples counted.
+    from metricvault.store.rollup import PARTIAL_COLUMNS, conform
+
+    rows = conform(back)
+    assert tuple(rows.column_names) == PARTIAL_COLUMNS
+    assert (
+        rows["first"].null_count == rows["first_ts"].null_count == rows["last_ts"].null_count == 2
+    )
+    assert rows["nonfinite"].to_pylist() == [0, 0]
 
 
 def test_sort_dedup_keeps_the_latest_write():

@@ -200,3 +200,45 @@ def test_before_the_raw_horizon_rollups_answer_and_say_so(tmp_path: Path) -> Non
     # Functions rollups cannot answer have only the raw samples after the horizon.
     assert engine.evaluate("irate(energy_total[5m])", start, end, HOUR).series == []
     vault.close()
+
+
+class _OldRows:
+    """A BucketSource holding one counter's rows as rollups wrote them before issue 13 (no
+    first sample, no sample times), all before the raw horizon."""
+
+    counter_lookback_ms = HOUR
+
+    def select(self, matchers, start_ms, end_ms):
+        return []
+
+    def raw_horizon(self) -> int:
+        return T0 + 30 * 24 * HOUR
+
+    def rolled_up_until(self):
+        return None
+
+    def select_buckets(self, matchers, start_ms, end_ms, width_ms):
+        from metricvault.promql.tiers import BucketSelection, SeriesBuckets
+
+        ts = np.arange(T0, T0 + 3 * HOUR, width_ms)
+        n = ts.size
+        columns = {
+            "ts": ts, "count": np.full(n, 60), "sum": np.full(n, 60.0), "min": np.ones(n),
+            "max": np.ones(n), "first": np.full(n, np.nan), "first_ts": np.full(n, -1),
+            "last": np.ones(n), "last_ts": np.full(n, -1), "increase": np.full(n, 6.0),
+            "nonfinite": np.zeros(n, np.int64),
+        }  # fmt: skip
+        return BucketSelection(
+            [SeriesBuckets({"__name__": "old_total"}, True, columns)], self.raw_horizon(), HOUR,
+            ("1h",),
+        )  # fmt: skip
+
+
+def test_rows_without_first_samples_answer_over_time_but_not_rate() -> None:
+    from metricvault.promql.tiers import OLD_ROWS_NOTE
+
+    engine = Engine(_OldRows())
+    got = engine.evaluate("sum_over_time(old_total[1h])", T0 + 2 * HOUR, T0 + 3 * HOUR, HOUR)
+    assert got.series[0][2].tolist() == [60.0, 60.0]
+    got = engine.evaluate("rate(old_total[1h])", T0 + 2 * HOUR, T0 + 3 * HOUR, HOUR)
+    assert got.series == [] and OLD_ROWS_NOTE in got.warnings

@@ -58,6 +58,13 @@ COLUMNS = (
 RESOLUTIONS = tuple(sorted(TIER_RESOLUTION_MS.items(), key=lambda kv: -kv[1]))
 
 
+OLD_ROWS_NOTE = (
+    "some rollup rows were written before rollups kept each bucket's first and last sample "
+    "(metricvault before issue 13): rate, increase and delta leave those series out where "
+    "only such rows remain"
+)
+
+
 @dataclass
 class SeriesBuckets:
     """One series' rows, sorted by bucket start; ``columns`` maps each of :data:`COLUMNS` to
@@ -185,6 +192,10 @@ def range_call(ev: Evaluator, name: str, ms: Any, steps: np.ndarray) -> StepVect
         if name in ("rate", "increase") and not s.counter:
             continue  # only before the horizon (else _exact said no): rows have no increase
         cols = _finite_rows(s.columns)
+        if name in ("rate", "increase", "delta") and (cols["first_ts"] < 0).any():
+            # only before the horizon: rows written before issue 13 keep no first sample
+            ev.notes.append(OLD_ROWS_NOTE)
+            continue
         v, ok = _evaluate(name, cols, p, rv, selection.counter_lookback_ms, s.counter)
         if ok.any():
             pairs = make_labels(s.labels.items())
