@@ -491,11 +491,17 @@ def fmt(ms: float | None) -> str:
 
 
 class LongShapeOnly:
-    """The vault as a store without ``select_series``: VaultSource then reads the long shape
-    through ``query`` (the path before issue 13's typed read), for the before/after column."""
+    """The vault as a store without ``select_series`` (everything else, the rollup reads
+    included, passed through): VaultSource then reads raw samples as the long shape through
+    ``query``, the path before the typed read, for the before/after column."""
 
     def __init__(self, vault: Vault) -> None:
-        self.query = vault.query
+        self._vault = vault
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "select_series":
+            raise AttributeError(name)
+        return getattr(self._vault, name)
 
 
 # --------------------------------------------------------------------------- the run
