@@ -73,7 +73,7 @@ _STALE_BYTES = STALE_NAN_BITS.to_bytes(8, "little")
 STALE_NAN: float = struct.unpack("<d", _STALE_BYTES)[0]
 
 
-class PointProblem(Exception):
+class _PointProblem(Exception):
     """One data point (or metric) is left out; the message says why."""
 
 
@@ -207,7 +207,7 @@ class Translator:
         try:
             labels = _labels(others.items(), ident)
             self._check(TARGET_INFO, labels)
-        except (LabelError, PointProblem) as exc:
+        except (LabelError, _PointProblem) as exc:
             self.out.note(f"target_info of resource {ident}: {exc}; not stored")
             return
         self.out.kinds[TARGET_INFO] = "gauge"
@@ -252,7 +252,7 @@ class Translator:
             try:
                 self.point(which, kind, base, point, ident, temporality == DELTA)
                 latest = max(latest, point.time_unix_nano)
-            except (PointProblem, LabelError) as exc:
+            except (_PointProblem, LabelError) as exc:
                 self.out.reject(1, f"metric {shown} ({base}), data point #{number}: {exc}")
         return latest
 
@@ -334,7 +334,7 @@ class Translator:
         rows: list[tuple[str, Labels, float]] = []
         for quantile in point.quantile_values:
             if not 0 <= quantile.quantile <= 1:
-                raise PointProblem(
+                raise _PointProblem(
                     f"quantile {quantile.quantile!r} is outside 0..1; a summary's quantiles "
                     "are fractions (0.5 for the median)"
                 )
@@ -368,7 +368,7 @@ class Translator:
                 self._valid[key] = exc.message
         problem = self._valid[key]
         if problem is not None:
-            raise PointProblem(problem)
+            raise _PointProblem(problem)
 
 
 def _kind(which: str, metric: Any) -> str:
@@ -394,10 +394,10 @@ def _labels(pairs: Iterable[tuple[str, str]], ident: dict[str, str]) -> Labels:
 
 def _timestamp(time_ns: int) -> int:
     if not time_ns:
-        raise PointProblem("time_unix_nano is 0; every data point needs its time")
+        raise _PointProblem("time_unix_nano is 0; every data point needs its time")
     ms = time_ns // 1_000_000
     if not MIN_TS_MS <= ms <= MAX_TS_MS:
-        raise PointProblem(
+        raise _PointProblem(
             f"time_unix_nano {time_ns} is outside the years 1990..2200 that metricvault "
             "accepts; OTLP times are nanoseconds since the epoch"
         )
@@ -407,7 +407,7 @@ def _timestamp(time_ns: int) -> int:
 def _number(point: Any) -> float:
     which = point.WhichOneof("value")
     if which is None:
-        raise PointProblem(
+        raise _PointProblem(
             "the point has neither as_double nor as_int (and no NO_RECORDED_VALUE flag)"
         )
     return float(getattr(point, which))
@@ -433,21 +433,21 @@ def _hist(which: str, point: Any) -> Hist:
 def _explicit(point: Any, total: float | None) -> Hist:
     bounds, counts = list(point.explicit_bounds), list(point.bucket_counts)
     if any(math.isnan(b) or math.isinf(b) for b in bounds):
-        raise PointProblem(f"explicit_bounds {bounds[:8]} hold NaN or ±Inf; bounds are finite")
+        raise _PointProblem(f"explicit_bounds {bounds[:8]} hold NaN or ±Inf; bounds are finite")
     if any(b >= c for b, c in itertools.pairwise(bounds)):
-        raise PointProblem(
+        raise _PointProblem(
             f"explicit_bounds {bounds[:8]} are not strictly increasing; histogram bounds must "
             "be sorted and distinct"
         )
     if not counts:
         return Hist(point.count, total, {}, tuple(bounds))
     if len(counts) != len(bounds) + 1:
-        raise PointProblem(
+        raise _PointProblem(
             f"{len(counts)} bucket_counts for {len(bounds)} explicit_bounds; a histogram has "
             "one bucket more than bounds (the last one up to +Inf)"
         )
     if sum(counts) != point.count:
-        raise PointProblem(
+        raise _PointProblem(
             f"count is {point.count} but the bucket_counts add up to {sum(counts)}; they must "
             "be equal"
         )
@@ -458,14 +458,14 @@ def _explicit(point: Any, total: float | None) -> Hist:
 
 def _exponential(point: Any, total: float | None) -> Hist:
     if any(point.negative.bucket_counts):
-        raise PointProblem(
+        raise _PointProblem(
             "the exponential histogram has observations in negative buckets; they cannot be "
             "written as classic buckets (count at or below a bound) exactly, so the point "
             "was not stored: record non-negative values, or use explicit buckets"
         )
     threshold = point.zero_threshold
     if math.isnan(threshold) or threshold < 0:
-        raise PointProblem(f"zero_threshold {threshold!r} must be a number >= 0")
+        raise _PointProblem(f"zero_threshold {threshold!r} must be a number >= 0")
     scale = point.scale
     target = min(scale, 0)
     buckets: dict[float, int] = {threshold: point.zero_count}
@@ -479,14 +479,14 @@ def _exponential(point: Any, total: float | None) -> Hist:
         except OverflowError:
             upper = math.inf
         if upper <= threshold:
-            raise PointProblem(
+            raise _PointProblem(
                 f"positive bucket {offset + position} (upper bound {upper!r}) lies below "
                 f"zero_threshold {threshold!r}; the histogram is inconsistent"
             )
         buckets[upper] = buckets.get(upper, 0) + count
     observed = sum(buckets.values())
     if observed != point.count:
-        raise PointProblem(
+        raise _PointProblem(
             f"count is {point.count} but the zero and positive buckets add up to {observed}"
         )
     return Hist(point.count, total, buckets, ("exponential", threshold))
