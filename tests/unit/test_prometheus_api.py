@@ -196,3 +196,43 @@ def test_issue13_limit_truncates_series_labels_and_values_with_prometheus_warnin
     finally:
         test_client.__exit__(None, None, None)
         vault.close()
+
+
+def test_issue13_remote_read_before_the_raw_horizon_returns_each_minutes_edge_samples(
+    tmp_path: Path,
+) -> None:
+    """Where retention dropped raw samples, remote_read still answers: the first and last
+    sample of every minute from the 1m rollups (real samples at their times), then raw."""
+    import cramjam
+    import numpy as np
+
+    from metricvault.wire.proto.remote_read import ReadRequest, ReadResponse
+
+    day = 86_400_000
+    settings = Settings.load(env={}, gateway_maintain=False, retention_raw="1d")
+    vault = Vault.open_local(str(tmp_path / "v"), settings)
+    ts = T0 + np.arange(0, 3 * day, 15_000)
+    values = np.cumsum(np.arange(ts.size) % 7).astype(float)
+    vault.write([("work_total", {"job": "j"}, int(t), float(v)) for t, v in zip(ts, values)])
+    vault.maintain(now_ms=T0 + 3 * day)
+    horizon = vault.catalog_version().raw_horizon_ms
+    assert T0 + day < horizon < T0 + 3 * day
+    request = ReadRequest()
+    query = request.queries.add(start_timestamp_ms=T0, end_timestamp_ms=T0 + 3 * day)
+    query.matchers.add(type=0, name="__name__", value="work_total")
+    body = bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
+    with TestClient(create_app(vault, settings)) as test_client:
+        reply = test_client.post("/api/v1/read", content=body)
+    vault.close()
+    assert reply.status_code == 200, reply.text
+    answer = ReadResponse.FromString(bytes(cramjam.snappy.decompress_raw(reply.content)))
+    (series,) = answer.results[0].timeseries
+    got_ts = np.array([s.timestamp for s in series.samples])
+    got_values = np.array([s.value for s in series.samples])
+    old = got_ts < horizon
+    minutes = (horizon - T0) // 60_000
+    assert old.sum() == 2 * minutes  # :00 and :45 of every minute before the horizon
+    assert np.array_equal(got_ts[~old], ts[ts >= horizon])  # raw after it
+    assert np.all(np.diff(got_ts) > 0)
+    index = np.searchsorted(ts, got_ts)
+    assert np.array_equal(ts[index], got_ts) and np.array_equal(values[index], got_values)

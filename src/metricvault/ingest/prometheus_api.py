@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qsl
 
 import cramjam
+import numpy as np
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -38,7 +39,7 @@ from metricvault.durations import parse_duration_ms
 from metricvault.errors import InputError, MetricVaultError, PromQLError, SelectorError
 from metricvault.ingest.prometheus_json import answer_body
 from metricvault.promql import Engine, EngineOptions, QueryResult, SeriesSamples, VaultSource
-from metricvault.promql.tiers import BucketSelection
+from metricvault.promql.tiers import BucketSelection, edge_samples
 from metricvault.protocols import Reading, has
 from metricvault.selector import Matcher, Selector, parse_selector
 
@@ -531,13 +532,46 @@ class PrometheusAPI:
         response = ReadResponse()
         for start_ms, end_ms, matchers in queries:
             result = response.results.add()
-            for series in source.select(matchers, start_ms, end_ms):
+            for series in self.read_series(source, matchers, start_ms, end_ms):
                 out = result.timeseries.add()
                 for name in sorted(series.labels):  # Prometheus expects labels sorted
                     out.labels.add(name=name, value=series.labels[name])
                 for t, v in zip(series.ts.tolist(), series.values.tolist(), strict=True):
                     out.samples.add(timestamp=t, value=v)
         return bytes(response.SerializeToString())
+
+    @staticmethod
+    def read_series(
+        source: ScopedSource, matchers: list[Matcher], start_ms: int, end_ms: int
+    ) -> list[SeriesSamples]:
+        """Raw samples; before the raw horizon, each minute's first and last sample from the
+        1m rollups (real samples at their times; docs/promql.md, "remote_read")."""
+        horizon = source.raw_horizon()
+        if not horizon or start_ms >= horizon:
+            return source.select(matchers, start_ms, end_ms)
+        old_end = min(end_ms, horizon - 1)
+        minute = 60_000
+        found = source.select_buckets(
+            matchers, start_ms // minute * minute, old_end // minute * minute + minute, minute
+        )
+        merged = {
+            tuple(sorted(s.labels.items())): s
+            for s in (edge_samples(found, start_ms, old_end) if found else [])
+        }
+        if end_ms >= horizon:
+            for s in source.select(matchers, horizon, end_ms):
+                key = tuple(sorted(s.labels.items()))
+                old = merged.get(key)
+                merged[key] = (
+                    s
+                    if old is None
+                    else SeriesSamples(
+                        s.labels,
+                        np.concatenate([old.ts, s.ts]),
+                        np.concatenate([old.values, s.values]),
+                    )
+                )
+        return [merged[key] for key in sorted(merged)]
 
 
 def decode_read_request(body: bytes) -> list[tuple[int, int, list[Matcher]]]:

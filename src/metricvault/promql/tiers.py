@@ -352,3 +352,22 @@ def _approximation_note(p: Plan, selection: BucketSelection) -> str:
         f"raw samples before the raw horizon are gone (retention_raw): windows there were "
         f"answered from the {tiers} rollups, which leave out NaN and ±Inf samples{when}"
     )
+
+
+def edge_samples(selection: BucketSelection, start_ms: int, end_ms: int) -> list[Any]:
+    """Each bucket's first and last sample, at their own times in ``[start_ms, end_ms]``:
+    real samples, a subset of the raw ones, which is what remote_read can still return where
+    raw samples are gone (one or two per minute from the 1m rows)."""
+    from metricvault.promql.source import SeriesSamples
+
+    out = []
+    for s in selection.series:
+        c = _finite_rows(s.columns)
+        held = c["first_ts"] >= 0  # rows written before issue 13 keep no sample times
+        ts = np.concatenate([c["first_ts"][held], c["last_ts"][held]])
+        values = np.concatenate([c["first"][held], c["last"][held]])
+        ts, first = np.unique(ts, return_index=True)  # a one-sample bucket: once
+        keep = (ts >= start_ms) & (ts <= end_ms)
+        if keep.any():
+            out.append(SeriesSamples(dict(s.labels), ts[keep], values[first][keep]))
+    return out
