@@ -219,8 +219,9 @@ def _start_server(ws: Workspace, cmd: DocCommand, text: str) -> None:
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], text: str) -> bool:
-    if text.startswith("metricvault maintain"):
-        time.sleep(3.0)  # a loop has no endpoint: alive after its first round's start
+    if text.startswith("metricvault maintain") or "--profile edge" in text:
+        # a loop, and the edge agent (it only pushes), have no endpoint: alive after start-up
+        time.sleep(3.0)
         return proc.poll() is None
     if text.startswith("metricvault serve"):
         url = _listen_url(text, 9201) + "/-/ready"
