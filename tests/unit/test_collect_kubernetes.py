@@ -497,3 +497,40 @@ def test_scrapes_from_two_threads_at_once(
     for thread in threads:
         thread.join(10)
     assert results == ["llama-train-0"] * 4
+
+
+class Relabelled:
+    """A fast-reading source whose GPU gets a new pod's labels at each job."""
+
+    name = "relabelled"
+
+    def __init__(self) -> None:
+        self.pod = "job-0"
+
+    def collect(self) -> list[Any]:
+        return []
+
+    def fast_readings(self) -> list[Any]:
+        from metricvault.collect.sources import FastReading
+
+        labels = (("UUID", gpu_uuid(0)), ("gpu", "0"), ("pod", self.pod))
+        return [FastReading("DCGM_FI_DEV_GPU_UTIL", labels, 50.0)]
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_sampler_forgets_series_whose_pod_is_gone() -> None:
+    """Each pod on a GPU is a new series of the fast sampler; those of ended pods are dropped
+    once unread for keep_s, so memory does not grow with the number of jobs a node ran."""
+    from metricvault.collect.sampler import FastSampler
+
+    source = Relabelled()
+    sampler = FastSampler([source], hz=10, keep_s=300, clock=lambda: 0.0)
+    for job in range(50):
+        source.pod = f"job-{job}"
+        for tick in range(20):
+            sampler.sample_once(job * 100.0 + tick * 0.1)
+    pods = {dict(stat.labels)["pod"] for stat in sampler.window(400.0, 5000.0)}
+    assert pods == {f"job-{job}" for job in range(46, 50)}, "only the last 300 s of pods"
+    assert len(sampler._series) == 4

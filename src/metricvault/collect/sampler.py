@@ -11,6 +11,7 @@ recovers (doubles, up to ``hz``) when the load falls below ``load_low``.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from array import array
@@ -64,6 +65,7 @@ class FastSampler:
         self._load = load
         self._clock = clock
         self._series: dict[Key, _Ring] = {}
+        self._next_prune = -math.inf
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -109,6 +111,18 @@ class FastSampler:
                     )
                 ring.append(now, r.value)
             self.samples_taken += 1
+            self._forget_stale(now)
+
+    def _forget_stale(self, now: float) -> None:
+        """Drop the rings of series not read for ``keep_s``: a series' labels may change (a GPU
+        gets a pod's labels and loses them when the pod ends), and a ring is 16 bytes a reading
+        for ``keep_s * hz`` readings, so a node running many short jobs would otherwise grow."""
+        if now < self._next_prune:
+            return
+        self._next_prune = now + 1.0
+        stale = [key for key, ring in self._series.items() if ring.newest() < now - self.keep_s]
+        for key in stale:
+            del self._series[key]
 
     def _adapt(self, spent: float) -> None:
         load = self._load() if self._load else 0.0
@@ -153,6 +167,10 @@ class _Ring:
         self.values[self.next] = value
         self.next = (self.next + 1) % len(self.times)
         self.size = min(self.size + 1, len(self.times))
+
+    def newest(self) -> float:
+        """Time of the newest reading (-inf while empty)."""
+        return self.times[(self.next - 1) % len(self.times)] if self.size else -math.inf
 
     def since(self, t: float) -> list[float]:
         """Values read after time ``t``, oldest first."""
