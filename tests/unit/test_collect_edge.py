@@ -171,3 +171,16 @@ def test_the_edge_modules_import_no_prometheus_client_protobuf_or_numpy() -> Non
         timeout=60,
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_the_edge_profile_takes_the_push_credentials_of_the_full_agent(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    state = ["--state-dir", str(tmp_path / "s"), "--gpu", "none"]
+    agent = make(["--profile", "edge", "--push", "http://gw:9201",
+                  "--push-bearer-token-file", str(token), *state])  # fmt: skip
+    assert isinstance(agent, EdgeAgent) and agent.push_auth is not None
+    assert agent.push_auth.kind == "bearer"
+    with pytest.raises(ConfigError):
+        make(["--profile", "edge", "--push", "http://gw:9201",
+              "--push-bearer-token-file", str(tmp_path / "missing"), *state])  # fmt: skip

@@ -273,7 +273,9 @@ class Agent:
         taken.add_metric([], self.sampler.samples_taken)
         yield taken
         info = InfoMetricFamily("metricvault_agent", "The metricvault agent")
-        info.add_metric([], {"version": __version__, "gpu_source": self.gpu_kind})
+        info.add_metric(
+            [], {"version": __version__, "gpu_source": self.gpu_kind, "profile": "full"}
+        )
         yield info
 
     def describe(self) -> Iterable[Metric]:

@@ -30,7 +30,11 @@ window. Push credentials: --push-bearer-token-file, --push-basic-auth-file or
 http://user:password@gw:9201 (else $METRICVAULT_GATEWAY_TOKEN). Auth of /metrics itself: the
 auth_* tables of --config.
 
+--profile edge: for small boxes, host and GPU metrics only, collected every --sample-interval
+(10 s) and pushed every 30 s; no /metrics, no fast sampler, no log watch (~23 MB RSS).
+
 example: metricvault agent --simulate-gpus 8 --watch-log train.log --pattern 'cuda=CUDA error'
+         metricvault agent --profile edge --push http://gw:9201
 """
 
 

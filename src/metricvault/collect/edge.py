@@ -23,7 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from metricvault import __version__
 from metricvault.collect.agent import AgentOptions, gpu_sources, push_auth, push_endpoint
-from metricvault.collect.families import CounterMetricFamily, GaugeMetricFamily, Metric
+from metricvault.collect.families import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from metricvault.collect.sources import Source
 from metricvault.errors import ConfigError
 
@@ -191,11 +196,10 @@ class EdgeAgent:
         yield from self._own_metrics()
 
     def _own_metrics(self) -> Iterable[Metric]:
-        info = GaugeMetricFamily(
-            "metricvault_agent_info", "The metricvault agent", labels=["version", "gpu_source",
-                                                                      "profile"]
-        )  # fmt: skip
-        info.add_metric([__version__, self.gpu_kind, PROFILE], 1.0)
+        info = InfoMetricFamily("metricvault_agent", "The metricvault agent")
+        info.add_metric(
+            [], {"version": __version__, "gpu_source": self.gpu_kind, "profile": PROFILE}
+        )
         yield info
         yield CounterMetricFamily(
             "metricvault_agent_collections", "Collections of all sources", value=self._collections
