@@ -146,16 +146,18 @@ def test_issue13_promtool_with_a_tenant_credential_sees_only_its_tenant(
             assert reply.status == 204
     url_b = tenant_gateway.url.replace("http://", "http://b:pass-b@")
     window = [f"--start={now_s - 300}", f"--end={now_s}", "--step=60s"]
-    deadline = time.monotonic() + 15  # acknowledged samples are queryable once flushed (1 s)
+    # Acknowledged samples are queryable once flushed (flush_interval 1 s), each tenant's by
+    # whichever gateway worker took its write: wait (bounded) until both answer.
+    deadline = time.monotonic() + 15
     while True:
         as_a = promtool("range", tenant_gateway.url, "gpu_util", *window, "--format=json",
                         "--header=Authorization: Bearer token-a")  # fmt: skip
-        if json.loads(as_a) or time.monotonic() > deadline:
+        as_b = promtool("instant", url_b, '{__name__=~".+"}', f"--time={now_s}", "--format=json")
+        if (json.loads(as_a) and json.loads(as_b)) or time.monotonic() > deadline:
             break
         time.sleep(0.3)
     assert [s["metric"]["tenant"] for s in json.loads(as_a)] == ["team-a"], as_a
     assert {v for _, v in json.loads(as_a)[0]["values"]} == {"1"}
-    as_b = promtool("instant", url_b, '{__name__=~".+"}', f"--time={now_s}", "--format=json")
     assert [(s["metric"]["tenant"], s["value"][1]) for s in json.loads(as_b)] == [("team-b", "2")]
     series = json.loads(promtool("series", url_b, "--match=gpu_util", "--format=json"))
     assert series == [{"__name__": "gpu_util", "gpu": "0", "tenant": "team-b"}]
