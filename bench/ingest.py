@@ -20,6 +20,7 @@ Run from the repository root::
     .venv/bin/python bench/ingest.py --quick                 # < 1 min
     .venv/bin/python bench/ingest.py                         # < 5 min
     .venv/bin/python bench/ingest.py --workers 2 --no-vm     # the default gateway only
+    .venv/bin/python bench/ingest.py --otlp                  # OTLP rows too, same samples
     .venv/bin/python bench/ingest.py --connections 8 --duration 30 --markdown results.md
 
 It installs nothing. VictoriaMetrics comes from ``apt-get install -y victoria-metrics``; without
@@ -100,6 +101,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="1000 requests, 15 s: < 1 min in all")
     parser.add_argument("--no-vm", action="store_true", help="skip VictoriaMetrics")
+    parser.add_argument(
+        "--otlp",
+        action="store_true",
+        help="also send the same samples as OTLP/HTTP (protobuf, gzip) to POST /v1/metrics",
+    )
     parser.add_argument("--workdir", default=None, help="where temporary files go (default TMP)")
     parser.add_argument("--keep", action="store_true", help="keep the vault and logs afterwards")
     parser.add_argument("--markdown", metavar="FILE", help="write the markdown report here")
@@ -412,20 +418,32 @@ def _retry_after(response: http.client.HTTPResponse) -> float:
         return 1.0
 
 
+REMOTE_WRITE_HEADERS = {
+    "Content-Type": CONTENT_TYPE,
+    "Content-Encoding": "snappy",
+    "X-Prometheus-Remote-Write-Version": REMOTE_WRITE_VERSION,
+    "User-Agent": "metricvault-bench/ingest",
+}
+OTLP_HEADERS = {
+    "Content-Type": "application/x-protobuf",
+    "Content-Encoding": "gzip",  # the OpenTelemetry Collector's otlphttp default
+    "User-Agent": "metricvault-bench/ingest",
+}
+
+
 def run_load(
-    url: str, payloads: list[tuple[bytes, int]], connections: int, duration_s: float
+    url: str,
+    payloads: list[tuple[bytes, int]],
+    connections: int,
+    duration_s: float,
+    headers: dict[str, str] | None = None,
 ) -> LoadResult:
     """Send the payloads (each once) over ``connections`` threads until done or out of time."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     host, port, path = parts.hostname or "127.0.0.1", parts.port or 80, parts.path
-    headers = {
-        "Content-Type": CONTENT_TYPE,
-        "Content-Encoding": "snappy",
-        "X-Prometheus-Remote-Write-Version": REMOTE_WRITE_VERSION,
-        "User-Agent": "metricvault-bench/ingest",
-    }
+    headers = headers or REMOTE_WRITE_HEADERS
     result = LoadResult(url=url, connections=connections)
     lock = threading.Lock()
     next_index = iter(range(len(payloads)))
@@ -522,7 +540,13 @@ def load_main(payload_path: str) -> int:
         if not line.strip():
             continue
         command = json.loads(line)
-        result = run_load(command["url"], payloads, command["connections"], command["duration_s"])
+        result = run_load(
+            command["url"],
+            payloads,
+            command["connections"],
+            command["duration_s"],
+            command.get("headers"),
+        )
         print(json.dumps(asdict(result)), flush=True)
     return 0
 
@@ -553,9 +577,20 @@ class LoadProcess:
         answer: dict[str, Any] = json.loads(line)
         return answer
 
-    def run(self, url: str, connections: int, duration_s: float) -> LoadResult:
+    def run(
+        self,
+        url: str,
+        connections: int,
+        duration_s: float,
+        headers: dict[str, str] | None = None,
+    ) -> LoadResult:
         assert self.process.stdin is not None
-        command = {"url": url, "connections": connections, "duration_s": duration_s}
+        command = {
+            "url": url,
+            "connections": connections,
+            "duration_s": duration_s,
+            "headers": headers,
+        }
         self.process.stdin.write(json.dumps(command) + "\n")
         self.process.stdin.flush()
         return LoadResult(**self._answer())
@@ -751,17 +786,18 @@ class SystemRun:
         return self.server_cpu_s / self.load.elapsed_s
 
 
-def gateway_label(workers: int) -> str:
+def gateway_label(workers: int, otlp: bool = False) -> str:
     default = ", default" if workers == DEFAULT_GATEWAY_WORKERS else ""
-    return f"metricvault ({workers} worker{'s' if workers > 1 else ''}{default})"
+    via = "OTLP, " if otlp else ""
+    return f"metricvault ({via}{workers} worker{'s' if workers > 1 else ''}{default})"
 
 
 def bench_gateway(
-    load: LoadProcess, args: argparse.Namespace, workdir: Path, workers: int
+    load: LoadProcess, args: argparse.Namespace, workdir: Path, workers: int, otlp: bool = False
 ) -> SystemRun:
     from metricvault.store.vault import Vault
 
-    run = SystemRun(gateway_label(workers))
+    run = SystemRun(gateway_label(workers, otlp))
     data_dir = workdir / "vault"
     gateway = GatewayProcess(data_dir, workdir / "gateway.log", workers)
     try:
@@ -771,7 +807,11 @@ def bench_gateway(
             f"descendants {gateway.worker_pids()})"
         )
         cpu_before = cpu_seconds(gateway.process.pid)
-        run.load = load.run(gateway.url, args.connections, args.duration)
+        if otlp:
+            url = gateway.url.replace("/api/v1/write", "/v1/metrics")
+            run.load = load.run(url, args.connections, args.duration, OTLP_HEADERS)
+        else:
+            run.load = load.run(gateway.url, args.connections, args.duration)
         run.server_cpu_s = cpu_seconds(gateway.process.pid) - cpu_before
         run.server_rss_mib = rss_mib(gateway.process.pid)
         counters = gateway.metrics()
@@ -952,7 +992,15 @@ def describe(payloads: PayloadSet, args: argparse.Namespace) -> list[str]:
         "`-search.latencyOffset=1s`",
         "server CPU and peak RSS: the server process and all its descendants (the gateway "
         "workers), from /proc; RSS is the sum of each process's VmHWM",
-    ]
+    ] + (
+        [
+            "OTLP rows (--otlp): the same requests re-encoded as OTLP/HTTP export requests "
+            "(one gauge per metric name, a data point per sample, the labels as attributes, "
+            "protobuf, gzip level 1) sent to POST /v1/metrics by the same kind of load process"
+        ]
+        if args.otlp
+        else []
+    )
 
 
 def print_rich(head: list[str], runs: list[SystemRun]) -> None:
@@ -960,7 +1008,7 @@ def print_rich(head: list[str], runs: list[SystemRun]) -> None:
     from rich.table import Table
 
     console = Console(highlight=False, width=shutil.get_terminal_size((200, 40)).columns)
-    table = Table(title="remote_write 1.0 ingest")
+    table = Table(title="ingest: remote_write 1.0 (OTLP rows: the same samples as OTLP/HTTP)")
     for i, name in enumerate(HEADERS):
         table.add_column(name, justify="left" if i in (0, 12, 13) else "right")
     for row in result_rows(runs):
@@ -985,9 +1033,50 @@ def markdown(head: list[str], runs: list[SystemRun]) -> str:
 
 
 def _gateway_bench(
-    load: LoadProcess, args: argparse.Namespace, workers: int
+    load: LoadProcess, args: argparse.Namespace, workers: int, otlp: bool = False
 ) -> Callable[[Path], SystemRun]:
-    return lambda workdir: bench_gateway(load, args, workdir, workers)
+    return lambda workdir: bench_gateway(load, args, workdir, workers, otlp)
+
+
+def build_otlp_payloads(path: str, out_path: Path) -> float:
+    """The remote_write payloads re-encoded as OTLP/HTTP export requests (protobuf, gzip): the
+    same samples, one gauge metric per metric name, one data point per sample, every label but
+    ``__name__`` an attribute (no resource attributes, so no ``target_info``: the vault gets
+    exactly the remote_write series). Returns the seconds it took."""
+    import gzip
+
+    import cramjam
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+
+    from metricvault.wire.proto.messages import WriteRequest
+
+    started = time.perf_counter()
+    payloads = read_payloads(path)
+    with open(out_path, "wb") as out:
+        out.write(FILE_MAGIC + struct.pack("<QQ", len(payloads), payloads[0][1]))
+        for body, _ in payloads:
+            written = WriteRequest.FromString(bytes(cramjam.snappy.decompress_raw(body)))
+            request = ExportMetricsServiceRequest()
+            scope = request.resource_metrics.add().scope_metrics.add()
+            metrics: dict[str, Any] = {}
+            for series in written.timeseries:
+                labels = {label.name: label.value for label in series.labels}
+                name = labels.pop("__name__")
+                if name not in metrics:
+                    metrics[name] = scope.metrics.add(name=name)
+                gauge = metrics[name].gauge
+                for sample in series.samples:
+                    point = gauge.data_points.add(
+                        time_unix_nano=sample.timestamp * 1_000_000, as_double=sample.value
+                    )
+                    for key, value in labels.items():
+                        point.attributes.add(key=key).value.string_value = value
+            packed = gzip.compress(request.SerializeToString(), compresslevel=1)
+            out.write(struct.pack("<Q", len(packed)))
+            out.write(packed)
+    return time.perf_counter() - started
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -996,6 +1085,7 @@ def main(argv: list[str] | None = None) -> int:
         return load_main(args.load)
     root = Path(tempfile.mkdtemp(prefix="metricvault-ingest-", dir=args.workdir))
     load: LoadProcess | None = None
+    loads: list[LoadProcess] = []
     try:
         log(f"building {args.requests:,} payloads of {args.batch:,} samples ...")
         payloads = build_payloads(args, root / "payloads.bin")
@@ -1010,6 +1100,16 @@ def main(argv: list[str] | None = None) -> int:
             (gateway_label(w), f"metricvault-{w}w", _gateway_bench(load, args, w))
             for w in args.workers
         ]
+        if args.otlp:  # the same samples again, as OTLP/HTTP, through POST /v1/metrics
+            log("re-encoding the payloads as OTLP export requests ...")
+            otlp_path = root / "otlp.bin"
+            log(f"  done in {build_otlp_payloads(payloads.path, otlp_path):.1f} s")
+            otlp_load = LoadProcess(str(otlp_path))
+            loads.append(otlp_load)
+            systems += [
+                (gateway_label(w, True), f"otlp-{w}w", _gateway_bench(otlp_load, args, w, True))
+                for w in args.workers
+            ]
         systems.append(("VictoriaMetrics", "VictoriaMetrics", lambda d: bench_vm(load, args, d)))
         for name, dirname, bench in systems:
             log(f"{name}:")
@@ -1026,6 +1126,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if load is not None:
             load.close()
+        for other in loads:
+            other.close()
         if args.keep:
             log(f"files kept in {root}")
         else:
