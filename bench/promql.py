@@ -387,15 +387,25 @@ class Http:
 
     def __init__(self, url: str, extra: dict[str, str] | None = None) -> None:
         host, _, port = url.removeprefix("http://").partition(":")
-        self.conn = http.client.HTTPConnection(host, int(port), timeout=300)
+        self.connect = partial(http.client.HTTPConnection, host, int(port), timeout=300)
+        self.conn = self.connect()
         self.extra = extra or {}
         self.body = b""
 
     def query_range(self, expr: str, start: int, end: int, step: int) -> None:
         params = {"query": expr, "start": f"{start / 1000:.3f}", "end": f"{end / 1000:.3f}",
                   "step": f"{step / 1000:g}", **self.extra}  # fmt: skip
-        self.conn.request("GET", f"/api/v1/query_range?{urlencode(params)}")
-        resp = self.conn.getresponse()
+        path = f"/api/v1/query_range?{urlencode(params)}"
+        try:
+            self.conn.request("GET", path)
+            resp = self.conn.getresponse()
+        except (http.client.RemoteDisconnected, ConnectionError):
+            # VictoriaMetrics closes a keep-alive connection idle for a minute (while the
+            # slow columns run): reconnect once, as any client would
+            self.conn.close()
+            self.conn = self.connect()
+            self.conn.request("GET", path)
+            resp = self.conn.getresponse()
         self.body = resp.read()
         if resp.status != 200:
             raise RuntimeError(f"{expr}: HTTP {resp.status}: {self.body[:300]!r}")
