@@ -235,7 +235,8 @@ def result(p: Process, elapsed: float) -> Result:
 FLOOR = (  # (what, python -c code): the interpreter's own floor, measured from outside
     ("python -c 'import time; time.sleep(5)'", "import time; time.sleep(5)"),
     ("... with prometheus_client imported", "import prometheus_client, time; time.sleep(5)"),
-    ("... with protobuf's runtime imported (upb)", "import google.protobuf.message, time; "
+    ("... with google.protobuf.message imported (upb loads with a class)",
+     "import google.protobuf.message, time; "
      "time.sleep(5)"),
     ("... with the remote-write message classes built (protobuf)",
      "import metricvault.wire.proto.messages, time; time.sleep(5)"),
