@@ -198,6 +198,7 @@ class Translator:
             ident["job"] = job
         if "service.instance.id" in attrs:
             ident["instance"] = attrs["service.instance.id"]
+        ident = {name: value for name, value in ident.items() if value}  # "" is no label
         before = len(self.out.timestamps)
         latest_ns = 0
         for scope_metrics in resource_metrics.scope_metrics:
