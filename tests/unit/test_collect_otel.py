@@ -260,6 +260,27 @@ def test_prometheus_translation_table(name: str, unit: str, kind: str, expected:
     assert prometheus_name(name, unit, kind) == expected
 
 
+GATEWAY_KINDS = {"histogram": "histogram", "counter": "counter", "gauge": "gauge"}
+GATEWAY_KINDS["updowncounter"] = "non_monotonic_sum"
+
+
+@pytest.mark.parametrize(
+    "instrument",
+    [
+        *otel.HTTP_INSTRUMENTS,
+        *(otel.instrument_for(s, "gauge") for s in ("train_step", "mfu", "tokens_per_second")),
+        otel.instrument_for("train_tokens_total", "counter"),
+    ],
+    ids=lambda i: i.name,
+)
+def test_the_gateways_translation_gives_the_documented_names(instrument: otel.Instrument) -> None:
+    """The same table through the gateway's own translator (what /v1/metrics applies)."""
+    from metricvault.ingest.protocols.otlp_names import metric_name
+
+    kind = GATEWAY_KINDS[instrument.kind]
+    assert metric_name(instrument.name, instrument.unit, kind) == instrument.prometheus
+
+
 def translated(metrics: dict[str, Metric]) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
     """(series name, labels) of every series Prometheus's translation makes of ``metrics``."""
     out: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
