@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from metricvault.ingest.prometheus_api import MAX_QUERY_DEPTH
+
 from .test_prometheus_api import get_json, post_form, served  # noqa: F401  (fixture)
 from .test_promql_oracle import Oracle, oracle  # noqa: F401  (the module's fixture)
 
@@ -151,6 +153,32 @@ def test_issue13_limits_and_oversized_requests_are_refused_in_prometheus_shape(
     connection.close()
     assert reply.status == 413 and body["status"] == "error", body
     assert body["errorType"] == "bad_data" and "body" in body["error"], body
+
+
+def test_issue13_a_query_nested_past_the_engine_is_refused_not_crashing_a_worker(
+    oracle: Oracle,  # noqa: F811
+    served: Any,  # noqa: F811
+) -> None:
+    """promql-parser (Rust) overflows its stack near 10,000 chained operators (a segfault that
+    killed the gateway worker) and the engine recursion near 300: past MAX_QUERY_DEPTH a query
+    is refused before parsing. Prometheus answers these (it has no such limit)."""
+    at = ("time", str(oracle.t0 / 1000 + 600))
+    for expr, depth in (("node_temp_celsius" + " + node_temp_celsius" * 20_000, 20_000),
+                        ("abs(" * 400 + "node_temp_celsius" + ")" * 400, 400)):  # fmt: skip
+        status, body = post_form(served.url, Q, [("query", expr), at])
+        assert (status, body["errorType"]) == (400, "bad_data"), body
+        assert body["error"] == (
+            f'invalid parameter "query": the expression nests {depth} operators and '
+            f"parentheses; metricvault evaluates at most {MAX_QUERY_DEPTH} (split it, or use "
+            "an aggregation)"
+        )
+    # depth 128, the limit: 127 operators inside one pair of parentheses
+    expr = "sum(node_temp_celsius" + " + node_temp_celsius" * (MAX_QUERY_DEPTH - 1) + ")"
+    status, body = post_form(served.url, Q, [("query", expr), at])
+    ours = float(body["data"]["result"][0]["value"][1])
+    _, theirs = get_json(oracle.url, Q, [("query", expr), at])
+    assert status == 200 and abs(ours / float(theirs["data"]["result"][0]["value"][1]) - 1) < 1e-9
+    assert served.running
 
 
 def test_issue13_the_gateway_still_answers_after_every_bad_request(

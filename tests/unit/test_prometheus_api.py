@@ -17,7 +17,7 @@ from metricvault.config import BearerToken, Settings
 from metricvault.errors import PromQLError
 from metricvault.ingest.app import create_app
 from metricvault.ingest.auth import hash_secret
-from metricvault.ingest.prometheus_api import parse_duration_param, parse_time_param
+from metricvault.ingest.prometheus_api import parse_duration_param, parse_time_param, query_depth
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 A = {"Authorization": "Bearer token-a"}
@@ -236,3 +236,19 @@ def test_issue13_remote_read_before_the_raw_horizon_returns_each_minutes_edge_sa
     assert np.all(np.diff(got_ts) > 0)
     index = np.searchsorted(ts, got_ts)
     assert np.array_equal(ts[index], got_ts) and np.array_equal(values[index], got_values)
+
+
+@pytest.mark.parametrize(
+    ("expr", "depth"),
+    [
+        ("up", 0),
+        ('sum by (a) (rate(x{a=~"b|c", d!="e"}[5m])) / 1000', 3),  # matchers are not operators
+        ('label_replace(x, "a+b", "(-)", "c", "d")', 1),  # nor what strings hold
+        ("label_replace(x, 'a+b', '(-)', 'c', 'd')", 1),
+        ("x # a + b + (c\n+ y", 1),  # nor comments
+        ("up" + " + up" * 200, 200),
+        ("abs(" * 130 + "up" + ")" * 130, 130),
+    ],
+)
+def test_issue13_query_depth_is_operators_plus_deepest_parentheses(expr: str, depth: int) -> None:
+    assert query_depth(expr) == depth

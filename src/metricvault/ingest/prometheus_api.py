@@ -60,6 +60,14 @@ BAD_PARAM_WORDS = ("invalid parameter", "exceeded maximum resolution", "no match
 # series/labels/label values answer short; Grafana's metrics browser looks for these words.
 TRUNCATED = "results truncated due to limit"
 _GO_INT = re.compile(r"^[+-]?[0-9]+$")  # what Go's strconv.Atoi accepts
+# Deeper expressions are refused before parsing: promql-parser (Rust) overflows its stack and
+# kills the process near 10,000 chained operators, and the engine recurses per level (Python's
+# recursion limit ends near 300). Prometheus has no such limit; no dashboard comes near it.
+MAX_QUERY_DEPTH = 128
+_NOT_NESTING = re.compile(r""""(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*'|`[^`]*`|#[^\n]*""")
+_MATCHERS = re.compile(r"\{[^{}]*\}")
+_WORD_OPERATORS = ("and", "or", "unless", "atan2")
+_WORDS = re.compile(r"\b(?:and|or|unless|atan2)\b")
 STATUS = {"bad_data": 400, "execution": 422, "timeout": 503, "internal": 500, "not_found": 404}
 
 
@@ -133,6 +141,32 @@ def parse_limit(params: dict[str, list[str]]) -> int:
     if int(text) < 0:
         raise invalid_param("limit", "limit must be non-negative")
     return int(text)
+
+
+def query_depth(expr: str) -> int:
+    """An upper bound of the depth of ``expr``'s syntax tree, read without parsing it: its
+    binary operators plus its deepest nesting of parentheses (strings, comments and label
+    matchers left out). C-speed string counts: a body may be 32 MB and this runs before any
+    other check."""
+    bare = _MATCHERS.sub("", _NOT_NESTING.sub('""', expr))
+    operators = sum(bare.count(c) for c in "+-*/%^<>") + bare.count("==") + bare.count("!=")
+    if any(word in bare for word in _WORD_OPERATORS):
+        operators += len(_WORDS.findall(bare))
+    if operators > MAX_QUERY_DEPTH:
+        return operators
+    chars = np.frombuffer(bare.encode(), dtype=np.uint8)
+    nesting = np.cumsum((chars == ord("(")).astype(np.int64) - (chars == ord(")")))
+    return max(int(nesting.max()) if nesting.size else 0, 0) + operators
+
+
+def check_depth(expr: str) -> None:
+    depth = query_depth(expr)
+    if depth > MAX_QUERY_DEPTH:
+        raise invalid_param(
+            "query",
+            f"the expression nests {depth} operators and parentheses; metricvault evaluates "
+            f"at most {MAX_QUERY_DEPTH} (split it, or use an aggregation)",
+        )
 
 
 def too_many_series(limit: int) -> PromQLError:
@@ -343,6 +377,10 @@ class PrometheusAPI:
             return await asyncio.wait_for(run_in_threadpool(call), timeout_s)
         except TimeoutError:
             raise PromQLError("query timed out in expression evaluation", "timeout") from None
+        except RecursionError:  # a shape check_depth let through: refused, not a 500
+            raise PromQLError(
+                "the expression nests too deeply to be evaluated", "execution"
+            ) from None
 
     def warnings(self, source: ScopedSource, result: QueryResult) -> list[str]:
         """The engine's own (rollups answering before the raw horizon), and whether raw
@@ -363,6 +401,7 @@ class PrometheusAPI:
             at = parse_time_param(_one(params, "time"), round(time.time() * 1000), "time")
             expr = _one(params, "query") or ""
             timeout_s = self.query_timeout(params)
+            check_depth(expr)
             engine, source = self.engine(who)
             result = await self.evaluate(lambda: engine.evaluate(expr, at), timeout_s)
             return result.to_prometheus(), self.warnings(source, result)
@@ -394,6 +433,7 @@ class PrometheusAPI:
                 )
             expr = _one(params, "query") or ""
             timeout_s = self.query_timeout(params)
+            check_depth(expr)
             engine, source = self.engine(who)
             result = await self.evaluate(lambda: engine.evaluate(expr, start, end, step), timeout_s)
             return result, self.warnings(source, result)  # answer() writes its JSON
