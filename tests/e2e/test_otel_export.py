@@ -1,7 +1,8 @@
 """Issue 14 (OTel out), end to end: an ASGI app with ``MetricsMiddleware(meter_provider=...)``
 and a ``track(..., meter_provider=...)`` run export with the real OTLP/HTTP exporter to a real
 ``metricvault serve``'s ``POST /v1/metrics``; the vault then holds the Prometheus path's
-series names, with the values an in-memory reader in the same process saw."""
+series names, with the values an in-memory reader in the same process saw; the sent requests
+carry the trace-id exemplar (the gateway counts exemplars, it does not store them)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     HistogramDataPoint,
     InMemoryMetricReader,
+    MetricExportResult,
     NumberDataPoint,
     PeriodicExportingMetricReader,
 )
@@ -29,7 +32,7 @@ from metricvault.collect.inference import MetricsMiddleware
 from metricvault.collect.training import track
 from metricvault.store.vault import Vault
 from tests.otlp_names import prometheus_name
-from tests.unit.test_collect_inference import client, make_app
+from tests.unit.test_collect_inference import TRACE, client, make_app
 from tests.unit.test_collect_otel import SAMPLED, metrics_of, prometheus_series
 
 pytestmark = [
@@ -76,11 +79,38 @@ def _stored(vault: Vault) -> dict[tuple[str, tuple[tuple[str, str], ...]], float
     return out
 
 
+class Sent(OTLPMetricExporter):
+    """The OTLP/HTTP exporter, keeping the protobuf requests it sent (what the gateway got)."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.sent: list[Any] = []
+
+    def export(self, metrics_data: Any, timeout_millis: float | None = None, **kw: Any) -> Any:
+        result = super().export(metrics_data, timeout_millis, **kw)
+        if result is MetricExportResult.SUCCESS:
+            self.sent.append(encode_metrics(metrics_data))
+        return result
+
+
+def _exemplar_trace_ids(requests: list[Any], name: str) -> set[str]:
+    return {
+        e.trace_id.hex()
+        for request in requests
+        for rm in request.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == name
+        for p in m.histogram.data_points
+        for e in p.exemplars
+    }
+
+
 def test_otlp_export_to_the_gateway_stores_the_prometheus_paths_series(
     gateway: Any, tmp_path: Path
 ) -> None:
     gw = gateway()
-    exporter = OTLPMetricExporter(endpoint=f"{gw.url}/v1/metrics", timeout=10)
+    exporter = Sent(endpoint=f"{gw.url}/v1/metrics", timeout=10)
     memory = InMemoryMetricReader()
     provider = MeterProvider(
         metric_readers=[memory, PeriodicExportingMetricReader(exporter, 3_600_000)],
@@ -104,6 +134,8 @@ def test_otlp_export_to_the_gateway_stores_the_prometheus_paths_series(
     finally:
         provider.shutdown()
     gw.stop_gracefully()
+    # the request with a sampled traceparent: its trace id went out as an exemplar
+    assert _exemplar_trace_ids(exporter.sent, "http_request_duration") == {TRACE}
 
     registry = CollectorRegistry()
     _requests(MetricsMiddleware(make_app(), registry))  # the Prometheus path, same requests
