@@ -381,6 +381,10 @@ class PrometheusAPI:
             raise PromQLError(
                 "the expression nests too deeply to be evaluated", "execution"
             ) from None
+        except ValueError as exc:  # promql-parser's AST cannot hand over a duration past
+            if "too large to fit" not in str(exc):  # int64 (rate(x[300000000y])): what
+                raise  # Prometheus's parser refuses as "duration out of range"
+            raise PromQLError("parse error: duration out of range", "bad_data") from None
 
     def warnings(self, source: ScopedSource, result: QueryResult) -> list[str]:
         """The engine's own (rollups answering before the raw horizon), and whether raw
