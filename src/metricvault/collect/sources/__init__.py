@@ -2,10 +2,11 @@
 
 A source is a prometheus-client custom collector (``collect()`` yields metric families, called
 on every scrape or push; built from `metricvault.collect.families`, so the edge agent can
-collect a source without importing prometheus-client) that may also offer *fast readings*: the few gauges (GPU utilisation,
-power) the agent samples at a high internal rate (default 10 Hz) to export per-window mean and
-max beside the instantaneous value. A source never raises out of ``collect``: what a device or
-driver does not support is absent, with one log line.
+collect a source without importing prometheus-client) that may also offer *fast readings*:
+the few gauges (GPU utilisation, power) the agent samples at a high internal rate (default
+10 Hz) to export per-window mean and max beside the instantaneous value. A source never
+raises out of ``collect``: what a device or driver does not support is absent, with one log
+line.
 """
 
 from __future__ import annotations

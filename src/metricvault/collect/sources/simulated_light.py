@@ -27,6 +27,7 @@ from metricvault.collect.sources._labels import (
     gpu_labels,
     label_pairs,
 )
+from metricvault.errors import ConfigError
 
 SIMULATED_LABEL = ("simulated", "true")
 MODEL_NAME = "NVIDIA H100 80GB HBM3"
@@ -56,8 +57,6 @@ class LightSimulatedGpuSource:
         hostname_label: str = HOSTNAME_LABEL,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        from metricvault.errors import ConfigError
-
         if not 1 <= gpus <= 64:
             raise ConfigError(f"--simulate-gpus {gpus}: simulate 1 to 64 GPUs")
         host = hostname or socket.gethostname()
