@@ -600,7 +600,10 @@ class PrometheusAPI:
         )
         merged = {
             tuple(sorted(s.labels.items())): s
-            for s in (edge_samples(found, start_ms, old_end) if found else [])
+            for s in (
+                SeriesSamples(*edge)
+                for edge in (edge_samples(found, start_ms, old_end) if found else [])
+            )
         }
         if end_ms >= horizon:
             for s in source.select(matchers, horizon, end_ms):

@@ -354,12 +354,12 @@ def _approximation_note(p: Plan, selection: BucketSelection) -> str:
     )
 
 
-def edge_samples(selection: BucketSelection, start_ms: int, end_ms: int) -> list[Any]:
-    """Each bucket's first and last sample, at their own times in ``[start_ms, end_ms]``:
-    real samples, a subset of the raw ones, which is what remote_read can still return where
-    raw samples are gone (one or two per minute from the 1m rows)."""
-    from metricvault.promql.source import SeriesSamples
-
+def edge_samples(
+    selection: BucketSelection, start_ms: int, end_ms: int
+) -> list[tuple[dict[str, str], np.ndarray, np.ndarray]]:
+    """Each bucket's first and last sample, at their own times in ``[start_ms, end_ms]``, as
+    ``(labels, ts, values)``: real samples, a subset of the raw ones, which is what
+    remote_read can still return where raw samples are gone (two per minute from 1m rows)."""
     out = []
     for s in selection.series:
         c = _finite_rows(s.columns)
@@ -369,5 +369,5 @@ def edge_samples(selection: BucketSelection, start_ms: int, end_ms: int) -> list
         ts, first = np.unique(ts, return_index=True)  # a one-sample bucket: once
         keep = (ts >= start_ms) & (ts <= end_ms)
         if keep.any():
-            out.append(SeriesSamples(dict(s.labels), ts[keep], values[first][keep]))
+            out.append((dict(s.labels), ts[keep], values[first][keep]))
     return out
