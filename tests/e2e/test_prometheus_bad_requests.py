@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from metricvault.ingest.prometheus_api import MAX_QUERY_DEPTH
+from metricvault.promql.parse import MAX_QUERY_DEPTH
 
 from .test_prometheus_api import get_json, post_form, served  # noqa: F401  (fixture)
 from .test_promql_oracle import Oracle, oracle  # noqa: F401  (the module's fixture)

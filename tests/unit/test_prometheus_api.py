@@ -17,7 +17,8 @@ from metricvault.config import BearerToken, Settings
 from metricvault.errors import PromQLError
 from metricvault.ingest.app import create_app
 from metricvault.ingest.auth import hash_secret
-from metricvault.ingest.prometheus_api import parse_duration_param, parse_time_param, query_depth
+from metricvault.ingest.prometheus_api import parse_duration_param, parse_time_param
+from metricvault.promql.parse import query_depth
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 A = {"Authorization": "Bearer token-a"}
@@ -213,7 +214,9 @@ def test_issue13_remote_read_before_the_raw_horizon_returns_each_minutes_edge_sa
     vault = Vault.open_local(str(tmp_path / "v"), settings)
     ts = T0 + np.arange(0, 3 * day, 15_000)
     values = np.cumsum(np.arange(ts.size) % 7).astype(float)
-    vault.write([("work_total", {"job": "j"}, int(t), float(v)) for t, v in zip(ts, values)])
+    vault.write(
+        [("work_total", {"job": "j"}, int(t), float(v)) for t, v in zip(ts, values, strict=True)]
+    )
     vault.maintain(now_ms=T0 + 3 * day)
     horizon = vault.catalog_version().raw_horizon_ms
     assert T0 + day < horizon < T0 + 3 * day

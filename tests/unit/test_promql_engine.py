@@ -423,3 +423,21 @@ def test_issue13_date_functions_of_nan_and_inf_give_what_go_gives() -> None:
     assert one(e, "day_of_week(vector(1/0))", 0) == 0.0
     assert one(e, "hour(vector(-1/0))", 0) == 15.0
     assert one(e, "minute(vector(-1))", 0) == 59.0  # int64(-1.0) is -1: 1969-12-31 23:59:59
+
+
+def test_deep_and_out_of_range_queries_are_refused_by_the_engine_itself() -> None:
+    """Not only the HTTP API: vault.promql and the CLI evaluate through Engine too. A very deep
+    query would crash promql-parser (Rust stack overflow) or exhaust Python's recursion."""
+    from metricvault.promql import Engine, MemorySource, PromQLError
+    from metricvault.promql.parse import MAX_QUERY_DEPTH
+
+    engine = Engine(MemorySource())
+    for expr in (
+        "1" + " + 1" * 20_000,
+        "(" * (MAX_QUERY_DEPTH + 1) + "1" + ")" * (MAX_QUERY_DEPTH + 1),
+    ):
+        with pytest.raises(PromQLError, match="nests") as info:
+            engine.evaluate(expr, 0)
+        assert info.value.kind == "bad_data"
+    with pytest.raises(PromQLError, match="duration out of range"):
+        engine.evaluate("rate(x[300000000y])", 0)

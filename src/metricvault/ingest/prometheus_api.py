@@ -39,6 +39,7 @@ from metricvault.durations import parse_duration_ms
 from metricvault.errors import InputError, MetricVaultError, PromQLError, SelectorError
 from metricvault.ingest.prometheus_json import answer_body
 from metricvault.promql import Engine, EngineOptions, QueryResult, SeriesSamples, VaultSource
+from metricvault.promql import parse as parse_module
 from metricvault.promql.tiers import BucketSelection, edge_samples
 from metricvault.protocols import Reading, has
 from metricvault.selector import Matcher, Selector, parse_selector
@@ -60,14 +61,6 @@ BAD_PARAM_WORDS = ("invalid parameter", "exceeded maximum resolution", "no match
 # series/labels/label values answer short; Grafana's metrics browser looks for these words.
 TRUNCATED = "results truncated due to limit"
 _GO_INT = re.compile(r"^[+-]?[0-9]+$")  # what Go's strconv.Atoi accepts
-# Deeper expressions are refused before parsing: promql-parser (Rust) overflows its stack and
-# kills the process near 10,000 chained operators, and the engine recurses per level (Python's
-# recursion limit ends near 300). Prometheus has no such limit; no dashboard comes near it.
-MAX_QUERY_DEPTH = 128
-_NOT_NESTING = re.compile(r""""(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*'|`[^`]*`|#[^\n]*""")
-_MATCHERS = re.compile(r"\{[^{}]*\}")
-_WORD_OPERATORS = ("and", "or", "unless", "atan2")
-_WORDS = re.compile(r"\b(?:and|or|unless|atan2)\b")
 STATUS = {"bad_data": 400, "execution": 422, "timeout": 503, "internal": 500, "not_found": 404}
 
 
@@ -143,30 +136,12 @@ def parse_limit(params: dict[str, list[str]]) -> int:
     return int(text)
 
 
-def query_depth(expr: str) -> int:
-    """An upper bound of the depth of ``expr``'s syntax tree, read without parsing it: its
-    binary operators plus its deepest nesting of parentheses (strings, comments and label
-    matchers left out). C-speed string counts: a body may be 32 MB and this runs before any
-    other check."""
-    bare = _MATCHERS.sub("", _NOT_NESTING.sub('""', expr))
-    operators = sum(bare.count(c) for c in "+-*/%^<>") + bare.count("==") + bare.count("!=")
-    if any(word in bare for word in _WORD_OPERATORS):
-        operators += len(_WORDS.findall(bare))
-    if operators > MAX_QUERY_DEPTH:
-        return operators
-    chars = np.frombuffer(bare.encode(), dtype=np.uint8)
-    nesting = np.cumsum((chars == ord("(")).astype(np.int64) - (chars == ord(")")))
-    return max(int(nesting.max()) if nesting.size else 0, 0) + operators
-
-
 def check_depth(expr: str) -> None:
-    depth = query_depth(expr)
-    if depth > MAX_QUERY_DEPTH:
-        raise invalid_param(
-            "query",
-            f"the expression nests {depth} operators and parentheses; metricvault evaluates "
-            f"at most {MAX_QUERY_DEPTH} (split it, or use an aggregation)",
-        )
+    """The engine's depth check (promql/parse.py), worded as a bad ``query`` parameter."""
+    try:
+        parse_module.check_depth(expr)
+    except PromQLError as exc:
+        raise invalid_param("query", exc.message) from None
 
 
 def too_many_series(limit: int) -> PromQLError:
@@ -377,14 +352,6 @@ class PrometheusAPI:
             return await asyncio.wait_for(run_in_threadpool(call), timeout_s)
         except TimeoutError:
             raise PromQLError("query timed out in expression evaluation", "timeout") from None
-        except RecursionError:  # a shape check_depth let through: refused, not a 500
-            raise PromQLError(
-                "the expression nests too deeply to be evaluated", "execution"
-            ) from None
-        except ValueError as exc:  # promql-parser's AST cannot hand over a duration past
-            if "too large to fit" not in str(exc):  # int64 (rate(x[300000000y])): what
-                raise  # Prometheus's parser refuses as "duration out of range"
-            raise PromQLError("parse error: duration out of range", "bad_data") from None
 
     def warnings(self, source: ScopedSource, result: QueryResult) -> list[str]:
         """The engine's own (rollups answering before the raw horizon), and whether raw

@@ -72,6 +72,18 @@ class Engine:
     def evaluate(
         self, expr: str, start_ms: int, end_ms: int | None = None, step_ms: int | None = None
     ) -> QueryResult:
+        try:
+            return self._evaluate(expr, start_ms, end_ms, step_ms)
+        except RecursionError:  # a shape the depth check let through: refused, not a crash
+            raise PromQLError("the expression nests too deeply to be evaluated") from None
+        except ValueError as exc:  # promql-parser's AST cannot hand over a duration past
+            if "too large to fit" not in str(exc):  # int64 (rate(x[300000000y])): what
+                raise  # Prometheus's parser refuses as "duration out of range"
+            raise PromQLError("parse error: duration out of range", "bad_data") from None
+
+    def _evaluate(
+        self, expr: str, start_ms: int, end_ms: int | None, step_ms: int | None
+    ) -> QueryResult:
         tree = parse(expr)
         if end_ms is None:
             ev = Evaluator(self.source, self.options, start_ms, start_ms)

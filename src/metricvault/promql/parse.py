@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 import promql_parser as pp
 
 from metricvault.promql.errors import PromQLError
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Deeper expressions are refused before parsing: promql-parser (Rust) overflows its stack and
+# kills the process near 10,000 chained operators, and the engine recurses per level (Python's
+# recursion limit ends near 300). Prometheus has no such limit; no dashboard comes near it.
+MAX_QUERY_DEPTH = 128
+_NOT_NESTING = re.compile(r""""(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*'|`[^`]*`|#[^\n]*""")
+_MATCHERS = re.compile(r"\{[^{}]*\}")
+_WORD_OPERATORS = ("and", "or", "unless", "atan2")
+_WORDS = re.compile(r"\b(?:and|or|unless|atan2)\b")
 
 
 def _register_extra_functions() -> None:
@@ -32,10 +42,37 @@ _register_extra_functions()
 
 def parse(expr: str) -> Any:
     """The AST of ``expr``; a :class:`PromQLError` (bad_data) worded by the parser if not."""
+    check_depth(expr)
     try:
         return pp.parse(expr)
     except ValueError as exc:
         raise PromQLError(f"parse error: {exc}", kind="bad_data") from exc
+
+
+def query_depth(expr: str) -> int:
+    """An upper bound of the depth of ``expr``'s syntax tree, read without parsing it: its
+    binary operators plus its deepest nesting of parentheses (strings, comments and label
+    matchers left out). C-speed string counts: a body may be 32 MB and this runs before any
+    other check."""
+    bare = _MATCHERS.sub("", _NOT_NESTING.sub('""', expr))
+    operators = sum(bare.count(c) for c in "+-*/%^<>") + bare.count("==") + bare.count("!=")
+    if any(word in bare for word in _WORD_OPERATORS):
+        operators += len(_WORDS.findall(bare))
+    if operators > MAX_QUERY_DEPTH:
+        return operators
+    chars = np.frombuffer(bare.encode(), dtype=np.uint8)
+    nesting = np.cumsum((chars == ord("(")).astype(np.int64) - (chars == ord(")")))
+    return max(int(nesting.max()) if nesting.size else 0, 0) + operators
+
+
+def check_depth(expr: str) -> None:
+    depth = query_depth(expr)
+    if depth > MAX_QUERY_DEPTH:
+        raise PromQLError(
+            f"the expression nests {depth} operators and parentheses; metricvault evaluates "
+            f"at most {MAX_QUERY_DEPTH} (split it, or use an aggregation)",
+            kind="bad_data",
+        )
 
 
 def duration_ms(delta: timedelta | None) -> int:
