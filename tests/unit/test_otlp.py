@@ -823,3 +823,13 @@ def test_new_series_limit_is_429_with_retry_after_and_counts_a_delta_once(make_c
     assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
     assert b"max_new_series_per_minute" in r.content
     assert "d_total" not in stored(vault)
+
+
+def test_a_full_buffer_is_503_with_retry_after_in_a_status_body(make_client):
+    client, vault = make_client(buffer_max_bytes=1, flush_interval="1h")
+    first = client.post("/v1/metrics", content=body(gauge("a", number(1.0))), headers=PROTOBUF)
+    assert first.status_code == 200
+    r = client.post("/v1/metrics", content=body(gauge("a", number(2.0, T0 + S))), headers=PROTOBUF)
+    assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1
+    assert r.content.startswith(b"\x08\x0e") and b"buffer_max_bytes" in r.content
+    assert stored(vault) == {"a": [1.0]}
