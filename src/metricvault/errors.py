@@ -35,6 +35,9 @@ from :class:`RetryLater`, whose ``retry_after_s`` the gateway sends as ``Retry-A
 
 Private exceptions (a leading ``_``) that a module raises and catches itself, to unwind a
 parser or a scrape, are not part of this tree and stay beside the code they unwind.
+
+Warning categories (for ``warnings.warn``, never raised): ``ApproximateAnswer``, a query
+answered where the data cannot give the exact answer (PromQL past the raw retention).
 """
 
 from __future__ import annotations
@@ -178,3 +181,8 @@ class CorruptionError(StorageError):
 
 class CorruptBatch(CorruptionError):
     """A buffer row whose payload is not a sample batch (damaged on disk, or not ours)."""
+
+
+class ApproximateAnswer(UserWarning):
+    """An answer that is not exactly what the raw samples would give, and why (e.g. PromQL
+    windows answered from rollups past the raw retention; docs/promql.md)."""

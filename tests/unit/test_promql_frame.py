@@ -68,3 +68,23 @@ def test_issue13_an_empty_answer_past_the_data_says_where_the_data_ends(vault_di
     assert "no series at now" in result.stderr and "raw data ends at 2026-01-01 00:10:00" in (
         result.stderr
     )
+
+
+def test_issue13_answers_past_the_raw_horizon_warn_in_python_and_on_the_command_line(
+    tmp_path: Path,
+) -> None:
+    from metricvault.errors import ApproximateAnswer
+
+    t0, day = 1_767_225_600_000, 86_400_000
+    vault = Vault.open_local(str(tmp_path / "v"), retention_raw="1d")
+    vault.write([("req_total", {}, t0 + i * 15_000, float(i)) for i in range(3 * 5760)])
+    vault.maintain(now_ms=t0 + 3 * day)
+    with pytest.warns(ApproximateAnswer, match="raw horizon"):
+        frame = vault.promql("rate(req_total[1h])", t0 + 3_600_000, t0 + 7_200_000, "1h")
+    assert frame["value"].tolist() == pytest.approx([1 / 15, 1 / 15])
+    vault.close()
+    span = ["--start", str(t0 + 3_600_000), "--end", str(t0 + 7_200_000), "--step", "1h"]
+    args = ["promql", "rate(req_total[1h])", *span, "-d", str(tmp_path / "v"), "-f", "csv"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "warning: raw samples before the raw horizon" in result.stderr

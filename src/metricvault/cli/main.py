@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,7 +48,7 @@ from metricvault.durations import (
     parse_duration_ms,
     parse_time_ms,
 )
-from metricvault.errors import MetricVaultError
+from metricvault.errors import ApproximateAnswer, MetricVaultError
 from metricvault.redact import redact, setting_for_display
 from metricvault.redact import remember as remember_secrets
 
@@ -153,8 +154,12 @@ def promql(
     with open_vault(data, config, set_) as vault:
         from metricvault.promql.frame import promql_frame
 
-        table = promql_frame(vault, expr, start, end, step, output="arrow")
+        with warnings.catch_warnings(record=True) as notes:
+            warnings.simplefilter("always", ApproximateAnswer)
+            table = promql_frame(vault, expr, start, end, step, output="arrow")
         empty = table.num_rows == 0 and _promql_empty_note(vault, start, end)
+    for note in notes:
+        print(f"warning: {note.message}", file=sys.stderr)
     if empty:
         print(empty, file=sys.stderr)
         if kind == "table" and output is None:

@@ -8,13 +8,14 @@ a range query at ``start, start + step, ... <= end``, exactly as Prometheus alig
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from metricvault.durations import TimeLike, now_ms, parse_duration_ms, parse_time_ms
-from metricvault.errors import PromQLError
+from metricvault.errors import ApproximateAnswer, PromQLError
 from metricvault.promql.eval import Engine, EngineOptions
 from metricvault.promql.source import VaultSource
 from metricvault.promql.values import QueryResult
@@ -41,6 +42,8 @@ def promql_frame(
         if step is None:
             raise PromQLError("a range query needs a step, e.g. step='1m'", kind="bad_data")
         result = engine.evaluate(expr, at, parse_time_ms(end, now=now), parse_duration_ms(step))
+    for note in result.warnings:  # what the HTTP API puts in "warnings"
+        warnings.warn(note, ApproximateAnswer, stacklevel=3)
     return convert(long_table(result), output)
 
 
