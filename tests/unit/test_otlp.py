@@ -325,6 +325,20 @@ def test_start_time_gives_one_zero_sample_per_start():
     assert rows == {("g", SVC): [(T0_MS, 1.0)]}
 
 
+def test_a_start_in_the_first_points_millisecond_never_gets_a_zero_over_that_point():
+    """Found by the OTel-export e2e test: a short run's first export landed in the counter's
+    start millisecond; the next export wrote the start's zero over the real first sample."""
+    streams = OtlpStreams()
+    start = T0  # the first point comes 500 ns later: the same millisecond
+
+    def export(value: int, t: int) -> Rows:
+        content = body(counter("c", number(value, t, start_time_unix_nano=start)))
+        return translate(content, streams)[0]
+
+    assert export(3000, T0 + 500) == {("c_total", SVC): [(T0_MS, 3000.0)]}
+    assert export(3500, T0 + S) == {("c_total", SVC): [(T0_MS + 1000, 3500.0)]}
+
+
 def test_delta_sums_are_added_up_per_stream():
     streams = OtlpStreams()
 

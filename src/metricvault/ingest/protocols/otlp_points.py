@@ -368,8 +368,11 @@ class Translator:
     ) -> None:
         start = point.start_time_unix_nano
         start_ms = start // 1_000_000
-        if start and MIN_TS_MS <= start_ms < point.time_unix_nano // 1_000_000:
-            self.out.starts.append(StartPoint((base, labels), start, rows))
+        if start and MIN_TS_MS <= start_ms <= point.time_unix_nano // 1_000_000:
+            # A start in the point's own millisecond gets no zero (it would overwrite the
+            # point), but is remembered, so no later export writes a zero over this point.
+            zeros = rows if start_ms < point.time_unix_nano // 1_000_000 else ()
+            self.out.starts.append(StartPoint((base, labels), start, zeros))
 
     def _check(self, metric: str, labels: Labels) -> None:
         """The series rules of the store (label names, reserved names, control characters,
