@@ -705,8 +705,8 @@ def test_rollup_tiers_agree_with_prometheus(oracle: Oracle) -> None:
             got = _ours(oracle.vault, expr, *args)
             compared += 1
             if not _agree(expected, got, ordered=False):
-                disagreements.append(f"{path} {expr!r} at {args}:\n  prometheus: "
-                                     f"{str(expected)[:600]}\n  rollups:    {str(got)[:600]}")  # fmt: skip
+                shown = f"\n  prometheus: {str(expected)[:600]}\n  rollups:    {str(got)[:600]}"
+                disagreements.append(f"{path} {expr!r} at {args}:{shown}")
     print(f"{compared} compared, {from_rollups} answered from 1m rollups")
     assert from_rollups >= 0.8 * compared
     assert not disagreements, "\n".join(disagreements[:20])

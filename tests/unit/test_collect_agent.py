@@ -11,14 +11,17 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from metricvault.collect.agent import Agent, AgentOptions
 from metricvault.collect.exposition import MetricsServer
+
+# the agent's own families (prometheus-client-compatible; collect/families.py)
+from metricvault.collect.families import GaugeMetricFamily, Metric
 from metricvault.collect.sampler import FastSampler, window_families
 from metricvault.collect.sources import FastReading
 from metricvault.config import BasicUser, Settings
@@ -103,7 +106,7 @@ def test_window_families_render_as_gauges():
     registry = CollectorRegistry()
 
     class Collector:
-        def collect(self) -> Iterable[Metric]:
+        def collect(self) -> Any:  # prometheus-client's families (the sampler builds them)
             clock = Clock()
             sampler = FastSampler([FakeGpu([10, 30])], clock=clock)
             sampler.sample_once()
@@ -133,7 +136,7 @@ def _get(url: str, headers: dict[str, str] | None = None, context=None) -> tuple
 @pytest.fixture
 def registry() -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(FakeGpu([42]))
+    registry.register(FakeGpu([42]))  # type: ignore[arg-type]  # the agent's light families
     return registry
 
 
@@ -217,7 +220,7 @@ def test_openmetrics_output_parses_with_dcgm_counter_names(tmp_path):
     from metricvault.collect.sources.simulated import SimulatedGpuSource
 
     registry = CollectorRegistry()
-    registry.register(SimulatedGpuSource(gpus=1, hostname="node01"))
+    registry.register(SimulatedGpuSource(gpus=1, hostname="node01"))  # type: ignore[arg-type]
     server = MetricsServer(registry, "127.0.0.1", 0)
     server.start()
     try:
