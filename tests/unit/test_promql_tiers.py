@@ -242,3 +242,24 @@ def test_rows_without_first_samples_answer_over_time_but_not_rate() -> None:
     assert got.series[0][2].tolist() == [60.0, 60.0]
     got = engine.evaluate("rate(old_total[1h])", T0 + 2 * HOUR, T0 + 3 * HOUR, HOUR)
     assert got.series == [] and OLD_ROWS_NOTE in got.warnings
+
+
+def test_a_tier_no_coarser_than_the_scrape_interval_is_not_read(tmp_path: Path) -> None:
+    """At a 60 s scrape a 1m row holds one sample: reading the tier would read as many rows
+    as raw, and wider ones (bench/promql.py's 30-day workload), so raw samples answer."""
+    from metricvault.store.vault import Vault
+
+    vault = Vault.open_local(str(tmp_path / "vault"))
+    ts = T0 + np.arange(0, 6 * HOUR, 60_000)
+    vault.write([("slow_total", {}, int(t), float(i)) for i, t in enumerate(ts)])
+    vault.maintain(now_ms=T0 + 8 * HOUR)
+    assert vault.samples_per_row("1m", T0, T0 + 6 * HOUR) == pytest.approx(1.0)
+    engine = Engine(VaultSource(vault))
+    assert (
+        engine.evaluate("rate(slow_total[5m])", T0 + HOUR, T0 + 5 * HOUR, 5 * MIN).served_by
+        == set()
+    )
+    assert engine.evaluate("rate(slow_total[1h])", T0 + HOUR, T0 + 5 * HOUR, HOUR).served_by == {
+        "1h"
+    }
+    vault.close()

@@ -233,6 +233,10 @@ class ScopedSource:
     def raw_horizon(self) -> int:
         return int(self.inner.raw_horizon()) if hasattr(self.inner, "raw_horizon") else 0
 
+    def samples_per_row(self, tier: str, start_ms: int, end_ms: int) -> float | None:
+        measure = getattr(self.inner, "samples_per_row", None)
+        return None if measure is None else float(measure(tier, start_ms, end_ms) or 0.0)
+
     def rolled_up_until(self) -> int | None:
         until: int | None = self.inner.rolled_up_until()
         return until

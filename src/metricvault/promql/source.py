@@ -120,6 +120,11 @@ class VaultSource:
 
         return from_table(buckets(str(Selector(tuple(matchers))), start_ms, end_ms, width_ms))
 
+    def samples_per_row(self, tier: str, start_ms: int, end_ms: int) -> float | None:
+        """How many raw samples a ``tier`` row summarises there (None: not known)."""
+        measure = getattr(self.vault, "samples_per_row", None)
+        return None if measure is None else float(measure(tier, start_ms, end_ms) or 0.0)
+
     @property
     def counter_lookback_ms(self) -> int:
         settings = getattr(self.vault, "settings", None)

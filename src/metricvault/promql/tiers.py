@@ -98,6 +98,9 @@ class BucketSource(Protocol):
     def rolled_up_until(self) -> int | None:
         """Rollups are complete before this (None: everywhere)."""
 
+    def samples_per_row(self, tier: str, start_ms: int, end_ms: int) -> float | None:
+        """About how many raw samples a row of ``tier`` summarises there (None: unknown)."""
+
 
 def from_table(buckets: Any) -> BucketSelection:
     """A :class:`BucketSelection` from the store's ``Buckets`` (store/query.py)."""
@@ -150,17 +153,32 @@ def plan(ev: Evaluator, name: str, ms: Any, steps: np.ndarray) -> Plan | None:
         return None
     refs = ev.reference_times(ms.vector_selector, steps)
     range_ms = duration_ms(ms.range)
-    for _, res in RESOLUTIONS:
+    lo, hi = int(refs.min()) - range_ms, int(refs.max())
+    for tier, res in RESOLUTIONS:
         if range_ms % res == 0 and not (refs % res).any() and not ev.options.left_open_windows:
-            if _mostly_rolled_up(source, int(refs.min()) - range_ms, int(refs.max())):
+            if not _mostly_rolled_up(source, lo, hi):
+                break
+            if _summarises(source, tier, lo, hi):
                 return Plan(res, False, refs, range_ms)
-            break
     horizon = source.raw_horizon()
     res = min(res for _, res in RESOLUTIONS)
     if horizon and int(refs.min()) - range_ms < horizon and range_ms >= res:
         # Each window moves to whole minutes: its end down to one, its length to the nearest.
         return Plan(res, True, refs // res * res, max(res, round(range_ms / res) * res))
     return None
+
+
+MIN_SAMPLES_PER_ROW = 2.0  # below it a tier row is no smaller a read than the raw samples
+
+
+def _summarises(source: Any, tier: str, start: int, end: int) -> bool:
+    """Whether ``tier``'s rows summarise several raw samples each there: at a 60 s scrape the
+    1m tier holds as many rows as raw, wider ones, and reading it is slower (bench/promql.py)."""
+    measure = getattr(source, "samples_per_row", None)
+    if measure is None:
+        return True
+    per_row = measure(tier, start, end)
+    return per_row is None or per_row == 0 or per_row >= MIN_SAMPLES_PER_ROW
 
 
 def _mostly_rolled_up(source: Any, start: int, end: int) -> bool:

@@ -172,7 +172,7 @@ def buckets(ctx: QueryContext, series_ids: list[int], start: int, end: int, widt
     """Buckets of ``width`` (a multiple of every tier it may use) over ``[start, end)``."""
     if series_ids:
         table, segments = aggregate(ctx, series_ids, start, end, width)
-        table = table.sort_by([("series_id", "ascending"), ("ts", "ascending")])
+        table = _series_major(table)
     else:
         table, segments = rollup.empty_partials(), []
     labels = {}
@@ -187,6 +187,27 @@ def buckets(ctx: QueryContext, series_ids: list[int], start: int, end: int, widt
         ctx.snapshot.raw_horizon_ms or 0,
         ctx.lookback_ms,
     )
+
+
+def _series_major(table: pa.Table) -> pa.Table:
+    """``table`` ordered by ``(series_id, ts)``. It arrives as runs already in that order (a
+    file's rows of one series, a segment's): ordering the few runs and taking their rows costs
+    a fraction of sorting every row."""
+    if table.num_rows < 2:
+        return table
+    sid = table["series_id"].to_numpy()
+    ts = table["ts"].to_numpy()
+    # 64-bit hashes: compare, never subtract (a difference can overflow)
+    breaks = np.flatnonzero((sid[1:] != sid[:-1]) | (ts[1:] <= ts[:-1])) + 1
+    starts = np.r_[0, breaks]
+    order = np.lexsort((ts[starts], sid[starts]))
+    if (order == np.arange(order.size)).all():
+        return table
+    lens = np.diff(np.r_[starts, sid.size])[order]
+    first = starts[order]
+    offsets = np.cumsum(lens) - lens
+    rows = np.arange(sid.size) - np.repeat(offsets - first, lens)
+    return table.take(pa.array(rows))
 
 
 def _widen_to_empty_time(snapshot: Snapshot, start: int, end: int) -> tuple[int, int]:

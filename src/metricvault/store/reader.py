@@ -211,13 +211,19 @@ def _slice_series(table: pa.Table, ids: np.ndarray) -> pa.Table:
         if table["series_id"].num_chunks == 1
         else (table["series_id"].to_numpy())
     )
-    if len(ids) > 8:  # many series: one vectorised mask beats many slices
-        return table.filter(pa.array(np.isin(sid, ids)))
     lo = np.searchsorted(sid, ids, "left")
     hi = np.searchsorted(sid, ids, "right")
-    pieces = [table.slice(a, b - a) for a, b in zip(lo, hi, strict=True) if b > a]
-    if not pieces:
+    held = hi > lo
+    lo, hi = lo[held], hi[held]
+    if lo.size == 0:
         return table.slice(0, 0)
+    # Runs of wanted series that touch each other become one slice; slices share the
+    # (cached) decoded buffers, where a filter would copy every column.
+    starts = np.r_[True, lo[1:] != hi[:-1]]
+    run_lo, run_hi = lo[starts], np.r_[hi[:-1][starts[1:]], hi[-1]]
+    if run_lo.size == 1 and run_lo[0] == 0 and run_hi[0] == len(sid):
+        return table
+    pieces = [table.slice(a, b - a) for a, b in zip(run_lo.tolist(), run_hi.tolist(), strict=True)]
     return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
 
 

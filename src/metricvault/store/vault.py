@@ -512,6 +512,23 @@ class Vault:
 
         return promql_frame(self, expr, start, end, step, output)
 
+    def samples_per_row(self, tier: str, start_ms: int, end_ms: int) -> float | None:
+        """About how many raw samples one row of ``tier`` summarises over ``[start_ms,
+        end_ms)``, from the catalog's row counts (None: no rows of that tier there). Below
+        about 2 (a scrape interval as long as the bucket) the tier reads no fewer rows than raw."""
+        snap = self.catalog_version()
+
+        def rows(name: str) -> float:
+            total = 0.0
+            for f in snap.tier_files(name):
+                overlap = min(end_ms, f.max_ts + 1) - max(start_ms, f.min_ts)
+                if overlap > 0:
+                    total += f.rows * overlap / max(f.max_ts + 1 - f.min_ts, 1)
+            return total
+
+        tier_rows = rows(tier)
+        return rows("raw") / tier_rows if tier_rows else None
+
     def buckets(self, selector: str, start_ms: int, end_ms: int, width_ms: int) -> q.Buckets:
         """Per-series summaries of ``width_ms`` buckets over ``[start_ms, end_ms)`` from the
         coarsest tiers that hold them exactly (raw where rollups are not done yet): what the
