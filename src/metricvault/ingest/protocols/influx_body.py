@@ -3,12 +3,9 @@ chunks), UTF-8 and NUL checks, and the line count limit."""
 
 from __future__ import annotations
 
-import zlib
-
 from metricvault.errors import InputError, TooLargeError, UnsupportedError
+from metricvault.ingest.protocols.gzip_body import gunzip
 from metricvault.ingest.protocols.influx_values import q
-
-_GUNZIP_CHUNK = 1 << 20
 
 
 def decode_body(body: bytes, content_encoding: str | None, max_decoded_bytes: int) -> bytes:
@@ -34,36 +31,7 @@ def _too_large(what: str, limit: int) -> str:
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:
-    """Inflate gzip members in bounded chunks, so a gzip bomb stops at ``limit`` bytes."""
-    out: list[bytes] = []
-    total = 0
-    data = body
-    try:
-        while True:
-            inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-            while not inflater.eof:
-                chunk = inflater.decompress(data, min(_GUNZIP_CHUNK, limit + 1 - total))
-                total += len(chunk)
-                if total > limit:
-                    raise TooLargeError(_too_large("the gzip body inflates to more", limit))
-                progress = bool(chunk) or len(inflater.unconsumed_tail) != len(data)
-                data = inflater.unconsumed_tail
-                out.append(chunk)
-                if not progress:
-                    break
-            if not inflater.eof:
-                raise InputError(
-                    f"the gzip body ends early after {total} decompressed bytes (truncated "
-                    "upload?); send the complete gzip stream"
-                )
-            data = inflater.unused_data
-            if not data:
-                return b"".join(out)
-    except zlib.error as exc:
-        raise InputError(
-            f"the body is not valid gzip ({exc}); compress it with gzip or drop the "
-            "'Content-Encoding: gzip' header"
-        ) from exc
+    return gunzip(body, limit, _too_large("the gzip body inflates to more", limit))
 
 
 def utf8_text(raw: bytes) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import zlib
 from typing import Any
 
 from google.protobuf import json_format  # type: ignore[import-untyped]
@@ -22,12 +21,13 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from metricvault.errors import InputError, TooLargeError, UnsupportedError
+from metricvault.errors import InputError, UnsupportedError
+from metricvault.ingest.protocols.gzip_body import gunzip
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 CONTENT_TYPES = (PROTOBUF, JSON)
-_GUNZIP_CHUNK = 1 << 20
+
 _GRPC_INVALID_ARGUMENT = 3  # google.rpc.Code for a 400
 # google.rpc.Code by HTTP status, for the Status body of a refusal
 GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 413: 8, 415: 3, 429: 8, 500: 13, 503: 14}
@@ -60,38 +60,12 @@ def inflate(body: bytes, content_encoding: str | None, limit: int) -> bytes:
             f"Content-Encoding {json.dumps(content_encoding)} is not supported for OTLP; send "
             "the body uncompressed or with 'Content-Encoding: gzip'"
         )
-    out: list[bytes] = []
-    total, data = 0, body
-    try:
-        while True:
-            inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-            while not inflater.eof:
-                chunk = inflater.decompress(data, min(_GUNZIP_CHUNK, limit + 1 - total))
-                total += len(chunk)
-                if total > limit:
-                    raise TooLargeError(
-                        f"the gzip body inflates to more than {limit} bytes (max_body_bytes); "
-                        "export smaller batches (OTel SDK: lower max_export_batch_size; "
-                        "Collector: send_batch_max_size)"
-                    )
-                progress = bool(chunk) or len(inflater.unconsumed_tail) != len(data)
-                data = inflater.unconsumed_tail
-                out.append(chunk)
-                if not progress:
-                    break
-            if not inflater.eof:
-                raise InputError(
-                    f"the gzip body ends early after {total} decompressed bytes (truncated "
-                    "upload?); send the complete gzip stream"
-                )
-            data = inflater.unused_data
-            if not data:
-                return b"".join(out)
-    except zlib.error as exc:
-        raise InputError(
-            f"the body is not valid gzip ({exc}); compress it with gzip or drop the "
-            "'Content-Encoding: gzip' header"
-        ) from exc
+    return gunzip(
+        body,
+        limit,
+        f"the gzip body inflates to more than {limit} bytes (max_body_bytes); export smaller "
+        "batches (OTel SDK: lower max_export_batch_size; Collector: send_batch_max_size)",
+    )
 
 
 def parse_request(raw: bytes, kind: str) -> Any:
