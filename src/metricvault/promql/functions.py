@@ -22,6 +22,7 @@ from metricvault.promql.values import (
     drop_name,
     get_label,
     make_labels,
+    per_series,
 )
 
 if TYPE_CHECKING:
@@ -96,17 +97,11 @@ def _range_call(ev: Evaluator, name: str, args: list[Any], steps: np.ndarray) ->
     scalars = [ev.eval_scalar(a, steps) for i, a in enumerate(args) if i != matrix_pos]
     if name == "absent_over_time":
         return _absent_over_time(rv, args[0], steps)
-    labels, values, present = [], [], []
-    for s, (lo, hi) in zip(rv.series, rv.bounds, strict=True):
-        v, ok = _range_value(name, s, lo, hi, rv, scalars, steps)
-        if ok.any():
-            labels.append(s.labels if name == "last_over_time" else drop_name(s.labels))
-            values.append(v)
-            present.append(ok)
-    if not labels:
-        return StepVector.empty(steps.size)
-    vec = StepVector(labels, np.array(values, dtype=np.float64), np.array(present, dtype=bool))
-    return vec.with_labels(labels, per_step=False)
+    rows = [
+        (s.labels, *_range_value(name, s, lo, hi, rv, scalars, steps))
+        for s, (lo, hi) in zip(rv.series, rv.bounds, strict=True)
+    ]
+    return per_series(rows, steps.size, keep_name=name == "last_over_time")
 
 
 def _range_value(

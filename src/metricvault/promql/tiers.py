@@ -39,7 +39,7 @@ import promql_parser as pp
 from metricvault.model import TIER_RESOLUTION_MS
 from metricvault.promql import rangefuncs as rf
 from metricvault.promql.parse import duration_ms
-from metricvault.promql.values import Labels, RangeVector, StepVector, drop_name, make_labels
+from metricvault.promql.values import RangeVector, StepVector, make_labels, per_series
 from metricvault.selector import Matcher
 
 if TYPE_CHECKING:
@@ -203,8 +203,7 @@ def range_call(ev: Evaluator, name: str, ms: Any, steps: np.ndarray) -> StepVect
         ev.notes.append(_approximation_note(p, selection))
     ev.served_by.update(selection.tiers)
     rv = RangeVector([], p.refs - p.range_ms, p.refs, p.range_ms)
-    labels: list[Labels] = []
-    values, present = [], []
+    rows = []
     # Sorted by label set, as the raw path (and Prometheus's storage) returns series.
     for s in sorted(selection.series, key=lambda s: make_labels(s.labels.items())):
         if name in ("rate", "increase") and not s.counter:
@@ -215,15 +214,8 @@ def range_call(ev: Evaluator, name: str, ms: Any, steps: np.ndarray) -> StepVect
             ev.notes.append(OLD_ROWS_NOTE)
             continue
         v, ok = _evaluate(name, cols, p, rv, selection.counter_lookback_ms, s.counter)
-        if ok.any():
-            pairs = make_labels(s.labels.items())
-            labels.append(pairs if name == "last_over_time" else drop_name(pairs))
-            values.append(v)
-            present.append(ok)
-    if not labels:
-        return StepVector.empty(steps.size)
-    vec = StepVector(labels, np.array(values, dtype=np.float64), np.array(present, dtype=bool))
-    return vec.with_labels(labels, per_step=False)
+        rows.append((make_labels(s.labels.items()), v, ok))
+    return per_series(rows, steps.size, keep_name=name == "last_over_time")
 
 
 def _select(ev: Evaluator, ms: Any, p: Plan) -> BucketSelection | None:

@@ -73,6 +73,21 @@ class StepVector:
         return self if keep.size == len(self.labels) else self.select_rows(keep)
 
 
+def per_series(
+    rows: list[tuple[Labels, np.ndarray, np.ndarray]], n_steps: int, keep_name: bool = False
+) -> StepVector:
+    """A range function's answer from ``(labels, values, present)`` per input series: series
+    present at no step left out, the metric name dropped unless ``keep_name``
+    (``last_over_time``), and two series that become one label set an error."""
+    kept = [(labels, v, ok) for labels, v, ok in rows if ok.any()]
+    if not kept:
+        return StepVector.empty(n_steps)
+    labels = [lab if keep_name else drop_name(lab) for lab, _, _ in kept]
+    values = np.array([v for _, v, _ in kept], dtype=np.float64)
+    vec = StepVector(labels, values, np.array([ok for _, _, ok in kept], dtype=bool))
+    return vec.with_labels(labels, per_step=False)
+
+
 @dataclass
 class Scalar:
     """A scalar at every step (here, not in eval, so that binary and functions, which eval
