@@ -638,11 +638,10 @@ def run_queries(
             "VM agrees", "target")  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
-    for range_ms in workload.ranges_ms:
-        step = grafana_step(range_ms, scrape_ms)
+    for range_ms, step, queries in _panels(workload, scrape_ms):
         end = data_end // step * step  # Grafana aligns the range to the step
         start = end - range_ms
-        for name, template, selector in QUERIES:
+        for name, template, selector in queries:
             expr = template.replace("$i", duration(step))
             expr = expr.replace("$r", duration(rate_window(step, scrape_ms)))
             query = (start, end, step)
@@ -668,6 +667,18 @@ def run_queries(
                      str(len(ours["result"])), same, vm_same,
                      target(range_ms, h_ms, p_ms, v_ms)]  # fmt: skip
             print("| " + " | ".join(cells) + " |", flush=True)
+
+
+def _panels(workload: Workload, scrape_ms: int) -> list[tuple[int, int, tuple[Any, ...]]]:
+    """(range, step, queries): Grafana's step for each range, and on 7 d and longer also the
+    per-GPU and per-host panels at a 1 h step (a panel's "Min interval" set to 1h), which
+    the 1h rollup tier answers (docs/grafana.md)."""
+    panels: list[tuple[int, int, tuple[Any, ...]]] = []
+    for range_ms in workload.ranges_ms:
+        panels.append((range_ms, grafana_step(range_ms, scrape_ms), QUERIES))
+        if range_ms >= 7 * DAY_MS:
+            panels.append((range_ms, HOUR_MS, QUERIES[:2]))
+    return panels
 
 
 if __name__ == "__main__":

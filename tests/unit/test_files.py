@@ -146,3 +146,17 @@ def test_rollup_first_and_bucket_times_roundtrip_and_nan_only_buckets_stay_empty
     back = _roundtrip(table, files.ROLLUP_FLOATS)
     for column in ("first", "first_ts", "last", "last_ts", "min", "max", "nonfinite"):
         assert back[column].to_pylist() == table[column].to_pylist(), column
+
+
+@pytest.mark.parametrize("wanted", [1, 5, 33, 80, 100])
+def test_reader_slices_exactly_the_wanted_series(wanted: int) -> None:
+    """Few runs are sliced, many are filtered in one pass: the same rows either way."""
+    from metricvault.store.reader import _slice_series
+
+    rng = np.random.default_rng(wanted)
+    ids = np.sort(rng.choice(np.arange(-(2**62), 2**62, 2**55), 100, replace=False))
+    sid = np.repeat(ids, rng.integers(1, 20, ids.size))
+    table = pa.table({"series_id": sid, "ts": np.arange(sid.size)})
+    pick = np.sort(rng.choice(ids, wanted, replace=False))
+    got = _slice_series(table, pick)
+    assert got["ts"].to_pylist() == table["ts"].to_numpy()[np.isin(sid, pick)].tolist()

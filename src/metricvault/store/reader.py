@@ -204,6 +204,9 @@ def _hits(ids: np.ndarray, group: RowGroup) -> bool:
     return at < len(ids) and int(ids[at]) <= group.max_sid
 
 
+_MAX_SLICES = 32
+
+
 def _slice_series(table: pa.Table, ids: np.ndarray) -> pa.Table:
     """Rows of the given series from a table sorted by series_id, by binary search."""
     sid = (
@@ -223,6 +226,11 @@ def _slice_series(table: pa.Table, ids: np.ndarray) -> pa.Table:
     run_lo, run_hi = lo[starts], np.r_[hi[:-1][starts[1:]], hi[-1]]
     if run_lo.size == 1 and run_lo[0] == 0 and run_hi[0] == len(sid):
         return table
+    if run_lo.size > _MAX_SLICES:  # one filter beats many slices (and a many-chunk table)
+        edges = np.zeros(len(sid) + 1, dtype=np.int32)
+        np.add.at(edges, run_lo, 1)
+        np.add.at(edges, run_hi, -1)
+        return table.filter(pa.array(np.cumsum(edges[:-1]) > 0))
     pieces = [table.slice(a, b - a) for a, b in zip(run_lo.tolist(), run_hi.tolist(), strict=True)]
     return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
 
