@@ -255,3 +255,27 @@ def test_issue13_remote_read_before_the_raw_horizon_returns_each_minutes_edge_sa
 )
 def test_issue13_query_depth_is_operators_plus_deepest_parentheses(expr: str, depth: int) -> None:
     assert query_depth(expr) == depth
+
+
+def test_issue13_query_range_past_the_raw_horizon_answers_from_rollups_with_a_warning(
+    tmp_path: Path,
+) -> None:
+    day = 86_400_000
+    settings = Settings.load(env={}, gateway_maintain=False, retention_raw="1d")
+    vault = Vault.open_local(str(tmp_path / "v"), settings)
+    vault.write([("work_total", {"job": "j"}, T0 + i * 15_000, float(i)) for i in range(3 * 5760)])
+    vault.maintain(now_ms=T0 + 3 * day)
+    params = {"query": "rate(work_total[1h])", "start": str((T0 + 3_600_000) // 1000),
+              "end": str((T0 + 5 * 3_600_000) // 1000), "step": "3600"}  # fmt: skip
+    with TestClient(create_app(vault, settings)) as test_client:
+        reply = test_client.post("/api/v1/query_range", data=params, headers=FORM).json()
+        irate = test_client.post(
+            "/api/v1/query_range", data={**params, "query": "irate(work_total[5m])"}, headers=FORM
+        ).json()
+    vault.close()
+    assert reply["status"] == "success", reply
+    (series,) = reply["data"]["result"]
+    assert [float(v) for _, v in series["values"]] == pytest.approx([1 / 15] * 5)
+    assert any("answered from the 1h rollups" in w for w in reply["warnings"]), reply
+    # what rollups cannot answer has no raw samples there, and says so
+    assert irate["data"]["result"] == [] and "dropped by retention" in irate["warnings"][0]
