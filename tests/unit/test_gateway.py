@@ -16,11 +16,8 @@ from pathlib import Path
 
 import cramjam
 import pytest
-from starlette.testclient import TestClient
 
-from metricvault import Vault
 from metricvault.config import BasicUser, BearerToken, Settings
-from metricvault.ingest.app import create_app
 from metricvault.ingest.auth import hash_secret
 from metricvault.ingest.metrics import (
     GatewayMetrics,
@@ -46,24 +43,6 @@ def golden(name: str) -> bytes:
 
 def manifest() -> dict:
     return json.loads(golden("manifest.json"))
-
-
-@pytest.fixture
-def make_client(tmp_path):
-    clients: list[tuple[TestClient, Vault]] = []
-
-    def make(**overrides):
-        settings = Settings.load(env={}, gateway_maintain=False, **overrides)
-        vault = Vault.open_local(str(tmp_path / f"v{len(clients)}"), settings)
-        client = TestClient(create_app(vault, settings))
-        client.__enter__()
-        clients.append((client, vault))
-        return client, vault
-
-    yield make
-    for client, vault in clients:
-        client.__exit__(None, None, None)
-        vault.close()
 
 
 def _expected(name: str) -> dict:

@@ -20,11 +20,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
-from starlette.testclient import TestClient
 
 from metricvault import Vault
-from metricvault.config import BearerToken, Settings
-from metricvault.ingest.app import create_app
+from metricvault.config import BearerToken
 from metricvault.ingest.auth import hash_secret
 from metricvault.ingest.protocols.otlp import OtlpStreams, decode_otlp, to_write
 from metricvault.ingest.protocols.otlp_names import (
@@ -427,22 +425,6 @@ def test_json_bodies_with_hex_ids_and_string_int64():
 
 
 # ---------------------------------------------------------------------------- over HTTP
-@pytest.fixture
-def make_client(tmp_path):
-    clients: list[tuple[TestClient, Vault]] = []
-
-    def make(**overrides):
-        settings = Settings.load(env={}, gateway_maintain=False, **overrides)
-        vault = Vault.open_local(str(tmp_path / f"v{len(clients)}"), settings)
-        client = TestClient(create_app(vault, settings))
-        client.__enter__()
-        clients.append((client, vault))
-        return client, vault
-
-    yield make
-    for client, vault in clients:
-        client.__exit__(None, None, None)
-        vault.close()
 
 
 def stored(vault: Vault) -> dict[str, list[float]]:

@@ -170,3 +170,19 @@ def gpu_labels(
 def label_pairs(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """Labels as `FastReading` carries them: sorted (name, value) pairs."""
     return tuple(sorted(labels.items()))
+
+
+# Simulated GPU sources (the numpy model and the edge agent's light one) share these.
+SIMULATED_LABEL = ("simulated", "true")
+# What a healthy GPU reports: no errors, not lost.
+HEALTHY_ZEROS = (
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "metricvault_gpu_lost",
+)

@@ -27,7 +27,9 @@ from numpy.typing import NDArray
 from metricvault.collect.families import Metric
 from metricvault.collect.sources import FastReading
 from metricvault.collect.sources._labels import (
+    HEALTHY_ZEROS,
     HOSTNAME_LABEL,
+    SIMULATED_LABEL,
     FamilyBuilder,
     gpu_labels,
     label_pairs,
@@ -38,7 +40,6 @@ from metricvault.sim.plan import make_plan
 from metricvault.sim.spec import LLAMA_70B_FLOPS_PER_TOKEN, ClusterSpec, JobSpec
 from metricvault.sim.uuids import gpu_uuid
 
-SIMULATED_LABEL = ("simulated", "true")
 STEP_S = 1  # one simulator step per second of the clock
 JOB_DAYS = 365  # the simulated job's planned length; the GPUs idle after it
 WARMUP_S = 3600  # how far into its job the node is when the source starts
@@ -47,18 +48,6 @@ _CHUNK_STEPS = 3600  # steps simulated at once while catching up (bounds memory)
 MEM_CLOCK_MHZ = 2619.0  # an H100 SXM's HBM3 clock; it does not drop at idle
 _POWER_THROTTLE_W = 640.0  # where sim.gpu's clock model starts to pull the SM clock down
 _GPU_IDLE, _SW_POWER_CAP = 0x1, 0x4  # nvmlClocksThrottleReasonGpuIdle / ...SwPowerCap
-# What a healthy GPU reports: no errors, not lost.
-_HEALTHY_ZEROS = (
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
-    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-    "DCGM_FI_DEV_XID_ERRORS",
-    "metricvault_gpu_lost",
-)
 # PCI bus numbers of the eight GPUs of an HGX H100 board, for realistic pci_bus_id labels.
 _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 _ROW = {name: row for row, name in enumerate(GPU_METRICS)}
@@ -123,7 +112,7 @@ class SimulatedGpuSource:
             out.add("DCGM_FI_DEV_MEMORY_TEMP", labels, temp + self._memory_temp_offset[g])
             out.add("DCGM_FI_DEV_MEM_CLOCK", labels, MEM_CLOCK_MHZ)
             out.add("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", labels, _throttle(values[:, g]))
-            for name in _HEALTHY_ZEROS:
+            for name in HEALTHY_ZEROS:
                 out.add(name, labels, 0.0)
         return out.families()
 

@@ -22,26 +22,20 @@ from collections.abc import Callable, Iterable, Sequence
 from metricvault.collect.families import Metric
 from metricvault.collect.sources import FastReading
 from metricvault.collect.sources._labels import (
+    HEALTHY_ZEROS,
     HOSTNAME_LABEL,
+    SIMULATED_LABEL,
     FamilyBuilder,
     gpu_labels,
     label_pairs,
 )
 from metricvault.errors import ConfigError
 
-SIMULATED_LABEL = ("simulated", "true")
 MODEL_NAME = "NVIDIA H100 80GB HBM3"
 FB_TOTAL_MIB = 81_559.0
 CHECKPOINT_EVERY_S, CHECKPOINT_S = 1200, 60
 IDLE_W, MAX_W = 70.0, 690.0
 MEM_CLOCK_MHZ = 2619.0
-_HEALTHY_ZEROS = (
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-    "DCGM_FI_DEV_XID_ERRORS",
-    "metricvault_gpu_lost",
-)
 
 
 class LightSimulatedGpuSource:
@@ -97,7 +91,7 @@ class LightSimulatedGpuSource:
             out.add("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", labels, self._energy_mj(g, now))
             out.add("DCGM_FI_DEV_SM_CLOCK", labels, 1980.0 if util else 345.0)
             out.add("DCGM_FI_DEV_MEM_CLOCK", labels, MEM_CLOCK_MHZ)
-            for name in _HEALTHY_ZEROS:
+            for name in HEALTHY_ZEROS:
                 out.add(name, labels, 0.0)
         return out.families()
 
