@@ -10,6 +10,7 @@ multiples of their step, and subtrees that do not depend on the step (everything
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +76,10 @@ class Engine:
         try:
             return self._evaluate(expr, start_ms, end_ms, step_ms)
         except RecursionError:  # a shape the depth check let through: refused, not a crash
-            raise PromQLError("the expression nests too deeply to be evaluated") from None
+            raise PromQLError(
+                "the expression nests too deeply to be evaluated (past Python's recursion "
+                f"limit of {sys.getrecursionlimit()} frames); split it into smaller expressions"
+            ) from None
         except ValueError as exc:  # promql-parser's AST cannot hand over a duration past
             if "too large to fit" not in str(exc):  # int64 (rate(x[300000000y])): what
                 raise  # Prometheus's parser refuses as "duration out of range"
