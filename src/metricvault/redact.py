@@ -46,6 +46,18 @@ def url_password(url: str) -> str:
         return ""
 
 
+def redact_url(url: str) -> str:
+    """``url`` with the password of its userinfo replaced by ``***`` (a userinfo without a
+    colon is a token: all of it is replaced), for logs and error messages."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, sep, _ = userinfo.partition(":")
+    netloc = f"{user}:{MASK}@{hostport}" if sep else f"{MASK}@{hostport}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
 def secrets(extra: Iterable[str] = ()) -> list[str]:
     env = [os.environ.get(name, "") for name in SECRET_ENV]
     found = {s for s in (*_known, *env, *extra) if len(s) >= SHORTEST_SECRET}

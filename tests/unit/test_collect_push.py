@@ -724,10 +724,16 @@ def test_issue10_a_bad_credential_file_is_refused_at_start(
         ("http://u:secret@gw:9201/x", "http://u:***@gw:9201/x"),
         ("https://tok@gw", "https://***@gw"),
         ("http://gw:9201", "http://gw:9201"),
+        (
+            "influxdb://admin:p%40ss@127.0.0.1:8086/metrics",
+            "influxdb://admin:***@127.0.0.1:8086/metrics",
+        ),
     ],
 )
-def test_issue10_redact_url(url: str, shown: str) -> None:
-    assert push.redact_url(url) == shown
+def test_redact_url_hides_the_password_of_any_url(url: str, shown: str) -> None:
+    from metricvault.redact import redact_url
+
+    assert redact_url(url) == shown
 
 
 def test_issue10_start_up_check_reports_a_wrong_endpoint_and_keeps_running(

@@ -290,7 +290,7 @@ def push_endpoint(url: str) -> str:
     ``/api/v1/write``; anything else is taken as given (another receiver's path)."""
     from urllib.parse import urlsplit
 
-    from metricvault.collect.push import redact_url
+    from metricvault.redact import redact_url
 
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:

@@ -314,7 +314,7 @@ def _started_line(agent: Agent | EdgeAgent) -> str:
     server = getattr(agent, "server", None)
     if server is not None:
         return f"metricvault agent on {server.url} (GPU source: {agent.gpu_kind})"
-    from metricvault.collect.push import redact_url
+    from metricvault.redact import redact_url
 
     return (
         f"metricvault agent --profile edge pushing to {redact_url(agent.opts.push_url)} every "

@@ -36,6 +36,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from metricvault import __version__
 from metricvault.collect.spool import SPOOL_DROP_REASONS, Spool
+from metricvault.redact import redact_url
 from metricvault.wire.remote_write import (  # the encoder moved: issue 12
     SERVER_TIME_HEADER,
     SampleTuple,
@@ -256,18 +257,6 @@ def _base_url(write_url: str) -> str:
 
 # --------------------------------------------------------------------------- credentials
 GATEWAY_TOKEN_ENV = "METRICVAULT_GATEWAY_TOKEN"  # the same variable metricvault.track reads
-REDACTED = "***"
-
-
-def redact_url(url: str) -> str:
-    """``url`` with the password of its userinfo replaced by ``***`` (for logs and errors)."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    user, sep, _ = userinfo.partition(":")
-    netloc = f"{user}:{REDACTED}@{hostport}" if sep else f"{REDACTED}@{hostport}"
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:

@@ -29,6 +29,7 @@ from metricvault.errors import (
     NotFoundError,
     StorageError,
 )
+from metricvault.redact import redact_url
 
 log = logging.getLogger("metricvault")
 
@@ -80,18 +81,18 @@ def parse_uri(uri: str, env: Mapping[str, str] | None = None) -> InfluxTarget:
     database = urllib.parse.unquote(parts.path.lstrip("/"))
     if not parts.hostname or not database or "/" in database:
         raise ConfigError(
-            f"InfluxDB URI {_redact(uri)!r} needs a host and exactly one database name as its "
+            f"InfluxDB URI {redact_url(uri)!r} needs a host and exactly one database name as its "
             f"path, e.g. {example}"
         )
     try:
         port = parts.port or DEFAULT_PORT
     except ValueError as exc:
-        raise ConfigError(f"InfluxDB URI {_redact(uri)!r} has an invalid port: {exc}") from exc
+        raise ConfigError(f"InfluxDB URI {redact_url(uri)!r} has an invalid port: {exc}") from exc
     options = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
     unknown = sorted(set(options) - {"ca"})
     if unknown:
         raise ConfigError(
-            f"unknown option(s) {', '.join(unknown)} in InfluxDB URI {_redact(uri)!r}; the only "
+            f"unknown option(s) {', '.join(unknown)} in InfluxDB URI {redact_url(uri)!r}; the only "
             "option is ?ca=/path/to/ca.pem (a CA to trust for influxdbs://)"
         )
     user = urllib.parse.unquote(parts.username or "") or env.get(USER_ENV, "")
@@ -99,14 +100,6 @@ def parse_uri(uri: str, env: Mapping[str, str] | None = None) -> InfluxTarget:
     return InfluxTarget(
         scheme, parts.hostname, port, database, user, password, options.get("ca", [""])[-1]
     )
-
-
-def _redact(uri: str) -> str:
-    parts = urllib.parse.urlsplit(uri)
-    if parts.password is None:
-        return uri
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 # --------------------------------------------------------------------------- InfluxQL text
