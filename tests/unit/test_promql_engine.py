@@ -370,7 +370,7 @@ def test_errors_are_worded_as_prometheus_words_them(expr: str, message: str, kin
         ('"s"', 0, 60 * S, 15 * S, 'invalid expression type "string" for range query'),
         ("l", 0, 60 * S, 0, "zero or negative query resolution step widths are not accepted"),
         ("l", 60 * S, 0, 15 * S, "end timestamp must not be before start time"),
-        ("l", 0, 11_000 * S, S, "exceeded maximum resolution of 11,000 points per timeseries"),
+        ("l", 0, 11_001 * S, S, "exceeded maximum resolution of 11,000 points per timeseries"),
     ],
 )
 def test_range_query_errors(expr: str, start: int, end: int, step: int, message: str) -> None:

@@ -7,6 +7,13 @@ docs/promql.md for what is implemented.
 
 from metricvault.promql.errors import PromQLError
 from metricvault.promql.eval import Engine, EngineOptions
+from metricvault.promql.limits import (
+    MAX_POINTS_PER_SERIES,
+    check_resolution,
+    timed_out,
+    too_many_samples,
+    too_many_series,
+)
 from metricvault.promql.source import (
     STALE_NAN,
     MemorySource,
@@ -17,6 +24,7 @@ from metricvault.promql.source import (
 from metricvault.promql.values import QueryResult
 
 __all__ = [
+    "MAX_POINTS_PER_SERIES",
     "STALE_NAN",
     "Engine",
     "EngineOptions",
@@ -26,4 +34,8 @@ __all__ = [
     "SampleSource",
     "SeriesSamples",
     "VaultSource",
+    "check_resolution",
+    "timed_out",
+    "too_many_samples",
+    "too_many_series",
 ]

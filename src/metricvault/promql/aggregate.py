@@ -4,6 +4,7 @@ rows of each group are reduced with ``np.<ufunc>.at`` on group codes, all steps 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,7 +46,7 @@ def evaluate(ev: Evaluator, node: Any, steps: np.ndarray) -> StepVector:
         label = ev.eval(node.param, steps)
         if not isinstance(label, str):
             raise PromQLError("count_values needs a string parameter", "bad_data")
-        return _count_values(vec, label, names, without)
+        return _count_values(vec, label, names, without, ev.limits.reserve)
     param = ev.eval_scalar(node.param, steps) if node.param is not None else None
     if op in ("topk", "bottomk") and param is not None:
         _check_k(param)
@@ -54,10 +55,11 @@ def evaluate(ev: Evaluator, node: Any, steps: np.ndarray) -> StepVector:
     codes, groups = _codes(vec, names, without)
     if op in ("topk", "bottomk"):
         assert param is not None
-        return _topk(vec, codes, param, op == "topk")
+        return _topk(vec, codes, param, op == "topk", ev.limits.check)
     if op == "quantile":
         assert param is not None
-        return _quantile(vec, codes, len(groups), param, groups)
+        return _quantile(vec, codes, len(groups), param, groups, ev.limits.check)
+    ev.limits.reserve(len(groups) * steps.size)
     return StepVector(groups, *_reduce(op, vec, codes, len(groups)))
 
 
@@ -119,10 +121,13 @@ def _check_k(k: np.ndarray) -> None:
         raise PromQLError(f"Scalar value {format_value(float(k[bad][0]))} overflows int64")
 
 
-def _topk(vec: StepVector, codes: np.ndarray, k: np.ndarray, largest: bool) -> StepVector:
+def _topk(
+    vec: StepVector, codes: np.ndarray, k: np.ndarray, largest: bool, check: Callable[[], None]
+) -> StepVector:
     kk = np.trunc(k).astype(np.int64)
     selected = np.zeros_like(vec.present)
     for code in np.unique(codes).tolist():
+        check()
         rows = np.flatnonzero(codes == code)
         order = _rank_keys(vec.values[rows], vec.present[rows], largest)
         ranks = np.empty_like(order)
@@ -157,11 +162,13 @@ def sort_nan_first(values: np.ndarray, present: np.ndarray) -> tuple[np.ndarray,
 
 
 def _quantile(
-    vec: StepVector, codes: np.ndarray, n_groups: int, q: np.ndarray, groups: list[Labels]
-) -> StepVector:
+    vec: StepVector, codes: np.ndarray, n_groups: int, q: np.ndarray, groups: list[Labels],
+    check: Callable[[], None],
+) -> StepVector:  # fmt: skip
     out = np.zeros((n_groups, vec.n_steps))
     present = np.zeros((n_groups, vec.n_steps), dtype=bool)
     for code in range(n_groups):
+        check()
         rows = np.flatnonzero(codes == code)
         sorted_values, n = sort_nan_first(vec.values[rows], vec.present[rows])
         out[code] = quantile_sorted(sorted_values, n, q)
@@ -178,7 +185,9 @@ def format_value(value: float) -> str:
     return str(np.format_float_positional(value, unique=True, trim="-"))
 
 
-def _count_values(vec: StepVector, label: str, names: list[str], without: bool) -> StepVector:
+def _count_values(
+    vec: StepVector, label: str, names: list[str], without: bool, reserve: Callable[[int], None]
+) -> StepVector:
     if not _LABEL_NAME.match(label):
         raise PromQLError(f'invalid label name "{label}"')
     t = vec.n_steps
@@ -190,8 +199,9 @@ def _count_values(vec: StepVector, label: str, names: list[str], without: bool) 
     # One pass per distinct value (not per sample): NaN is grouped separately.
     distinct = np.unique(values[vec.present])
     for value in distinct.tolist():
+        reserve(0)  # the deadline, once per distinct value
         cells = vec.present & ((values == value) | (np.isnan(values) & np.isnan(value)))
-        _add_counts(counts, vec, cells, label, format_value(value), grouping, without)
+        _add_counts(counts, vec, cells, label, format_value(value), grouping, without, reserve)
     if not counts:
         return StepVector.empty(t)
     labels = list(counts)
@@ -201,11 +211,12 @@ def _count_values(vec: StepVector, label: str, names: list[str], without: bool) 
 
 def _add_counts(
     counts: dict[Labels, np.ndarray], vec: StepVector, cells: np.ndarray, label: str,
-    text: str, grouping: list[str], without: bool,
+    text: str, grouping: list[str], without: bool, reserve: Callable[[int], None],
 ) -> None:  # fmt: skip
     for r in np.flatnonzero(cells.any(axis=1)).tolist():
         labels = make_labels([*(p for p in vec.labels[r] if p[0] != label), (label, text)])
         key = group_labels(labels, grouping, without)
         if key not in counts:
+            reserve(vec.n_steps)  # a row per distinct value: up to series x steps rows
             counts[key] = np.zeros(vec.n_steps)
         counts[key] += cells[r]

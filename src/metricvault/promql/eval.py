@@ -11,6 +11,7 @@ multiples of their step, and subtrees that do not depend on the step (everything
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +20,9 @@ import promql_parser as pp
 
 from metricvault.promql import aggregate, binary, functions
 from metricvault.promql.errors import PromQLError
+from metricvault.promql.limits import MAX_POINTS_PER_SERIES, Clock, Limits, check_resolution
 from metricvault.promql.parse import datetime_ms, duration_ms, parse
-from metricvault.promql.source import SampleSource, is_stale
+from metricvault.promql.source import SampleSource, hints_for, is_stale
 from metricvault.promql.values import (
     Labels,
     QueryResult,
@@ -30,9 +32,10 @@ from metricvault.promql.values import (
     StepVector,
     make_labels,
 )
+from metricvault.protocols import SelectHints
 from metricvault.selector import Matcher
 
-MAX_POINTS_PER_SERIES = 11_000  # Prometheus's API limit on (end - start) / step
+__all__ = ["MAX_POINTS_PER_SERIES", "Engine", "EngineOptions", "Evaluator"]
 # The parser's enum values do not hash; their str() does.
 _MATCH_OPS = {
     "MatchOp.Equal": "=",
@@ -57,6 +60,12 @@ class EngineOptions:
     left_open_windows: bool = False
     # Answer rate/increase/delta/*_over_time from rollup tiers where that is exact (tiers.py)
     use_rollups: bool = True
+    # Points one query may hold at once (Prometheus's --query.max-samples), distinct series it
+    # may select (0: no limit) and seconds it may run from evaluate()'s start (None: no
+    # deadline); checked while it runs (limits.py).
+    max_samples: int = 50_000_000
+    max_series: int = 0
+    timeout_s: float | None = None
 
 
 class Engine:
@@ -66,15 +75,27 @@ class Engine:
     query at ``start, start + step, ... <= end``.
     """
 
-    def __init__(self, source: SampleSource, options: EngineOptions | None = None) -> None:
+    def __init__(
+        self,
+        source: SampleSource,
+        options: EngineOptions | None = None,
+        clock: Clock = time.monotonic,  # the deadline's clock (tests move it by hand)
+    ) -> None:
         self.source = source
         self.options = options or EngineOptions()
+        self.clock = clock
 
     def evaluate(
         self, expr: str, start_ms: int, end_ms: int | None = None, step_ms: int | None = None
     ) -> QueryResult:
+        o = self.options
+        limits = Limits(o.max_samples, o.max_series, o.timeout_s, self.clock)
         try:
-            return self._evaluate(expr, start_ms, end_ms, step_ms)
+            return self._evaluate(expr, start_ms, end_ms, step_ms, limits)
+        except PromQLError as exc:
+            # Without the frames of the evaluation, which hold every array it built: a refused
+            # query gives its memory back as soon as the error is handled.
+            raise exc.with_traceback(None) from None
         except RecursionError:  # a shape the depth check let through: refused, not a crash
             raise PromQLError(
                 "the expression nests too deeply to be evaluated (past Python's recursion "
@@ -86,15 +107,15 @@ class Engine:
             raise PromQLError("parse error: duration out of range", "bad_data") from None
 
     def _evaluate(
-        self, expr: str, start_ms: int, end_ms: int | None, step_ms: int | None
+        self, expr: str, start_ms: int, end_ms: int | None, step_ms: int | None, limits: Limits
     ) -> QueryResult:
         tree = parse(expr)
         if end_ms is None:
-            ev = Evaluator(self.source, self.options, start_ms, start_ms)
+            ev = Evaluator(self.source, self.options, start_ms, start_ms, limits)
             value = ev.eval(tree, np.array([start_ms], dtype=np.int64))
             return ev.annotate(_instant_result(value, start_ms))
         steps = _steps(start_ms, end_ms, step_ms)
-        ev = Evaluator(self.source, self.options, start_ms, end_ms)
+        ev = Evaluator(self.source, self.options, start_ms, end_ms, limits)
         value = ev.eval(tree, steps)
         if isinstance(value, RangeVector | str):
             kind = "range vector" if isinstance(value, RangeVector) else "string"
@@ -115,12 +136,7 @@ def _steps(start_ms: int, end_ms: int, step_ms: int | None) -> np.ndarray:
         )
     if end_ms < start_ms:
         raise PromQLError("end timestamp must not be before start time", kind="bad_data")
-    if (end_ms - start_ms) // step_ms >= MAX_POINTS_PER_SERIES:
-        raise PromQLError(
-            "exceeded maximum resolution of 11,000 points per timeseries. "
-            "Try decreasing the query resolution (?step=XX)",
-            kind="bad_data",
-        )
+    check_resolution(start_ms, end_ms, step_ms)
     return np.arange(start_ms, end_ms + 1, step_ms, dtype=np.int64)
 
 
@@ -165,10 +181,16 @@ def _range_result(value: StepVector | Scalar, steps: np.ndarray) -> QueryResult:
 
 class Evaluator:
     def __init__(
-        self, source: SampleSource, options: EngineOptions, query_start: int, query_end: int
+        self,
+        source: SampleSource,
+        options: EngineOptions,
+        query_start: int,
+        query_end: int,
+        limits: Limits | None = None,
     ) -> None:
         self.source = source
         self.options = options
+        self.limits = limits or Limits(options.max_samples, options.max_series, options.timeout_s)
         self.query_start = query_start
         self.query_end = query_end
         self.notes: list[str] = []  # warnings for the answer (approximations)
@@ -183,10 +205,17 @@ class Evaluator:
     def eval(self, node: Any, steps: np.ndarray) -> Value:
         # Range vectors keep their per-step windows even when pinned with @ (the function
         # over them decides); literals are cheap anyway.
+        self.limits.check()
+        before = self.limits.current
         kinds = (pp.NumberLiteral, pp.StringLiteral, pp.MatrixSelector, pp.SubqueryExpr)
         if steps.size > 1 and not isinstance(node, kinds) and step_invariant(node):
-            return _broadcast(self._eval(node, steps[:1]), steps.size)
-        return self._eval(node, steps)
+            once = self._eval(node, steps[:1])
+            self.limits.reserve(points(once) * steps.size)
+            value = _broadcast(once, steps.size)
+        else:
+            value = self._eval(node, steps)
+        self.limits.settle(before, points(value))
+        return value
 
     def _eval(self, node: Any, steps: np.ndarray) -> Value:
         if isinstance(node, pp.NumberLiteral):
@@ -249,12 +278,17 @@ class Evaluator:
             matchers.insert(0, Matcher("__name__", "=", vs.name))
         return matchers
 
-    def select(self, vs: Any, lo: int, hi: int) -> list[RangeSeries]:
+    def select(
+        self, vs: Any, lo: int, hi: int, hints: SelectHints | None = None
+    ) -> list[RangeSeries]:
         matchers = self.matchers(vs)
+        self.limits.check()
         series = [
             RangeSeries(make_labels(s.labels.items()), s.ts, s.values)
-            for s in self.source.select(matchers, lo, hi)
+            for s in self.source.select(matchers, lo, hi, hints)
         ]
+        self.limits.selected(s.labels for s in series)
+        self.limits.reserve(sum(int(s.ts.size) for s in series))
         # Sorted by label set, as Prometheus's storage returns them (error messages and
         # the order of equal-valued results depend on it).
         return sorted(series, key=lambda s: s.labels)
@@ -263,12 +297,14 @@ class Evaluator:
         """The vector and, per cell, the timestamp of the sample it took (for timestamp())."""
         refs = self.reference_times(vs, steps)
         lookback = self.options.lookback_delta_ms
-        series = self.select(vs, int(refs.min()) - lookback, int(refs.max()))
+        series = self.select(vs, int(refs.min()) - lookback, int(refs.max()), hints_for(refs))
         n, t = len(series), steps.size
+        self.limits.reserve(n * t)
         values = np.zeros((n, t))
         present = np.zeros((n, t), dtype=bool)
         sample_ts = np.zeros((n, t), dtype=np.int64)
         for i, s in enumerate(series):
+            self.limits.check()
             idx = np.searchsorted(s.ts, refs, side="right") - 1
             safe = np.maximum(idx, 0)
             ok = idx >= 0
@@ -288,7 +324,9 @@ class Evaluator:
         refs = self.reference_times(vs, steps)
         range_ms = duration_ms(ms.range)
         series = []
-        for s in self.select(vs, int(refs.min()) - range_ms, int(refs.max())):
+        hints = hints_for(refs, range_ms, left_open=self.options.left_open_windows)
+        for s in self.select(vs, int(refs.min()) - range_ms, int(refs.max()), hints):
+            self.limits.check()
             keep = ~is_stale(s.values)
             series.append(RangeSeries(s.labels, s.ts[keep], s.values[keep]))
         return RangeVector(
@@ -303,17 +341,30 @@ class Evaluator:
         inner_start = step * (first // step)
         if inner_start < first:
             inner_start += step
+        # The grid alone is refused before it is built where one series of it is too many.
+        self.limits.reserve(max(0, (int(refs.max()) - inner_start) // step + 1))
         inner_steps = np.arange(inner_start, int(refs.max()) + 1, step, dtype=np.int64)
         series: list[RangeSeries] = []
         if inner_steps.size:
             inner = self.eval_vector(sq.expr, inner_steps)
+            self.limits.reserve(int(inner.present.sum()))
             for r, labels in enumerate(inner.labels):
+                self.limits.check()
                 mask = inner.present[r]
                 if mask.any():
                     series.append(RangeSeries(labels, inner_steps[mask], inner.values[r][mask]))
         return RangeVector(
             series, refs - range_ms, refs, range_ms, left_open=self.options.left_open_windows
         )
+
+
+def points(value: Value) -> int:
+    """What ``value`` holds, as the sample budget counts it (limits.py)."""
+    if isinstance(value, StepVector):
+        return int(value.values.size)
+    if isinstance(value, RangeVector):
+        return sum(int(s.ts.size) for s in value.series)
+    return 0
 
 
 def _negate(value: Value) -> Value:

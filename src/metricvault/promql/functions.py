@@ -97,33 +97,35 @@ def _range_call(ev: Evaluator, name: str, args: list[Any], steps: np.ndarray) ->
     scalars = [ev.eval_scalar(a, steps) for i, a in enumerate(args) if i != matrix_pos]
     if name == "absent_over_time":
         return _absent_over_time(rv, args[0], steps)
-    rows = [
-        (s.labels, *_range_value(name, s, lo, hi, rv, scalars, steps))
-        for s, (lo, hi) in zip(rv.series, rv.bounds, strict=True)
-    ]
+    ev.limits.reserve(len(rv.series) * steps.size)  # one row of answers per series
+    rows = []
+    for s, (lo, hi) in zip(rv.series, rv.bounds, strict=True):
+        ev.limits.check()
+        rows.append((s.labels, *_range_value(name, s, lo, hi, rv, scalars, steps, ev)))
     return per_series(rows, steps.size, keep_name=name == "last_over_time")
 
 
 def _range_value(
     name: str, s: Any, lo: np.ndarray, hi: np.ndarray, rv: RangeVector,
-    scalars: list[np.ndarray], steps: np.ndarray,
+    scalars: list[np.ndarray], steps: np.ndarray, ev: Evaluator,
 ) -> rf.Result:  # fmt: skip
+    check = ev.limits.check  # between the chunks of the functions that gather windows
     if name in ("rate", "increase", "delta"):
         return rf.extrapolated_rate(s, lo, hi, rv, name != "delta", name == "rate")
     if name in ("irate", "idelta"):
         return rf.instant_value(s, lo, hi, name == "irate")
     if name in OVER_TIME:
-        return rf.over_time(name, s, lo, hi)
+        return rf.over_time(name, s, lo, hi, check)
     if name == "quantile_over_time":
-        return rf.quantile_over_time(s, lo, hi, scalars[0])
+        return rf.quantile_over_time(s, lo, hi, scalars[0], check)
     if name in ("resets", "changes"):
         return rf.resets_changes(name, s, lo, hi)
     if name == "deriv":
-        return rf.deriv(s, lo, hi)
+        return rf.deriv(s, lo, hi, check)
     if name == "predict_linear":
-        return rf.predict_linear(s, lo, hi, steps, scalars[0])
+        return rf.predict_linear(s, lo, hi, steps, scalars[0], check)
     if name == "holt_winters":
-        return rf.holt_winters(s, lo, hi, scalars[0], scalars[1])
+        return rf.holt_winters(s, lo, hi, scalars[0], scalars[1], check)
     raise PromQLError(f"function {name!r} is not implemented yet", kind="bad_data")
 
 

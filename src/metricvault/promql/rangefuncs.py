@@ -21,6 +21,11 @@ from metricvault.promql.values import RangeSeries, RangeVector
 GATHER_CELLS = 1 << 21  # cells per gathered chunk (16 MiB of float64)
 Result = tuple[np.ndarray, np.ndarray]  # values and presence per step
 Windowed = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, slice], np.ndarray]
+Check = Callable[[], None]  # the query's deadline check (limits.py), between chunks
+
+
+def _no_check() -> None:
+    return None
 
 
 def _reduce(ufunc: np.ufunc, values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -34,7 +39,9 @@ def _reduce(ufunc: np.ufunc, values: np.ndarray, lo: np.ndarray, hi: np.ndarray)
 reduce_windows = _reduce  # ``ufunc`` over ``values[lo:hi]`` per window (tiers.py uses it too)
 
 
-def gathered(s: RangeSeries, lo: np.ndarray, hi: np.ndarray, fn: Windowed) -> np.ndarray:
+def gathered(
+    s: RangeSeries, lo: np.ndarray, hi: np.ndarray, fn: Windowed, check: Check = _no_check
+) -> np.ndarray:
     """``fn(values, ts, mask, n, steps)`` on windows gathered as (steps, width) matrices."""
     n = hi - lo
     width = max(int(n.max()) if n.size else 0, 1)
@@ -43,6 +50,7 @@ def gathered(s: RangeSeries, lo: np.ndarray, hi: np.ndarray, fn: Windowed) -> np
     cols = np.arange(width)
     last = max(s.ts.size - 1, 0)
     for start in range(0, lo.size, chunk):
+        check()
         part = slice(start, min(start + chunk, lo.size))
         idx = np.minimum(lo[part, None] + cols[None, :], last)
         mask = cols[None, :] < n[part, None]
@@ -123,7 +131,9 @@ def instant_value(s: RangeSeries, lo: np.ndarray, hi: np.ndarray, rate: bool) ->
     return value, ok
 
 
-def over_time(name: str, s: RangeSeries, lo: np.ndarray, hi: np.ndarray) -> Result:
+def over_time(
+    name: str, s: RangeSeries, lo: np.ndarray, hi: np.ndarray, check: Check = _no_check
+) -> Result:
     n = hi - lo
     ok = n >= 1
     if name == "count_over_time":
@@ -144,7 +154,7 @@ def over_time(name: str, s: RangeSeries, lo: np.ndarray, hi: np.ndarray) -> Resu
     if name == "min_over_time":
         return _reduce(np.fmin, s.values, lo, hi), ok
     if name in ("stddev_over_time", "stdvar_over_time"):
-        var = gathered(s, lo, hi, _variance)
+        var = gathered(s, lo, hi, _variance, check)
         return (np.sqrt(var) if name == "stddev_over_time" else var), ok
     raise PromQLError(f"unknown function {name}", "bad_data")
 
@@ -161,12 +171,14 @@ def _variance(
     return np.asarray((dev * dev).sum(axis=1) / n)
 
 
-def quantile_over_time(s: RangeSeries, lo: np.ndarray, hi: np.ndarray, q: np.ndarray) -> Result:
+def quantile_over_time(
+    s: RangeSeries, lo: np.ndarray, hi: np.ndarray, q: np.ndarray, check: Check = _no_check
+) -> Result:
     def fn(values: np.ndarray, _ts: np.ndarray, mask: np.ndarray, n: np.ndarray, part: slice):  # type: ignore[no-untyped-def]
         sorted_values, counts = sort_nan_first(values.T, mask.T)
         return quantile_sorted(sorted_values, counts, q[part])
 
-    return gathered(s, lo, hi, fn), (hi - lo) >= 1
+    return gathered(s, lo, hi, fn, check), (hi - lo) >= 1
 
 
 def resets_changes(name: str, s: RangeSeries, lo: np.ndarray, hi: np.ndarray) -> Result:
@@ -202,26 +214,28 @@ def _regression(
     return slope, intercept
 
 
-def deriv(s: RangeSeries, lo: np.ndarray, hi: np.ndarray) -> Result:
+def deriv(s: RangeSeries, lo: np.ndarray, hi: np.ndarray, check: Check = _no_check) -> Result:
     def fn(values: np.ndarray, ts: np.ndarray, mask: np.ndarray, n: np.ndarray, _p: slice):  # type: ignore[no-untyped-def]
         return _regression(values, ts, mask, n, ts[:, 0])[0]
 
-    return gathered(s, lo, hi, fn), (hi - lo) >= 2
+    return gathered(s, lo, hi, fn, check), (hi - lo) >= 2
 
 
 def predict_linear(
-    s: RangeSeries, lo: np.ndarray, hi: np.ndarray, steps: np.ndarray, duration: np.ndarray
-) -> Result:
+    s: RangeSeries, lo: np.ndarray, hi: np.ndarray, steps: np.ndarray, duration: np.ndarray,
+    check: Check = _no_check,
+) -> Result:  # fmt: skip
     def fn(values: np.ndarray, ts: np.ndarray, mask: np.ndarray, n: np.ndarray, part: slice):  # type: ignore[no-untyped-def]
         slope, intercept = _regression(values, ts, mask, n, steps[part])
         return slope * duration[part] + intercept
 
-    return gathered(s, lo, hi, fn), (hi - lo) >= 2
+    return gathered(s, lo, hi, fn, check), (hi - lo) >= 2
 
 
 def holt_winters(
-    s: RangeSeries, lo: np.ndarray, hi: np.ndarray, sf: np.ndarray, tf: np.ndarray
-) -> Result:
+    s: RangeSeries, lo: np.ndarray, hi: np.ndarray, sf: np.ndarray, tf: np.ndarray,
+    check: Check = _no_check,
+) -> Result:  # fmt: skip
     bad_sf = (sf <= 0) | (sf >= 1)
     if bad_sf.any():
         raise PromQLError(f"invalid smoothing factor. Expected: 0 < sf < 1, got: {sf[bad_sf][0]:f}")
@@ -245,4 +259,4 @@ def holt_winters(
             trend = np.where(live, new_trend, trend)
         return s1
 
-    return gathered(s, lo, hi, fn), (hi - lo) >= 2
+    return gathered(s, lo, hi, fn, check), (hi - lo) >= 2
