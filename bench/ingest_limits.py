@@ -111,7 +111,7 @@ def run_case(case: str, limits: str) -> dict[str, Any]:
 
     from metricvault import Vault
     from metricvault.config import Settings, setting_names
-    from metricvault.ingest.app import create_app
+    from metricvault.server.app import create_app
     from metricvault.wire.remote_write import encode_write_request
 
     is_lp = case.startswith("lp_")

@@ -380,7 +380,7 @@ OTHER_ENV = frozenset(
     {
         "METRICVAULT_GATEWAY_TOKEN",  # collect/remote.py: bearer token of track() and push
         "METRICVAULT_EXPERIMENT",  # collect/sources/nvml.py: the experiment label
-        "METRICVAULT_GATEWAY_SETTINGS_JSON",  # ingest/app.py: settings handed to workers
+        "METRICVAULT_GATEWAY_SETTINGS_JSON",  # server/app.py: settings handed to workers
         "METRICVAULT_INFLUX_USER",  # cli/influx.py
         "METRICVAULT_INFLUX_PASSWORD",  # cli/influx.py
     }

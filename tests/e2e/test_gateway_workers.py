@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from metricvault import Vault
-from metricvault.ingest.metrics import runs_directory
+from metricvault.server.metrics import runs_directory
 
 from .conftest import GatewayProcess, http_get, metric_sum, parse_exposition
 

@@ -521,7 +521,7 @@ def test_what_influxdb_cannot_do_says_so(influxd):
 def test_the_gateway_stores_into_influxdb(influxd, tmp_path, monkeypatch):
     from starlette.testclient import TestClient
 
-    from metricvault.ingest.app import create_app
+    from metricvault.server.app import create_app
 
     monkeypatch.chdir(tmp_path)  # the gateway's lock files go to .metricvault-state/ here
     settings = Settings.load(env={}, gateway_maintain=False)

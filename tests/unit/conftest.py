@@ -6,7 +6,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from metricvault.config import Settings
-from metricvault.ingest.app import create_app
+from metricvault.server.app import create_app
 from metricvault.store.vault import Vault
 
 

@@ -25,7 +25,7 @@ from metricvault.collect.families import GaugeMetricFamily, Metric
 from metricvault.collect.sampler import FastSampler, window_families
 from metricvault.collect.sources import FastReading
 from metricvault.config import BasicUser, Settings
-from metricvault.ingest.auth import hash_secret
+from metricvault.credentials import hash_secret
 
 LABELS = (("Hostname", "node01"), ("gpu", "0"))
 

@@ -14,7 +14,7 @@ import pytest
 
 from metricvault import errors
 from metricvault.config import Settings
-from metricvault.ingest.app import Gateway
+from metricvault.server.app import Gateway
 from metricvault.store.vault import Vault
 
 SRC = Path(errors.__file__).parent
@@ -34,8 +34,6 @@ ERROR_CLASSES = {
 }
 # Where each class lived before issue 12: the old import path keeps working.
 MOVED = {
-    "CardinalityError": "metricvault.ingest.limits",
-    "AuthError": "metricvault.ingest.auth",
     "ReadOnlyError": "metricvault.archive.opened",
     "PromQLError": "metricvault.promql.errors",
     "SpoolLockedError": "metricvault.collect.spool",

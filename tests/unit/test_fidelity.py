@@ -18,10 +18,10 @@ from starlette.testclient import TestClient
 
 from metricvault import Vault
 from metricvault.config import Settings
-from metricvault.ingest.app import create_app
 from metricvault.model import STALE_NAN_BITS
 from metricvault.promql.source import VaultSource, is_stale
 from metricvault.selector import Matcher
+from metricvault.server.app import create_app
 from metricvault.store import maintenance
 from tests.unit.test_remote_write import decode_v1, v1_body
 

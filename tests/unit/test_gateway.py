@@ -18,14 +18,14 @@ import cramjam
 import pytest
 
 from metricvault.config import BasicUser, BearerToken, Settings
-from metricvault.ingest.auth import hash_secret
-from metricvault.ingest.metrics import (
+from metricvault.credentials import hash_secret
+from metricvault.ingest.protocols.remote_write import decode_remote_write
+from metricvault.server.metrics import (
     GatewayMetrics,
     remove_finished_runs,
     run_name,
     runs_directory,
 )
-from metricvault.ingest.protocols.remote_write import decode_remote_write
 
 # Real Prometheus 2.42 bodies kept in the repository (see its README), so no clone skips them.
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "prometheus_remote_write"
@@ -228,7 +228,7 @@ def test_health_ready_and_remote_write_2_headers(make_client):
 WORKER = """
 import sys
 from pathlib import Path
-from metricvault.ingest.metrics import GatewayMetrics
+from metricvault.server.metrics import GatewayMetrics
 assert "prometheus_client" not in sys.modules  # a worker must import it only once set up
 metrics = GatewayMetrics.for_worker(Path(sys.argv[1]))
 metrics.stored.labels("influx").inc(int(sys.argv[2]))
@@ -332,7 +332,7 @@ def _route_calls(client):
 
 
 def test_issue10_every_route_authenticates_or_is_declared_public(make_client):
-    from metricvault.ingest.app import PUBLIC_ROUTES
+    from metricvault.server.app import PUBLIC_ROUTES
 
     client, _ = _tenant_client(make_client)
     checked = 0
@@ -464,7 +464,7 @@ def test_issue10_open_listener_needs_auth_or_the_insecure_flag(
     listen, credentials, insecure, outcome
 ):
     from metricvault.errors import ConfigError
-    from metricvault.ingest.auth import check_listener
+    from metricvault.server.auth import check_listener
 
     tokens = (BearerToken(hash_secret("t")),) if credentials else ()
     settings = Settings.load(env={}, listen=listen, auth_bearer_tokens=tokens)
@@ -484,7 +484,7 @@ def test_issue13_gateway_connections_send_without_nagle_delay():
     import asyncio
     import socket
 
-    from metricvault.ingest.connections import _no_delay
+    from metricvault.server.connections import _no_delay
 
     class Transport(asyncio.Transport):
         def __init__(self, sock):

@@ -21,7 +21,7 @@ import promql_parser as pp
 import pytest
 import yaml
 
-from metricvault.ingest.prometheus_api import PROMETHEUS_COMPATIBLE_VERSION
+from metricvault.server.prometheus_api import PROMETHEUS_COMPATIBLE_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "deploy" / "grafana"

@@ -41,18 +41,19 @@ MAY_IMPORT: dict[str, set[str]] = {
     # runs it, so collect may import it (sim.workload's pyarrow frames stay out of the agent:
     # test_collect_agent.py checks what the agent process loads)
     "sim": {"leaf"},
-    "ingest": {"leaf", "store", "decoders", "open", "promql"},  # read routes call the engine
+    # the HTTP server: decoders for writes, the engine for reads, the store it serves
+    "server": {"leaf", "store", "decoders", "open", "promql"},
     "collect": {"leaf", "open", "sim"},  # reaches a store only through metricvault.open
     "open": {"leaf", "store", "archive", "collect"},
-    "app": {"leaf", "store", "promql", "archive", "decoders", "ingest", "collect", "open", "sim"},
-    "top": {"leaf", "store", "promql", "archive", "ingest", "collect", "open", "sim", "app", "cli"},
+    "app": {"leaf", "store", "promql", "archive", "decoders", "server", "collect", "open", "sim"},
+    "top": {"leaf", "store", "promql", "archive", "server", "collect", "open", "sim", "app", "cli"},
     "cli": {
         "leaf",
         "store",
         "promql",
         "archive",
         "decoders",
-        "ingest",
+        "server",
         "collect",
         "open",
         "sim",
@@ -87,9 +88,9 @@ def layer(module: str) -> str:
     if len(parts) < 2:
         return "leaf"
     top = parts[1]
-    if top == "ingest" and len(parts) > 2 and parts[2] in ("protocols", "proto"):
+    if top == "ingest":  # the wire decoders (ingest/protocols): bytes -> batches, pure
         return "decoders"
-    if top in ("store", "promql", "archive", "ingest", "collect", "cli", "open", "sim"):
+    if top in ("store", "promql", "archive", "server", "collect", "cli", "open", "sim"):
         return top
     return "app"  # report, demo, demo_archive, prometheus_config
 

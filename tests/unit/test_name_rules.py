@@ -26,10 +26,10 @@ from metricvault.collect import training
 from metricvault.collect.sources.host import validate_extra_labels
 from metricvault.config import Settings
 from metricvault.errors import LabelError
-from metricvault.ingest.app import create_app
 from metricvault.ingest.protocols.influx_line import decode_line_protocol
 from metricvault.ingest.protocols.remote_write import decode_remote_write
 from metricvault.model import AGGREGATES, RESERVED_LABEL_NAMES, label_name_problem
+from metricvault.server.app import create_app
 from metricvault.store.normalize import normalize
 from metricvault.wire.proto import messages
 from metricvault.wire.remote_write import encode_write_request

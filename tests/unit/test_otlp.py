@@ -23,7 +23,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
 
 from metricvault import Vault
 from metricvault.config import BearerToken
-from metricvault.ingest.auth import hash_secret
+from metricvault.credentials import hash_secret
 from metricvault.ingest.protocols.otlp import OtlpStreams, decode_otlp, to_write
 from metricvault.ingest.protocols.otlp_names import (
     COUNTER,

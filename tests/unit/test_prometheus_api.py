@@ -14,11 +14,11 @@ from starlette.testclient import TestClient
 
 from metricvault import Vault
 from metricvault.config import BearerToken, Settings
+from metricvault.credentials import hash_secret
 from metricvault.errors import PromQLError
-from metricvault.ingest.app import create_app
-from metricvault.ingest.auth import hash_secret
-from metricvault.ingest.prometheus_api import parse_duration_param, parse_time_param
 from metricvault.promql.parse import query_depth
+from metricvault.server.app import create_app
+from metricvault.server.prometheus_api import parse_duration_param, parse_time_param
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 A = {"Authorization": "Bearer token-a"}

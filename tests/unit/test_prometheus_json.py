@@ -1,5 +1,5 @@
 """The query_range answer's JSON, written straight from the QueryResult
-(``ingest/prometheus_json.py``): byte for byte what ``JSONResponse(to_prometheus())`` writes,
+(``server/prometheus_json.py``): byte for byte what ``JSONResponse(to_prometheus())`` writes,
 for every kind of value (shortest digits, no exponent, NaN/±Inf, -0) and label text."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.responses import JSONResponse
 
-from metricvault.ingest.prometheus_json import answer_body, format_value
 from metricvault.promql import Engine, MemorySource
 from metricvault.promql.source import STALE_NAN
 from metricvault.promql.values import QueryResult, _fmt
+from metricvault.server.prometheus_json import answer_body, format_value
 from tests.e2e.test_promql_oracle import dataset
 
 T0 = 1_767_225_600_000

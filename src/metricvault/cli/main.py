@@ -402,9 +402,9 @@ def serve(
     """
     import uvicorn
 
-    from metricvault.ingest.app import SETTINGS_ENV, create_app
-    from metricvault.ingest.auth import check_listener
-    from metricvault.ingest.connections import raise_open_file_limit, uvicorn_options
+    from metricvault.server.app import SETTINGS_ENV, create_app
+    from metricvault.server.auth import check_listener
+    from metricvault.server.connections import raise_open_file_limit, uvicorn_options
 
     settings = load_settings(data, config, set_)
     if listen:
@@ -428,7 +428,7 @@ def serve(
             f"{settings.gateway_workers} workers, storing into {where}"
         )
         uvicorn.run(
-            "metricvault.ingest.app:app_from_environment",
+            "metricvault.server.app:app_from_environment",
             factory=True,
             workers=settings.gateway_workers,
             **options,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from metricvault import Vault
-from metricvault.ingest.auth import hash_secret
+from metricvault.credentials import hash_secret
 
 from ..conftest import GatewayProcess, free_port, parse_exposition, stop_process, wait_http_ok
 from .disks import fill, tmpfs

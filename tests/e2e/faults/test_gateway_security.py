@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from metricvault.ingest.auth import hash_secret
+from metricvault.credentials import hash_secret
 
 from ..conftest import (
     GATEWAY_DEFAULT_SETTINGS,

@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 from metricvault import Vault
 from metricvault.config import Settings
 from metricvault.errors import LabelError
-from metricvault.ingest.app import create_app
+from metricvault.server.app import create_app
 from metricvault.wire.remote_write import encode_write_request
 
 RW1 = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"}

@@ -1,6 +1,6 @@
-"""Limits a decoder applies to one request while it decodes (issue 10): CPU time and distinct
-label names. Here, beside the decoders, so they import nothing above their layer (issue 12);
-``metricvault.ingest.limits`` re-exports them."""
+"""Limits a decoder applies to one request while it decodes: CPU time and distinct label
+names. Here, beside the decoders, so they import nothing above their layer; the gateway's
+own limits are in ``metricvault.server.limits``."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from metricvault.credentials import Principal
 from metricvault.ingest.protocols.otlp import (
@@ -30,11 +31,23 @@ from metricvault.ingest.protocols.otlp import (
     to_write,
 )
 from metricvault.ingest.protocols.otlp_body import PROTOBUF, media_type
+from metricvault.server.api import ServerAPI
 
 if TYPE_CHECKING:
-    from metricvault.ingest.app import Gateway
+    from metricvault.server.app import Gateway
 
 ENDPOINT = "/v1/metrics"
+
+
+class OtlpRoutes(ServerAPI):
+    name = "otlp"
+    summary = "`POST /v1/metrics` (OpenTelemetry OTLP/HTTP, protobuf or JSON)"
+
+    def routes(self, gateway: Gateway) -> list[Route]:
+        return [Route(ENDPOINT, OtlpAPI(gateway).export, methods=["POST"])]
+
+
+API = OtlpRoutes()
 
 
 class OtlpAPI:

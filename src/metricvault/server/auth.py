@@ -6,11 +6,6 @@ from __future__ import annotations
 import ipaddress
 
 from metricvault.config import Settings
-from metricvault.credentials import ANONYMOUS as ANONYMOUS  # moved: issue 12
-from metricvault.credentials import Principal as Principal  # moved: issue 12
-from metricvault.credentials import authenticate as authenticate  # moved: issue 12
-from metricvault.credentials import hash_secret as hash_secret  # moved: issue 12
-from metricvault.errors import AuthError as AuthError  # moved: issue 12
 from metricvault.errors import ConfigError
 
 

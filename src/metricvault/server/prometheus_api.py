@@ -2,8 +2,8 @@
 
 ``/api/v1/query``, ``/api/v1/query_range``, ``/api/v1/series``, ``/api/v1/labels``,
 ``/api/v1/label/<name>/values``, ``/api/v1/metadata``, ``/api/v1/query_exemplars`` and
-``/api/v1/status/buildinfo``, GET or form-encoded POST, and ``POST /api/v1/read``
-(remote_read, SAMPLES), answering Prometheus's JSON shapes:
+``/api/v1/status/buildinfo``, GET or form-encoded POST (remote_read, ``POST /api/v1/read``,
+is :mod:`metricvault.server.remote_read_api`), answering Prometheus's JSON shapes:
 ``{"status": "success", "data": ...}`` or ``{"status": "error", "errorType": ..., "error":
 ...}`` with its status codes (400 ``bad_data``, 422 ``execution``, 503 ``timeout``). Parameters
 are parsed as Prometheus parses them (times: Unix seconds with fractions or RFC 3339;
@@ -12,7 +12,8 @@ durations: seconds or ``5m``-style), and errors carry Prometheus's words.
 The routes are thin: they parse, then call the PromQL engine (:mod:`metricvault.promql`),
 which knows nothing of HTTP. Authentication, the body limit and the caller's tenant come from
 the gateway (:meth:`Gateway.handle`); a tenant's token sees only series carrying its tenant
-label, because every selection the engine makes is narrowed by a tenant matcher.
+label, because every selection the engine makes is narrowed by a tenant matcher first
+(:mod:`metricvault.server.reads`).
 """
 
 from __future__ import annotations
@@ -22,13 +23,10 @@ import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
-import cramjam
-import numpy as np
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -36,16 +34,17 @@ from starlette.routing import Route
 
 from metricvault.credentials import Principal
 from metricvault.durations import parse_duration_ms
-from metricvault.errors import InputError, MetricVaultError, PromQLError, SelectorError
-from metricvault.ingest.prometheus_json import answer_body
-from metricvault.promql import Engine, EngineOptions, QueryResult, SeriesSamples, VaultSource
+from metricvault.errors import MetricVaultError, PromQLError, SelectorError
+from metricvault.promql import Engine, EngineOptions, QueryResult, VaultSource
 from metricvault.promql import parse as parse_module
-from metricvault.promql.tiers import BucketSelection, edge_samples
-from metricvault.protocols import Reading, has
+from metricvault.protocols import Reading
 from metricvault.selector import Matcher, Selector, parse_selector
+from metricvault.server.api import ServerAPI
+from metricvault.server.prometheus_json import answer_body
+from metricvault.server.reads import ScopedSource, readable, tenant_matchers, too_many_series
 
 if TYPE_CHECKING:
-    from metricvault.ingest.app import Gateway
+    from metricvault.server.app import Gateway
 
 MAX_POINTS_PER_SERIES = 11_000  # Prometheus's own guard on query_range resolution
 PROMETHEUS_COMPATIBLE_VERSION = "2.42.0"  # what Grafana reads from buildinfo to pick features
@@ -144,16 +143,6 @@ def check_depth(expr: str) -> None:
         raise invalid_param("query", exc.message) from None
 
 
-def too_many_series(limit: int) -> PromQLError:
-    """Mimir's words and status (422 ``execution``) for its -querier.max-fetched-series-per-query
-    limit (Prometheus has no such limit; Thanos and Mimir answer 422 for theirs)."""
-    return PromQLError(
-        f"the query exceeded the maximum number of series (limit: {limit} series): add label "
-        "matchers to select fewer series, or raise the setting query_max_series",
-        kind="execution",
-    )
-
-
 def parse_matchers(texts: Sequence[str], wrapped: bool = True) -> list[list[Matcher]]:
     """``match[]`` selectors; refusals worded as Prometheus's ``parseMatchersParam`` words
     them: a selector of matchers that all match "" is its own error, and what does not parse is
@@ -185,75 +174,22 @@ def _match_error(text: str, ours: str) -> PromQLError:
     return invalid_param("match[]", ours)
 
 
-# --------------------------------------------------------------------------- the source
-@dataclass
-class ScopedSource:
-    """The engine's reads: narrowed to the caller's tenant, counted against the sample limit,
-    and noting when the vault's raw horizon cuts a selection short (a warning)."""
-
-    inner: Any
-    tenant_matchers: tuple[Matcher, ...]
-    max_samples: int
-    raw_horizon_ms: int
-    max_series: int = 0  # 0: no limit (remote_read)
-    loaded: int = 0
-    selected: int = 0
-    truncated: bool = False
-
-    def select(
-        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int
-    ) -> list[SeriesSamples]:
-        series: list[SeriesSamples] = self.inner.select(
-            [*matchers, *self.tenant_matchers], start_ms, end_ms
-        )
-        self._count(sum(int(s.ts.size) for s in series), len(series))
-        if self.raw_horizon_ms and start_ms < self.raw_horizon_ms:
-            self.truncated = True
-        return series
-
-    def select_buckets(
-        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, width_ms: int
-    ) -> BucketSelection | None:
-        """The rollup path's reads (promql/tiers.py), scoped and counted the same way (a
-        bucket row counts as one sample)."""
-        select = getattr(self.inner, "select_buckets", None)
-        found: BucketSelection | None = (
-            select([*matchers, *self.tenant_matchers], start_ms, end_ms, width_ms)
-            if select
-            else None
-        )
-        if found is not None:
-            self._count(sum(s.columns["ts"].size for s in found.series), len(found.series))
-        return found
-
-    @property
-    def counter_lookback_ms(self) -> int:
-        return int(getattr(self.inner, "counter_lookback_ms", 0))
-
-    def raw_horizon(self) -> int:
-        return int(self.inner.raw_horizon()) if hasattr(self.inner, "raw_horizon") else 0
-
-    def samples_per_row(self, tier: str, start_ms: int, end_ms: int) -> float | None:
-        measure = getattr(self.inner, "samples_per_row", None)
-        return None if measure is None else float(measure(tier, start_ms, end_ms) or 0.0)
-
-    def rolled_up_until(self) -> int | None:
-        until: int | None = self.inner.rolled_up_until()
-        return until
-
-    def _count(self, samples: int, series: int) -> None:
-        self.loaded += samples
-        self.selected += series
-        if self.max_series and self.selected > self.max_series:
-            raise too_many_series(self.max_series)
-        if self.loaded > self.max_samples:
-            raise PromQLError(
-                "query processing would load too many samples into memory in query execution",
-                kind="execution",
-            )
-
-
 # --------------------------------------------------------------------------- the routes
+class PrometheusQueryAPI(ServerAPI):
+    name = "query"
+    summary = (
+        "the Prometheus query API: `/api/v1/query`, `/api/v1/query_range`, `/api/v1/series`, "
+        "`/api/v1/labels`, `/api/v1/label/<name>/values`, `/api/v1/metadata`, "
+        "`/api/v1/query_exemplars`, `/api/v1/status/buildinfo`"
+    )
+
+    def routes(self, gateway: Gateway) -> list[Route]:
+        return PrometheusAPI(gateway).routes()
+
+
+API = PrometheusQueryAPI()
+
+
 class PrometheusAPI:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
@@ -264,7 +200,7 @@ class PrometheusAPI:
         self.options = EngineOptions(lookback_delta_ms=parse_duration_ms(settings.lookback_delta))
 
     def routes(self) -> list[Route]:
-        both = ["GET", "POST"]
+        both = ["GET", "POST"]  # remote_read (/api/v1/read) is its own API: remote_read_api
         return [
             Route("/api/v1/query", self.query, methods=both),
             Route("/api/v1/query_range", self.query_range, methods=both),
@@ -274,7 +210,6 @@ class PrometheusAPI:
             Route("/api/v1/metadata", self.metadata, methods=["GET"]),
             Route("/api/v1/query_exemplars", self.exemplars, methods=both),
             Route("/api/v1/status/buildinfo", self.buildinfo, methods=["GET"]),
-            Route("/api/v1/read", self.remote_read, methods=["POST"]),
         ]
 
     # ------------------------------------------------------------------ plumbing
@@ -321,12 +256,7 @@ class PrometheusAPI:
         return out
 
     def store(self) -> Reading:
-        store = self.gateway.vault
-        if not has(store, "read"):
-            raise PromQLError(
-                f"the store behind this gateway ({store.uri}) cannot be read", "internal"
-            )
-        return cast(Reading, store)
+        return readable(self.gateway)
 
     def engine(self, who: Principal) -> tuple[Engine, ScopedSource]:
         source = ScopedSource(
@@ -339,9 +269,7 @@ class PrometheusAPI:
         return Engine(source, self.options), source
 
     def tenant_matchers(self, who: Principal) -> tuple[Matcher, ...]:
-        if not who.tenant:
-            return ()
-        return (Matcher(self.gateway.settings.tenant_label, "=", who.tenant),)
+        return tenant_matchers(self.gateway, who)
 
     def query_timeout(self, params: dict[str, list[str]]) -> float:
         """Seconds a query may run: ``query_timeout``, or less where the request's ``timeout=``
@@ -423,7 +351,7 @@ class PrometheusAPI:
         tenant = self.tenant_matchers(who)
         found: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
         for matchers in selectors or [[]]:
-            text = str(Selector((*matchers, *tenant))) if (matchers or tenant) else None
+            text = str(Selector((*tenant, *matchers))) if (matchers or tenant) else None
             table = self.store().series(text, output="arrow")
             names = [c for c in table.column_names if c != "series_id"]
             for row in table.select(names).to_pylist():
@@ -520,102 +448,6 @@ class PrometheusAPI:
             }, []
 
         return await self.answer(request, "/api/v1/status/buildinfo", work)
-
-    # ------------------------------------------------------------------ remote_read
-    async def remote_read(self, request: Request) -> Response:
-        """``POST /api/v1/read`` (SAMPLES): an unmodified Prometheus with ``remote_read:``
-        pointed here answers PromQL over the vault's raw samples beside its own."""
-
-        async def run(req: Request, who: Principal) -> Response:
-            body = await self.gateway.body(req)
-            queries = decode_read_request(body)
-            answer = await run_in_threadpool(self.read_samples, queries, who)
-            return Response(
-                bytes(cramjam.snappy.compress_raw(answer)),
-                headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy"},
-            )
-
-        return await self.gateway.handle(request, "/api/v1/read", run)
-
-    def read_samples(self, queries: list[tuple[int, int, list[Matcher]]], who: Principal) -> bytes:
-        """The ReadResponse bytes for the decoded queries (blocking)."""
-        from metricvault.wire.proto.remote_read import ReadResponse
-
-        source = ScopedSource(
-            VaultSource(self.store()), self.tenant_matchers(who), self.max_samples, 0
-        )
-        response = ReadResponse()
-        for start_ms, end_ms, matchers in queries:
-            result = response.results.add()
-            for series in self.read_series(source, matchers, start_ms, end_ms):
-                out = result.timeseries.add()
-                for name in sorted(series.labels):  # Prometheus expects labels sorted
-                    out.labels.add(name=name, value=series.labels[name])
-                for t, v in zip(series.ts.tolist(), series.values.tolist(), strict=True):
-                    out.samples.add(timestamp=t, value=v)
-        return bytes(response.SerializeToString())
-
-    @staticmethod
-    def read_series(
-        source: ScopedSource, matchers: list[Matcher], start_ms: int, end_ms: int
-    ) -> list[SeriesSamples]:
-        """Raw samples; before the raw horizon, each minute's first and last sample from the
-        1m rollups (real samples at their times; docs/promql.md, "remote_read")."""
-        horizon = source.raw_horizon()
-        if not horizon or start_ms >= horizon:
-            return source.select(matchers, start_ms, end_ms)
-        old_end = min(end_ms, horizon - 1)
-        minute = 60_000
-        found = source.select_buckets(
-            matchers, start_ms // minute * minute, old_end // minute * minute + minute, minute
-        )
-        merged = {
-            tuple(sorted(s.labels.items())): s
-            for s in (
-                SeriesSamples(*edge)
-                for edge in (edge_samples(found, start_ms, old_end) if found else [])
-            )
-        }
-        if end_ms >= horizon:
-            for s in source.select(matchers, horizon, end_ms):
-                key = tuple(sorted(s.labels.items()))
-                old = merged.get(key)
-                merged[key] = (
-                    s
-                    if old is None
-                    else SeriesSamples(
-                        s.labels,
-                        np.concatenate([old.ts, s.ts]),
-                        np.concatenate([old.values, s.values]),
-                    )
-                )
-        return [merged[key] for key in sorted(merged)]
-
-
-def decode_read_request(body: bytes) -> list[tuple[int, int, list[Matcher]]]:
-    """(start ms, end ms, matchers) per query of a snappy-compressed ReadRequest; a body that
-    is not one is a 400 naming what is wrong."""
-    from metricvault.wire.proto.messages import DecodeError
-    from metricvault.wire.proto.remote_read import MATCHER_OPS, ReadRequest
-
-    try:
-        raw = bytes(cramjam.snappy.decompress_raw(body))
-    except Exception as exc:  # cramjam's DecompressionError
-        raise InputError(
-            f"remote read body is not snappy block-compressed ({len(body)} bytes): {exc}"
-        ) from None
-    try:
-        request = ReadRequest.FromString(raw)
-    except DecodeError as exc:
-        raise InputError(f"remote read body is not a prometheus.ReadRequest: {exc}") from None
-    queries = []
-    for query in request.queries:
-        try:
-            matchers = [Matcher(m.name, MATCHER_OPS[m.type], m.value) for m in query.matchers]
-        except SelectorError as exc:
-            raise InputError(f"remote read matcher refused: {exc}") from None
-        queries.append((query.start_timestamp_ms, query.end_timestamp_ms, matchers))
-    return queries
 
 
 def _one(params: dict[str, list[str]], name: str) -> str | None:

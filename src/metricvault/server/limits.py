@@ -1,9 +1,6 @@
-"""Limits that keep one request or one tenant from monopolising a shared gateway (issue 10).
-
-- :class:`NewSeriesLimiter`: new series per tenant per minute (429 with Retry-After).
-- :class:`DecodeBudget`: CPU time a decoder may spend on one request (413).
-- :func:`check_label_names`: distinct label names per request (413).
-"""
+"""Limits that keep one tenant from monopolising a shared gateway: new series per tenant per
+minute (:class:`NewSeriesLimiter`, 429 with Retry-After). What a decoder limits while it
+decodes one request lives beside the decoders (``ingest/protocols/decode_limits.py``)."""
 
 from __future__ import annotations
 
@@ -12,14 +9,7 @@ import threading
 import time
 from collections import defaultdict, deque
 
-from metricvault.errors import CardinalityError as CardinalityError  # moved: issue 12
-from metricvault.errors import TooLargeError
-from metricvault.ingest.protocols.decode_limits import (  # moved: issue 12
-    DecodeBudget as DecodeBudget,
-)
-from metricvault.ingest.protocols.decode_limits import (  # moved: issue 12
-    check_label_names as check_label_names,
-)
+from metricvault.errors import CardinalityError, TooLargeError
 
 
 class NewSeriesLimiter:

@@ -1,0 +1,25 @@
+"""Every API ``metricvault serve`` mounts, in route order. Adding an API is adding a module
+that exposes a :class:`~metricvault.server.api.ServerAPI` as ``API``, and its line here."""
+
+from __future__ import annotations
+
+from metricvault.server import (
+    experiments_api,
+    health_api,
+    otlp_api,
+    prometheus_api,
+    remote_read_api,
+    upkeep,
+    write_api,
+)
+from metricvault.server.api import ServerAPI
+
+APIS: tuple[ServerAPI, ...] = (
+    write_api.API,
+    otlp_api.API,
+    experiments_api.API,
+    health_api.API,
+    prometheus_api.API,
+    remote_read_api.API,
+    upkeep.API,
+)

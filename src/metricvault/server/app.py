@@ -1,0 +1,228 @@
+"""The gateway (``metricvault serve``): an ASGI app over a store, and what every API shares.
+
+:class:`Gateway` is the plumbing every route uses: authentication and the caller's tenant
+(:meth:`Gateway.handle`), the body limit, refusals worded from :mod:`metricvault.errors`, and
+the one write path into the store. The APIs themselves (write protocols, the Prometheus query
+API, remote_read, OTLP, experiments, health) are modules listed in
+:data:`metricvault.server.apis.APIS`; :func:`create_app` mounts each one's routes and starts
+its background tasks.
+
+Every write request is atomic: it is decoded completely (decoders are pure functions in
+``ingest/protocols/``), validated, and then written to the durable ingest buffer in one
+transaction; the 2xx is sent only after that. Any problem refuses the whole request and stores
+nothing. Status codes follow the remote_write spec: 204 stored; 400 never retry; 401
+credentials; 413 too large; 415 wrong encoding/content type; 429/503 with Retry-After: retry
+later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pyarrow as pa
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+
+from metricvault.config import Settings
+from metricvault.credentials import Principal, authenticate
+from metricvault.durations import parse_duration_ms
+from metricvault.errors import MetricVaultError, RetryLater, TooLargeError
+from metricvault.ingest.protocols.remote_write import DecodedWrite
+from metricvault.open import open as open_store
+from metricvault.protocols import ServingStore
+from metricvault.redact import redact_logs
+from metricvault.redact import remember as remember_secrets
+from metricvault.server.apis import APIS
+from metricvault.server.connections import quiet_accept_errors
+from metricvault.server.limits import NewSeriesLimiter
+from metricvault.server.metrics import GatewayMetrics
+from metricvault.store.layout import worker_buffer_name
+
+log = logging.getLogger("metricvault.gateway")
+
+
+class Gateway:
+    def __init__(
+        self, vault: ServingStore, settings: Settings, metrics: GatewayMetrics | None = None
+    ) -> None:
+        self.vault = vault
+        self.settings = settings
+        self.metrics = metrics or GatewayMetrics()
+        self.limiter = NewSeriesLimiter(settings.max_new_series_per_minute)
+        self.ready = False
+
+    # ------------------------------------------------------------------ plumbing
+    async def body(self, request: Request) -> bytes:
+        """The request body, refused with 413 as soon as it passes max_body_bytes."""
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise TooLargeError(_too_large(int(declared), limit))
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise TooLargeError(_too_large(size, limit))
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def decode_limits(self) -> dict[str, Any]:
+        """The per-request limits both decoders enforce (issue 10), each a 413."""
+        return {
+            "max_series": self.settings.max_series_per_request,
+            "max_label_names": self.settings.max_label_names_per_request,
+            "time_budget_s": parse_duration_ms(self.settings.decode_time_budget) / 1000,
+        }
+
+    def store(self, table: pa.Table, kinds: dict[str, str], who: Principal, protocol: str) -> int:
+        """Write one decoded request (blocking; run in a worker thread)."""
+        if who.tenant:
+            table = _with_tenant(table, self.settings.tenant_label, who.tenant)
+        stored = self.vault.write(
+            table, kinds, admit_new_series=lambda n: self.limiter.admit(who.tenant, n)
+        )
+        self.metrics.stored.labels(protocol).inc(stored)
+        return stored
+
+    async def store_decoded(self, decoded: DecodedWrite, who: Principal, protocol: str) -> int:
+        """Store one decoded remote-write (or OTLP) request; the samples stored."""
+        # staleness markers and NaN/±Inf samples are stored like any other (issue 13)
+        self.metrics.received.labels(protocol).inc(decoded.samples)
+        if decoded.kinds:  # metadata usually arrives in requests of its own
+            self.vault.set_metric_kinds(decoded.kinds)
+        if decoded.histograms:
+            self.metrics.dropped.labels("histogram").inc(decoded.histograms)
+        stored = 0
+        if decoded.table.num_rows:
+            stored = await run_in_threadpool(
+                self.store, decoded.table, decoded.kinds, who, protocol
+            )
+            if stored < decoded.table.num_rows:  # InfluxDB holds no NaN, ±Inf or markers
+                self.metrics.dropped.labels("non_finite").inc(decoded.table.num_rows - stored)
+        return stored
+
+    async def handle(
+        self, request: Request, endpoint: str, work: Callable[[Request, Principal], Any]
+    ) -> Response:
+        started = time.perf_counter()
+        try:
+            who = authenticate(self.settings, request.headers.get("authorization"))
+            return await work(request, who)  # type: ignore[no-any-return]
+        except MetricVaultError as exc:
+            return self.refuse(exc)
+        except Exception:  # a bug must not take the gateway down or look like a client error
+            log.exception("internal error on %s", endpoint)
+            self.metrics.rejected.labels("internal").inc()
+            return PlainTextResponse("internal error; the request was not stored\n", 500)
+        finally:
+            self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+
+    def refuse(self, exc: MetricVaultError) -> Response:
+        self.metrics.rejected.labels(type(exc).__name__).inc()
+        headers = {}
+        if isinstance(exc, RetryLater):  # rate limits, backpressure, a full disk
+            headers["Retry-After"] = str(exc.retry_after_s)
+        if exc.status == 401:
+            headers["WWW-Authenticate"] = 'Bearer realm="metricvault", Basic realm="metricvault"'
+        return PlainTextResponse(exc.message + "\n", exc.status, headers=headers)
+
+
+def _too_large(size: int, limit: int) -> str:
+    return (
+        f"request body is {size} bytes, over the limit of {limit} bytes (max_body_bytes): "
+        "send smaller batches (Prometheus: queue_config.max_samples_per_send) or raise the limit"
+    )
+
+
+def _with_tenant(table: pa.Table, label: str, tenant: str) -> pa.Table:
+    """Set the tenant label on every row; a payload's own value for it is overwritten."""
+    column = pa.array([tenant] * table.num_rows, pa.string())
+    if label in table.column_names:
+        return table.set_column(table.column_names.index(label), label, column)
+    return table.append_column(label, column)
+
+
+SETTINGS_ENV = "METRICVAULT_GATEWAY_SETTINGS_JSON"
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+# liveness and readiness for orchestrators, Influx clients' ping, the self-metrics scrape
+PUBLIC_ROUTES = frozenset({"/ping", "/-/healthy", "/-/ready", "/metrics"})
+
+
+def app_from_environment() -> Starlette:
+    """Factory for gateway worker processes (``gateway_workers > 1``): each opens the vault
+    itself from the settings the parent serialised, and closes it when it stops."""
+    _die_with_parent()
+    settings = Settings.load(env={}, **json.loads(os.environ[SETTINGS_ENV]))
+    # each worker appends to its own buffer file, so workers never wait on each other's
+    # SQLite write lock; maintenance (and every worker's start) flushes all of them
+    vault = open_store(
+        settings.data, settings, need="serve", buffer_name=worker_buffer_name(os.getpid())
+    )
+    vault.flush_other_buffers()
+    # the workers' self-metrics go to files shared by this serve run (prometheus-client's
+    # multiprocess mode), so /metrics counts every worker whichever one answers
+    metrics = GatewayMetrics.for_worker(vault.state_dir)
+    return create_app(vault, settings, close_vault=True, metrics=metrics)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this worker when its parent dies (even by SIGKILL), so a killed
+    gateway never leaves workers holding the port; their buffers are flushed on restart."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def create_app(
+    vault: ServingStore,
+    settings: Settings,
+    close_vault: bool = False,
+    metrics: GatewayMetrics | None = None,
+) -> Starlette:
+    """The gateway over ``vault``; ``metrics``: a worker's (:meth:`GatewayMetrics.for_worker`),
+    closed with the app, or by default a private in-process registry."""
+    gateway = Gateway(vault, settings, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        tasks = [
+            asyncio.create_task(task()) for api in APIS for task in api.background_tasks(gateway)
+        ]
+        quiet_accept_errors()  # in this worker's loop: one line per burst, not a traceback each
+        if not logging.getLogger().handlers:  # a spawned worker: log as the serve process does
+            logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
+        remember_secrets(settings)
+        redact_logs()
+        gateway.ready = True
+        try:
+            yield
+        finally:
+            gateway.ready = False
+            for task in tasks:
+                task.cancel()
+            try:
+                await run_in_threadpool(vault.close if close_vault else vault.flush)  # drain all
+            finally:
+                gateway.metrics.close()
+
+    routes = [route for api in APIS for route in api.routes(gateway)]
+    # Every route authenticates (Gateway.handle) except these, which read no body and
+    # answer GET/HEAD only (a test walks the route table and checks both)
+    assert {r.path for r in routes} >= PUBLIC_ROUTES
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.gateway = gateway
+    return app
