@@ -392,10 +392,17 @@ def serve(
     config: ConfigOpt = None,
     set_: SetOpt = None,
 ) -> None:
-    """Run the ingest gateway: Prometheus remote_write and InfluxDB line protocol into the vault.
+    """Run the gateway: writes into the vault, and the Prometheus API, remote_read and the
+    experiment registry over it.
 
-    Endpoints: `POST /api/v1/write` (remote_write 1.0 and 2.0), `POST /write` and
-    `POST /api/v2/write` (line protocol), `GET /-/healthy`, `GET /-/ready`, `GET /metrics`.
+    Writes: `POST /api/v1/write` (Prometheus remote_write 1.0 and 2.0), `POST /write` and
+    `POST /api/v2/write` (InfluxDB line protocol; `GET /ping` and `/query` DDL as no-ops),
+    `POST /v1/metrics` (OpenTelemetry OTLP/HTTP). Reads: the Prometheus query API
+    (`/api/v1/query`, `/api/v1/query_range`, `/api/v1/series`, `/api/v1/labels`,
+    `/api/v1/label/<name>/values`, `/api/v1/metadata`, `/api/v1/query_exemplars`,
+    `/api/v1/status/buildinfo`) and `POST /api/v1/read` (remote_read). Experiments:
+    `/api/v1/experiments` and `/api/v1/experiments/<id>`. Health: `GET /-/healthy`,
+    `GET /-/ready`, `GET /metrics` (the gateway's own metrics).
     A 204 means the samples are durable. SIGTERM drains requests and flushes. Point Prometheus
     at it with the fragment from `metricvault prometheus-config`. A non-loopback `--listen`
     needs auth_bearer_tokens or auth_basic_users (or `--insecure-no-auth`).
