@@ -1,8 +1,8 @@
 """The store boundary: what a backend offers, as typed protocols and capabilities to check.
 
-A leaf module (it imports only the leaf modules :mod:`metricvault.errors` and
-:mod:`metricvault.experiment`), so every
-layer can name the boundary without importing a backend. Four classes are stores:
+A leaf module (it imports only the leaf modules :mod:`metricvault.errors`,
+:mod:`metricvault.experiment`, :mod:`metricvault.model` and :mod:`metricvault.selector`, and
+numpy), so every layer can name the boundary without importing a backend. Four classes are stores:
 ``Vault`` (local disk, S3), ``InfluxVault`` (``influxdb://``), ``SnapshotVault`` (a
 ``.parquet`` experiment snapshot, read-only) and ``GatewayVault`` (a gateway URL, write and
 registry only). Each says what it can do in ``capabilities``; :func:`metricvault.open` and
@@ -13,7 +13,10 @@ protocols let mypy catch the same mistake where the backend is known statically 
 =============  ==========================================================================
 capability     protocol and methods
 =============  ==========================================================================
-``read``       :class:`Reading`: ``query``, ``series``, ``stats``, ``history``
+``read``       :class:`Reading`: ``query``, ``series``, ``stats``, ``history``, and the
+               typed read seam :class:`SampleSource` the query engines read through:
+               ``select``, ``select_buckets``, ``select_kept``, ``horizons``,
+               ``samples_per_row``
 ``write``      :class:`Writing`: ``write``, ``set_metric_kinds``, ``flush``,
                ``min_writable_ms``
 ``maintain``   :class:`Maintaining`: ``maintain``
@@ -23,16 +26,31 @@ capability     protocol and methods
                maintain and experiments, plus ``buffered``, ``state_dir``, ``uri``,
                ``series_count`` and ``flush_other_buffers``
 =============  ==========================================================================
+
+The read seam
+-------------
+An engine (PromQL, the rule evaluator, the UI's JSON) asks for the samples of the series its
+matchers select in a closed time range, and says in :class:`SelectHints` what they are for
+(the function, its range, the step, the evaluation start and end: Prometheus's
+``SelectHints``). Where rollup rows can answer the function exactly (or, before the raw
+horizon, are all that is left), ``select_buckets`` returns them and the *store* has chosen
+the tier; None means "read raw samples". Matchers are applied in the order given, so a
+caller that puts its tenant matcher first narrows to the tenant's series before any matcher
+of the user's runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import numpy as np
+
 from metricvault.errors import UnsupportedError
 from metricvault.experiment import Experiment
+from metricvault.selector import Matcher
 
 Capability = Literal["read", "write", "maintain", "experiments", "sql", "serve"]
 CAPABILITIES: tuple[Capability, ...] = ("read", "write", "maintain", "experiments", "sql", "serve")
@@ -63,8 +81,132 @@ class Store(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
-class Reading(Store, Protocol):
-    """Reading: the long-shape query API every readable backend answers alike."""
+# --------------------------------------------------------------------------- the read seam
+@dataclass
+class SeriesSamples:
+    """One series: ``labels`` include ``__name__``; ``ts`` (int64 ms, ascending, unique) and
+    ``values`` (float64, may hold NaN and stale markers) have the same length."""
+
+    labels: dict[str, str]
+    ts: np.ndarray
+    values: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.ts = np.asarray(self.ts, dtype=np.int64)
+        self.values = np.asarray(self.values, dtype=np.float64)
+        if self.ts.shape != self.values.shape:
+            raise ValueError(
+                f"series {self.labels}: {self.ts.size} timestamps but {self.values.size} values; "
+                "give one value per timestamp"
+            )
+
+
+@dataclass(frozen=True)
+class SelectHints:
+    """What a selection is for, so the store can choose how to answer it. ``start_ms`` and
+    ``end_ms`` are the first and last evaluation (reference) time, every ``step_ms`` (0: one
+    time, or all pinned with ``@``); ``range_ms`` the range selector's width (0: an instant
+    selector); ``func`` the function the selection feeds (None: none, or not one the store
+    can answer from rollups); ``left_open``: windows are ``(t - range, t]`` (Prometheus 3)."""
+
+    func: str | None = None
+    range_ms: int = 0
+    step_ms: int = 0
+    start_ms: int = 0
+    end_ms: int = 0
+    left_open: bool = False
+
+
+@dataclass(frozen=True)
+class Horizons:
+    """Where a store's data ends, as one value: raw samples before ``raw_start_ms`` are gone
+    (0: none dropped); rollups are complete before ``rolled_up_until_ms`` (None: everywhere;
+    0: nowhere, or the store keeps none); a counter's bucket increase looks back up to
+    ``counter_lookback_ms`` for the sample before it."""
+
+    raw_start_ms: int = 0
+    rolled_up_until_ms: int | None = 0
+    counter_lookback_ms: int = 0
+
+
+# The range functions rollup rows can answer (promql/tiers.py has the arithmetic), and the
+# columns each bucket row carries for them.
+BUCKET_FUNCTIONS = frozenset(
+    {
+        "rate", "increase", "delta", "count_over_time", "sum_over_time", "avg_over_time",
+        "min_over_time", "max_over_time", "last_over_time", "present_over_time",
+    }
+)  # fmt: skip
+BUCKET_COLUMNS = (
+    "ts", "count", "sum", "min", "max", "first", "first_ts", "last", "last_ts", "increase",
+    "nonfinite",
+)  # fmt: skip
+
+
+@dataclass
+class SeriesBuckets:
+    """One series' rollup rows, sorted by bucket start; ``columns`` maps each of
+    :data:`BUCKET_COLUMNS` to an array (float64, NaN where a row has no value;
+    ``first_ts``/``last_ts`` -1 there)."""
+
+    labels: dict[str, str]
+    counter: bool
+    columns: dict[str, np.ndarray]
+
+
+@dataclass
+class BucketSelection:
+    """Rollup rows of ``width_ms`` buckets chosen by the store for a :class:`SelectHints`.
+    ``shifted``: the windows were moved to whole buckets, ``range_ms`` is their width then
+    (only where raw samples are gone: the answer is then approximate)."""
+
+    series: list[SeriesBuckets]
+    raw_horizon_ms: int  # raw samples before this are gone (0: none dropped)
+    counter_lookback_ms: int
+    tiers: tuple[str, ...]  # the tiers that served the rows
+    width_ms: int = 0
+    shifted: bool = False
+    range_ms: int = 0
+
+
+class SampleSource(Protocol):
+    """The typed read seam every readable backend implements (and ``MemorySource`` in tests)."""
+
+    def select(
+        self,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        hints: SelectHints | None = None,
+    ) -> list[SeriesSamples]:
+        """Samples in ``[start_ms, end_ms]`` (both ends included) of every series all
+        ``matchers`` match, applied in order; staleness markers and NaN samples included."""
+        ...
+
+    def select_buckets(
+        self, matchers: Sequence[Matcher], hints: SelectHints
+    ) -> BucketSelection | None:
+        """Rollup rows that answer ``hints.func`` over the hinted windows, from the tier the
+        store chose; None: this store has none that can (read raw samples)."""
+        ...
+
+    def select_kept(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int
+    ) -> list[SeriesSamples]:
+        """The real samples still held in ``[start_ms, end_ms]``: raw samples, and before the
+        raw horizon each rollup bucket's first and last sample (what remote_read returns)."""
+        ...
+
+    def horizons(self) -> Horizons: ...
+
+    def samples_per_row(self, tier: str, start_ms: int, end_ms: int) -> float | None:
+        """About how many raw samples a row of ``tier`` summarises there (None: unknown)."""
+        ...
+
+
+class Reading(SampleSource, Store, Protocol):
+    """Reading: the long-shape query API every readable backend answers alike, and the read
+    seam the engines use."""
 
     def query(
         self,

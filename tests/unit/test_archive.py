@@ -18,7 +18,7 @@ import pytest
 from metricvault import Vault
 from metricvault.archive.compare import compare, curves, plot, restrict
 from metricvault.archive.experiments import Experiment
-from metricvault.archive.opened import ReadOnlyError, SnapshotVault
+from metricvault.archive.opened import SnapshotVault
 from metricvault.archive.snapshot import (
     RAW_SCHEMA,
     ROLLUP_SCHEMA,
@@ -30,6 +30,7 @@ from metricvault.errors import (
     ConflictError,
     InputError,
     NotFoundError,
+    ReadOnlyError,
     SelectorError,
     TimeRangeError,
 )

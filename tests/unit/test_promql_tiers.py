@@ -14,6 +14,7 @@ import pytest
 
 from metricvault.promql import Engine, EngineOptions, MemorySource, VaultSource
 from metricvault.promql.values import QueryResult
+from metricvault.protocols import BucketSelection, Horizons, SeriesBuckets
 
 HOUR = 3_600_000
 MIN = 60_000
@@ -202,25 +203,15 @@ def test_before_the_raw_horizon_rollups_answer_and_say_so(tmp_path: Path) -> Non
     vault.close()
 
 
-class _OldRows:
-    """A BucketSource holding one counter's rows as rollups wrote them before issue 13 (no
-    first sample, no sample times), all before the raw horizon."""
+class _OldRows(MemorySource):
+    """A store holding one counter's rows as rollups wrote them before issue 13 (no first
+    sample, no sample times), all before the raw horizon; its planner picks the 1h tier."""
 
-    counter_lookback_ms = HOUR
+    def horizons(self) -> Horizons:
+        return Horizons(T0 + 30 * 24 * HOUR, None, HOUR)
 
-    def select(self, matchers, start_ms, end_ms):
-        return []
-
-    def raw_horizon(self) -> int:
-        return T0 + 30 * 24 * HOUR
-
-    def rolled_up_until(self):
-        return None
-
-    def select_buckets(self, matchers, start_ms, end_ms, width_ms):
-        from metricvault.promql.tiers import BucketSelection, SeriesBuckets
-
-        ts = np.arange(T0, T0 + 3 * HOUR, width_ms)
+    def select_buckets(self, matchers, hints):
+        ts = np.arange(T0, T0 + 3 * HOUR, HOUR)
         n = ts.size
         columns = {
             "ts": ts, "count": np.full(n, 60), "sum": np.full(n, 60.0), "min": np.ones(n),
@@ -229,8 +220,8 @@ class _OldRows:
             "nonfinite": np.zeros(n, np.int64),
         }  # fmt: skip
         return BucketSelection(
-            [SeriesBuckets({"__name__": "old_total"}, True, columns)], self.raw_horizon(), HOUR,
-            ("1h",),
+            [SeriesBuckets({"__name__": "old_total"}, True, columns)],
+            self.horizons().raw_start_ms, HOUR, ("1h",), HOUR, False, hints.range_ms,
         )  # fmt: skip
 
 

@@ -27,15 +27,21 @@ from metricvault.archive.snapshot import (
 )
 from metricvault.config import Settings
 from metricvault.durations import TimeLike, now_ms, parse_duration_ms, parse_time_ms
-from metricvault.errors import InputError, TimeRangeError
-from metricvault.errors import ReadOnlyError as ReadOnlyError  # moved: issue 12
+from metricvault.errors import InputError, ReadOnlyError, TimeRangeError, UnsupportedError
 from metricvault.experiment import Experiment, experiments_table
 from metricvault.model import SAMPLE_SCHEMA
-from metricvault.protocols import require
-from metricvault.selector import parse_selectors
+from metricvault.protocols import (
+    BucketSelection,
+    Horizons,
+    SelectHints,
+    SeriesSamples,
+    require,
+)
+from metricvault.selector import Matcher, parse_selectors
 from metricvault.store import query as q
 from metricvault.store import rollup
 from metricvault.store.reading import answer
+from metricvault.store.selecting import select_samples
 from metricvault.store.series_index import SeriesIndex
 
 
@@ -124,6 +130,41 @@ class SnapshotVault:
     def partials(self, series_ids: list[int], start: int, end: int, step: int) -> pa.Table:
         self._check_step(step)
         return self._aggregate(series_ids, start, end, step)
+
+    # the read seam (metricvault.protocols.SampleSource): raw samples only
+    def select(
+        self,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        hints: SelectHints | None = None,
+    ) -> list[SeriesSamples]:
+        """Raw samples in ``[start_ms, end_ms]`` (both ends included): what the PromQL
+        engine reads, so a query over the vault runs over its raw snapshot alike."""
+        if self.tier != "raw":
+            raise UnsupportedError(
+                f"{self.path.name} holds {self.tier} rollups, not raw samples, and PromQL reads "
+                "raw samples: query it with query(..., step=...), or export the experiment "
+                "with --tier raw"
+            )
+        return select_samples(self, matchers, start_ms, end_ms)
+
+    def select_buckets(
+        self, matchers: Sequence[Matcher], hints: SelectHints
+    ) -> BucketSelection | None:
+        """None: a snapshot holds one tier; the engine reads its raw samples."""
+        return None
+
+    def select_kept(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int
+    ) -> list[SeriesSamples]:
+        return self.select(matchers, start_ms, end_ms)
+
+    def horizons(self) -> Horizons:
+        return Horizons(0, 0, self._lookback)
+
+    def samples_per_row(self, tier: str, start_ms: int, end_ms: int) -> float | None:
+        return None
 
     def _check_step(self, step: int) -> None:
         res = TIER_MS.get(self.tier, 0)

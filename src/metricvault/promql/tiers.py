@@ -29,18 +29,17 @@ whose first sample sits on the window start, which rows do not keep: they read r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import promql_parser as pp
 
-from metricvault.model import TIER_RESOLUTION_MS
 from metricvault.promql import rangefuncs as rf
 from metricvault.promql.parse import duration_ms
+from metricvault.promql.source import hints_for
 from metricvault.promql.values import RangeVector, StepVector, make_labels, per_series
-from metricvault.selector import Matcher
+from metricvault.protocols import BUCKET_FUNCTIONS, BucketSelection
 
 if TYPE_CHECKING:
     from metricvault.promql.eval import Evaluator
@@ -49,13 +48,7 @@ OVER_TIME = {
     "count_over_time", "sum_over_time", "avg_over_time", "min_over_time", "max_over_time",
     "last_over_time", "present_over_time",
 }  # fmt: skip
-FUNCTIONS = {"rate", "increase", "delta", *OVER_TIME}
-COLUMNS = (
-    "ts", "count", "sum", "min", "max", "first", "first_ts", "last", "last_ts", "increase",
-    "nonfinite",
-)  # fmt: skip
-# coarsest first, the order to try them in (model.py owns the tiers)
-RESOLUTIONS = tuple(sorted(TIER_RESOLUTION_MS.items(), key=lambda kv: -kv[1]))
+FUNCTIONS = BUCKET_FUNCTIONS  # what rollup rows can answer (the store plans which tier)
 
 
 OLD_ROWS_NOTE = (
@@ -63,74 +56,6 @@ OLD_ROWS_NOTE = (
     "(metricvault before issue 13): rate, increase and delta leave those series out where "
     "only such rows remain"
 )
-
-
-@dataclass
-class SeriesBuckets:
-    """One series' rows, sorted by bucket start; ``columns`` maps each of :data:`COLUMNS` to
-    an array (float64, NaN where a row has no value; ``first_ts``/``last_ts`` -1 there)."""
-
-    labels: dict[str, str]
-    counter: bool
-    columns: dict[str, np.ndarray]
-
-
-@dataclass
-class BucketSelection:
-    series: list[SeriesBuckets]
-    raw_horizon_ms: int  # raw samples before this are gone (0: none dropped)
-    counter_lookback_ms: int
-    tiers: tuple[str, ...]  # the tiers that served the rows
-
-
-class BucketSource(Protocol):
-    """A source that can also answer per-bucket summaries (the embedded vault)."""
-
-    counter_lookback_ms: int
-
-    def select_buckets(
-        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, width_ms: int
-    ) -> BucketSelection | None:
-        """None: this store has no rollups to read (the engine reads raw samples)."""
-
-    def raw_horizon(self) -> int: ...
-
-    def rolled_up_until(self) -> int | None:
-        """Rollups are complete before this (None: everywhere)."""
-
-    def samples_per_row(self, tier: str, start_ms: int, end_ms: int) -> float | None:
-        """About how many raw samples a row of ``tier`` summarises there (None: unknown)."""
-
-
-def from_table(buckets: Any) -> BucketSelection:
-    """A :class:`BucketSelection` from the store's ``Buckets`` (store/query.py)."""
-    table = buckets.table
-    out: list[SeriesBuckets] = []
-    if table.num_rows:
-        sid = table["series_id"].to_numpy()
-        cols = {}
-        for name in COLUMNS:
-            column = table[name]
-            if name in ("ts", "count", "nonfinite"):
-                cols[name] = column.fill_null(0).to_numpy()
-            elif name in ("first_ts", "last_ts"):
-                cols[name] = column.fill_null(-1).to_numpy()
-            else:
-                cols[name] = column.to_numpy(zero_copy_only=False).astype(np.float64)
-        starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
-        ends = np.r_[starts[1:], sid.size]
-        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-            series_id = int(sid[a])
-            out.append(
-                SeriesBuckets(
-                    buckets.labels[series_id],
-                    series_id in buckets.counters,
-                    {name: values[a:b] for name, values in cols.items()},
-                )
-            )
-    return BucketSelection(
-        out, buckets.raw_horizon_ms, buckets.counter_lookback_ms, tuple(buckets.tiers)
-    )
 
 
 @dataclass(frozen=True)
@@ -141,61 +66,19 @@ class Plan:
     range_ms: int
 
 
-def plan(ev: Evaluator, name: str, ms: Any, steps: np.ndarray) -> Plan | None:
-    """How to answer ``name(ms)`` from rollups, or None to read raw samples."""
-    source: Any = ev.source
-    if (
-        not ev.options.use_rollups
-        or name not in FUNCTIONS
-        or not isinstance(ms, pp.MatrixSelector)
-        or not hasattr(source, "select_buckets")
-    ):
-        return None
-    refs = ev.reference_times(ms.vector_selector, steps)
-    range_ms = duration_ms(ms.range)
-    lo, hi = int(refs.min()) - range_ms, int(refs.max())
-    for tier, res in RESOLUTIONS:
-        if range_ms % res == 0 and not (refs % res).any() and not ev.options.left_open_windows:
-            if not _mostly_rolled_up(source, lo, hi):
-                break
-            if _summarises(source, tier, lo, hi):
-                return Plan(res, False, refs, range_ms)
-    horizon = source.raw_horizon()
-    res = min(res for _, res in RESOLUTIONS)
-    if horizon and int(refs.min()) - range_ms < horizon and range_ms >= res:
-        # Each window moves to whole minutes: its end down to one, its length to the nearest.
-        return Plan(res, True, refs // res * res, max(res, round(range_ms / res) * res))
-    return None
-
-
-MIN_SAMPLES_PER_ROW = 2.0  # below it a tier row is no smaller a read than the raw samples
-
-
-def _summarises(source: Any, tier: str, start: int, end: int) -> bool:
-    """Whether ``tier``'s rows summarise several raw samples each there: at a 60 s scrape the
-    1m tier holds as many rows as raw, wider ones, and reading it is slower (bench/promql.py)."""
-    measure = getattr(source, "samples_per_row", None)
-    if measure is None:
-        return True
-    per_row = measure(tier, start, end)
-    return per_row is None or per_row == 0 or per_row >= MIN_SAMPLES_PER_ROW
-
-
-def _mostly_rolled_up(source: Any, start: int, end: int) -> bool:
-    """Whether rollups are done for most of ``[start, end]``: buckets after the watermark
-    are computed from raw samples at query time, slower than the raw path itself."""
-    until = source.rolled_up_until() if hasattr(source, "rolled_up_until") else 0
-    return until is None or until - start >= (end - start) / 2
-
-
 def range_call(ev: Evaluator, name: str, ms: Any, steps: np.ndarray) -> StepVector | None:
     """``name(ms)`` at every step from rollup rows; None where they cannot answer exactly."""
-    p = plan(ev, name, ms, steps)
-    if p is None:
+    if not ev.options.use_rollups or name not in FUNCTIONS or not isinstance(ms, pp.MatrixSelector):
         return None
-    selection = _select(ev, ms, p)
+    refs = ev.reference_times(ms.vector_selector, steps)
+    hints = hints_for(refs, duration_ms(ms.range), name, ev.options.left_open_windows)
+    # The store chooses the tier (store/query.py plan_buckets); None: read raw samples.
+    selection = ev.source.select_buckets(ev.matchers(ms.vector_selector), hints)
     if selection is None:
         return None
+    res = selection.width_ms
+    p = Plan(res, selection.shifted, refs // res * res if selection.shifted else refs,
+             selection.range_ms)  # fmt: skip
     exact = int(p.refs.min()) - p.range_ms >= selection.raw_horizon_ms
     if exact and (p.shifted or not _exact(selection, name)):
         return None
@@ -216,17 +99,6 @@ def range_call(ev: Evaluator, name: str, ms: Any, steps: np.ndarray) -> StepVect
         v, ok = _evaluate(name, cols, p, rv, selection.counter_lookback_ms, s.counter)
         rows.append((make_labels(s.labels.items()), v, ok))
     return per_series(rows, steps.size, keep_name=name == "last_over_time")
-
-
-def _select(ev: Evaluator, ms: Any, p: Plan) -> BucketSelection | None:
-    source: Any = ev.source
-    lookback = int(getattr(source, "counter_lookback_ms", 0) or 0)
-    pad = -(-lookback // p.res) * p.res + p.res  # the row before each window's first row
-    start = int(p.refs.min()) - p.range_ms - pad
-    end = int(p.refs.max()) + p.res  # the bucket starting at t holds the sample at t
-    matchers = ev.matchers(ms.vector_selector)
-    selection: BucketSelection | None = source.select_buckets(matchers, start, end, p.res)
-    return selection
 
 
 def _exact(selection: BucketSelection, name: str) -> bool:
@@ -362,22 +234,3 @@ def _approximation_note(p: Plan, selection: BucketSelection) -> str:
         f"raw samples before the raw horizon are gone (retention_raw): windows there were "
         f"answered from the {tiers} rollups, which leave out NaN and ±Inf samples{when}"
     )
-
-
-def edge_samples(
-    selection: BucketSelection, start_ms: int, end_ms: int
-) -> list[tuple[dict[str, str], np.ndarray, np.ndarray]]:
-    """Each bucket's first and last sample, at their own times in ``[start_ms, end_ms]``, as
-    ``(labels, ts, values)``: real samples, a subset of the raw ones, which is what
-    remote_read can still return where raw samples are gone (two per minute from 1m rows)."""
-    out = []
-    for s in selection.series:
-        c = _finite_rows(s.columns)
-        held = c["first_ts"] >= 0  # rows written before issue 13 keep no sample times
-        ts = np.concatenate([c["first_ts"][held], c["last_ts"][held]])
-        values = np.concatenate([c["first"][held], c["last"][held]])
-        ts, first = np.unique(ts, return_index=True)  # a one-sample bucket: once
-        keep = (ts >= start_ms) & (ts <= end_ms)
-        if keep.any():
-            out.append((dict(s.labels), ts[keep], values[first][keep]))
-    return out

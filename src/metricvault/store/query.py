@@ -1,5 +1,10 @@
 """Queries: tier planning, stitching across tiers, aggregation and the long output shape.
 
+One planner for both engines: :func:`plan` covers a step query's range with tier segments,
+and :func:`plan_buckets` chooses the bucket width a PromQL range function is answered from
+(the read seam's ``select_buckets``; promql/tiers.py holds the arithmetic over the rows);
+the buckets of that width are then read through :func:`plan` like any step query.
+
 A query with a ``step`` is answered per (series, bucket); buckets are aligned to multiples of
 the step since the Unix epoch (``step="all"``: one bucket spanning ``[start, end)``). The
 planner covers the range with the coarsest tier whose resolution divides the step, where that
@@ -10,7 +15,7 @@ the answer does not depend on which tier served which part.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +26,7 @@ import pyarrow.compute as pc
 from metricvault.durations import parse_duration_ms
 from metricvault.errors import InputError, MissingDependencyError, TimeRangeError
 from metricvault.model import AGGREGATES, TIER_RESOLUTION_MS
+from metricvault.protocols import BUCKET_FUNCTIONS, Horizons, SelectHints
 from metricvault.store import rollup
 from metricvault.store.catalog import Snapshot
 from metricvault.store.reader import Reader
@@ -59,6 +65,71 @@ def plan(start: int, end: int, width: int | None, watermark: int | None) -> list
         return [Segment("raw", lo, hi)]
 
     return cover(start, end, ROLLUP_TIERS)
+
+
+@dataclass(frozen=True)
+class BucketChoice:
+    """How a range function is answered from rollups: buckets of ``res`` ms; ``shifted``:
+    its windows moved to whole buckets (``range_ms`` their width then), which only happens
+    where raw samples are gone."""
+
+    res: int
+    shifted: bool
+    range_ms: int
+
+
+MIN_SAMPLES_PER_ROW = 2.0  # below it a tier row is no smaller a read than the raw samples
+
+
+def plan_buckets(
+    hints: SelectHints,
+    horizons: Horizons,
+    samples_per_row: Callable[[str, int, int], float | None],
+) -> BucketChoice | None:
+    """The coarsest tier whose rows answer ``hints`` exactly: the window and every evaluation
+    time whole multiples of its resolution, rollups done for most of the span, and its rows
+    summarising at least two samples each. Where none can and raw samples are gone before
+    the first window, the finest tier with windows moved to whole buckets; else None."""
+    if hints.func not in BUCKET_FUNCTIONS or hints.range_ms <= 0:
+        return None
+    range_ms = hints.range_ms
+    lo, hi = hints.start_ms - range_ms, hints.end_ms
+    for tier, res in ROLLUP_TIERS:  # coarsest first
+        aligned = not (hints.start_ms % res or hints.step_ms % res or range_ms % res)
+        if aligned and not hints.left_open:
+            if not _mostly_rolled_up(horizons.rolled_up_until_ms, lo, hi):
+                break
+            if _summarises(samples_per_row(tier, lo, hi)):
+                return BucketChoice(res, False, range_ms)
+    res = min(TIER_RESOLUTION_MS.values())
+    if horizons.raw_start_ms and lo < horizons.raw_start_ms and range_ms >= res:
+        # Each window moves to whole minutes: its end down to one, its length to the nearest.
+        return BucketChoice(res, True, max(res, round(range_ms / res) * res))
+    return None
+
+
+def bucket_span(hints: SelectHints, choice: BucketChoice, lookback_ms: int) -> tuple[int, int]:
+    """``[start, end)`` of the buckets ``choice`` reads for ``hints``: from the row before each
+    window's first (a counter's rise into it) to the bucket starting at the last evaluation
+    time (its first sample is the one at that time)."""
+    res = choice.res
+    first, last = hints.start_ms, hints.end_ms
+    if choice.shifted:
+        first, last = first // res * res, last // res * res
+    pad = -(-lookback_ms // res) * res + res
+    return first - choice.range_ms - pad, last + res
+
+
+def _summarises(per_row: float | None) -> bool:
+    """Whether a tier's rows summarise several raw samples each there: at a 60 s scrape the
+    1m tier holds as many rows as raw, wider ones, and reading it is slower (bench/promql.py)."""
+    return per_row is None or per_row == 0 or per_row >= MIN_SAMPLES_PER_ROW
+
+
+def _mostly_rolled_up(until: int | None, start: int, end: int) -> bool:
+    """Whether rollups are done for most of ``[start, end]``: buckets after the watermark
+    are computed from raw samples at query time, slower than the raw path itself."""
+    return until is None or until - start >= (end - start) / 2
 
 
 def parse_step(step: str | int | None) -> int | None:

@@ -31,9 +31,10 @@ from metricvault.errors import (
     StorageError,
     TimeRangeError,
 )
+from metricvault.protocols import BucketSelection, Horizons, SelectHints, SeriesSamples
 from metricvault.selector import Matcher, Selector, SelectorUnion, parse_selectors
 from metricvault.store import files as fmt
-from metricvault.store import layout
+from metricvault.store import layout, selecting
 from metricvault.store import query as q
 from metricvault.store.buffer import IngestBuffer
 from metricvault.store.catalog import Catalog, Change, DataFile, SeriesFile, Snapshot
@@ -358,7 +359,7 @@ class Vault:
 
     def _commit_flush(self, snap: Snapshot, pending: Any) -> None:
         samples = fmt.sort_dedup(pending.samples)  # batches come in sequence order
-        change = Change(buffers={self.buffer.buffer_id: pending.max_seq})
+        change = Change(buffers={self.buffer.buffer_id: pending.max_seq}, based_on=snap)
         file_id = snap.next_file_id
         day_no = pc.divide(samples["ts"], DAY_MS).to_numpy()
         for day in np.unique(day_no):
@@ -473,7 +474,7 @@ class Vault:
         ``(labels, ts, values)``: ``labels`` with ``__name__``, ``ts`` int64 ms ascending,
         ``values`` float64 holding NaN samples and (``stale_markers``) Prometheus staleness
         markers bit for bit. The same samples as ``query(..., output="arrow")`` without the
-        long shape; what the PromQL engine reads (``metricvault.promql.VaultSource``)."""
+        long shape; what :meth:`select` (the PromQL engine's read) returns."""
         if isinstance(selector, str):
             sel: Selector | SelectorUnion = parse_selectors(selector)
         elif isinstance(selector, (Selector, SelectorUnion)):
@@ -529,14 +530,64 @@ class Vault:
         tier_rows = rows(tier)
         return rows("raw") / tier_rows if tier_rows else None
 
-    def buckets(self, selector: str, start_ms: int, end_ms: int, width_ms: int) -> q.Buckets:
+    def buckets(
+        self, selector: str | Selector, start_ms: int, end_ms: int, width_ms: int
+    ) -> q.Buckets:
         """Per-series summaries of ``width_ms`` buckets over ``[start_ms, end_ms)`` from the
         coarsest tiers that hold them exactly (raw where rollups are not done yet): what the
-        PromQL engine answers ``rate``/``*_over_time`` from (``metricvault.promql.tiers``)."""
+        PromQL engine answers ``rate``/``*_over_time`` from (``select_buckets``)."""
         self.flush_for_read()
         ctx = self._context()
-        ids = ctx.index.match(parse_selectors(selector))
+        sel = parse_selectors(selector) if isinstance(selector, str) else selector
+        ids = ctx.index.match(sel)
         return q.buckets(ctx, ids, start_ms, end_ms, width_ms)
+
+    # ------------------------------------------------------------------ the read seam
+    def select(
+        self,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        hints: SelectHints | None = None,
+    ) -> list[SeriesSamples]:
+        """The samples in ``[start_ms, end_ms]`` (both ends included) of the series the
+        matchers select, staleness markers included (:class:`metricvault.protocols.
+        SampleSource`, what the PromQL engine reads)."""
+        return selecting.select_samples(self._query_reader(None), matchers, start_ms, end_ms)
+
+    def select_buckets(
+        self, matchers: Sequence[Matcher], hints: SelectHints
+    ) -> BucketSelection | None:
+        """Rollup rows that answer ``hints`` from the tier the planner chooses
+        (``store.query.plan_buckets``), or None: read raw samples."""
+        horizons = self.horizons()
+        choice = q.plan_buckets(hints, horizons, self.samples_per_row)
+        if choice is None:
+            return None
+        start, end = q.bucket_span(hints, choice, horizons.counter_lookback_ms)
+        found = self.buckets(Selector(tuple(matchers)), start, end, choice.res)
+        return selecting.to_selection(found, choice)
+
+    def select_kept(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int
+    ) -> list[SeriesSamples]:
+        """Raw samples; before the raw horizon each minute's first and last sample from the
+        1m rollups (real samples at their times; docs/promql.md, "remote_read")."""
+        sel = Selector(tuple(matchers))
+        minute = q.BucketChoice(selecting.MINUTE_MS, False, 0)
+        return selecting.kept_samples(
+            lambda lo, hi: self.select(matchers, lo, hi),
+            lambda lo, hi: selecting.to_selection(
+                self.buckets(sel, lo, hi, selecting.MINUTE_MS), minute
+            ),
+            self.horizons().raw_start_ms,
+            start_ms,
+            end_ms,
+        )
+
+    def horizons(self) -> Horizons:
+        snap = self.catalog_version()
+        return Horizons(snap.raw_horizon_ms or 0, snap.rollup_watermark_ms(), self._lookback)
 
     def flush_for_read(self) -> None:
         """Reads flush first, so they see every write so far. Where nothing can be written (a

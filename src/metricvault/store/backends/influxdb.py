@@ -40,8 +40,9 @@ from metricvault.errors import (
     UnsupportedError,
 )
 from metricvault.model import kind_from_name
-from metricvault.selector import SelectorUnion, parse_selectors
-from metricvault.store import rollup
+from metricvault.protocols import BucketSelection, Horizons, SelectHints, SeriesSamples
+from metricvault.selector import Matcher, Selector, SelectorUnion, parse_selectors
+from metricvault.store import rollup, selecting
 from metricvault.store.backends import influx_meta as meta
 from metricvault.store.backends.influx_client import InfluxClient, ident, parse_uri
 from metricvault.store.backends.influx_lines import (
@@ -321,6 +322,40 @@ class InfluxVault:
             self._raw_horizon(),
             lambda: meta.pending_since(self.client, self.policies.meta),
         )
+
+    # ------------------------------------------------------------------ the read seam
+    def select(
+        self,
+        matchers: Sequence[Matcher],
+        start_ms: int,
+        end_ms: int,
+        hints: SelectHints | None = None,
+    ) -> list[SeriesSamples]:
+        """Raw samples in ``[start_ms, end_ms]`` (both ends included) of the series the
+        matchers select (:class:`metricvault.protocols.SampleSource`)."""
+        reader = self._query_reader(SelectorUnion((Selector(tuple(matchers)),)))
+        return selecting.select_samples(reader, matchers, start_ms, end_ms)
+
+    def select_buckets(
+        self, matchers: Sequence[Matcher], hints: SelectHints
+    ) -> BucketSelection | None:
+        """None: the 1-minute rows InfluxDB keeps (the continuous query's fields) hold no
+        bucket's first sample and its time, which the rollup path needs to be exact, so
+        range functions read raw samples (within the raw retention policy)."""
+        return None
+
+    def select_kept(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int
+    ) -> list[SeriesSamples]:
+        """Raw samples (InfluxDB's rollup rows keep no sample times to return)."""
+        return self.select(matchers, start_ms, end_ms)
+
+    def horizons(self) -> Horizons:
+        """The raw policy's horizon; no rollups the seam reads (``select_buckets``)."""
+        return Horizons(self._raw_horizon(), 0, self._lookback)
+
+    def samples_per_row(self, tier: str, start_ms: int, end_ms: int) -> float | None:
+        return None
 
     def _raw_horizon(self) -> int:
         """Raw samples before this are gone (InfluxDB accepts none older and drops them)."""

@@ -1,0 +1,121 @@
+"""The read seam (:class:`metricvault.protocols.SampleSource`) over a store's
+:class:`~metricvault.store.backend.SampleReader`, written once for every backend: raw samples
+as typed series, rollup rows as a :class:`~metricvault.protocols.BucketSelection`, and the
+samples remote_read can still return where retention dropped raw data."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from metricvault.protocols import (
+    BUCKET_COLUMNS,
+    BucketSelection,
+    SeriesBuckets,
+    SeriesSamples,
+)
+from metricvault.selector import Matcher, Selector
+from metricvault.store.backend import SampleReader
+from metricvault.store.query import BucketChoice, Buckets
+from metricvault.store.reading import select_series
+
+MINUTE_MS = 60_000
+
+
+def select_samples(
+    reader: SampleReader, matchers: Sequence[Matcher], start_ms: int, end_ms: int
+) -> list[SeriesSamples]:
+    """The samples in ``[start_ms, end_ms]`` (closed) of the series ``matchers`` select."""
+    if end_ms < start_ms:
+        return []
+    # The reader's range is half-open [start, end): ask for end + 1 to include end_ms.
+    found = select_series(reader, Selector(tuple(matchers)), start_ms, end_ms + 1, True)
+    return [SeriesSamples(labels, ts, values) for labels, ts, values in found]
+
+
+def to_selection(buckets: Buckets, choice: BucketChoice) -> BucketSelection:
+    """The store's :class:`~metricvault.store.query.Buckets` as the seam's typed rows."""
+    table = buckets.table
+    out: list[SeriesBuckets] = []
+    if table.num_rows:
+        sid = table["series_id"].to_numpy()
+        cols = {}
+        for name in BUCKET_COLUMNS:
+            column = table[name]
+            if name in ("ts", "count", "nonfinite"):
+                cols[name] = column.fill_null(0).to_numpy()
+            elif name in ("first_ts", "last_ts"):
+                cols[name] = column.fill_null(-1).to_numpy()
+            else:
+                cols[name] = column.to_numpy(zero_copy_only=False).astype(np.float64)
+        starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
+        ends = np.r_[starts[1:], sid.size]
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            series_id = int(sid[a])
+            out.append(
+                SeriesBuckets(
+                    buckets.labels[series_id],
+                    series_id in buckets.counters,
+                    {name: values[a:b] for name, values in cols.items()},
+                )
+            )
+    return BucketSelection(
+        out,
+        buckets.raw_horizon_ms,
+        buckets.counter_lookback_ms,
+        tuple(buckets.tiers),
+        choice.res,
+        choice.shifted,
+        choice.range_ms,
+    )
+
+
+def edge_samples(selection: BucketSelection, start_ms: int, end_ms: int) -> list[SeriesSamples]:
+    """Each bucket's first and last sample, at their own times in ``[start_ms, end_ms]``:
+    real samples, a subset of the raw ones (two per minute from 1m rows)."""
+    out = []
+    for s in selection.series:
+        c = s.columns
+        held = (c["count"] > 0) & (c["first_ts"] >= 0)  # old rows keep no sample times
+        ts = np.concatenate([c["first_ts"][held], c["last_ts"][held]])
+        values = np.concatenate([c["first"][held], c["last"][held]])
+        ts, first = np.unique(ts, return_index=True)  # a one-sample bucket: once
+        keep = (ts >= start_ms) & (ts <= end_ms)
+        if keep.any():
+            out.append(SeriesSamples(dict(s.labels), ts[keep], values[first][keep]))
+    return out
+
+
+def kept_samples(
+    select: Callable[[int, int], list[SeriesSamples]],
+    minute_buckets: Callable[[int, int], BucketSelection],
+    horizon_ms: int,
+    start_ms: int,
+    end_ms: int,
+) -> list[SeriesSamples]:
+    """Raw samples from ``select(start, end)``; before ``horizon_ms`` each minute's first and
+    last sample from ``minute_buckets(start, end)`` (half-open, whole minutes), sorted by
+    label set."""
+    if not horizon_ms or start_ms >= horizon_ms:
+        return select(start_ms, end_ms)
+    old_end = min(end_ms, horizon_ms - 1)
+    found = minute_buckets(
+        start_ms // MINUTE_MS * MINUTE_MS, old_end // MINUTE_MS * MINUTE_MS + MINUTE_MS
+    )
+    merged = {_key(s): s for s in edge_samples(found, start_ms, old_end)}
+    if end_ms >= horizon_ms:
+        for s in select(horizon_ms, end_ms):
+            old = merged.get(_key(s))
+            merged[_key(s)] = (
+                s
+                if old is None
+                else SeriesSamples(
+                    s.labels, np.concatenate([old.ts, s.ts]), np.concatenate([old.values, s.values])
+                )
+            )
+    return [merged[key] for key in sorted(merged)]
+
+
+def _key(s: SeriesSamples) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(s.labels.items()))
