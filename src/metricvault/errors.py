@@ -30,6 +30,7 @@ from :class:`RetryLater`, whose ``retry_after_s`` the gateway sends as ``Retry-A
     │   └── DiskFullError (503)      the disk is full (also a StorageError)
     └── StorageError (503)           the store could not be read or written (retryable)
         ├── DiskFullError            (see RetryLater)
+        ├── CommitConflictError      another writer's catalog commit voided this one's work
         └── CorruptionError          a vault file fails its checksum or does not parse
             └── CorruptBatch         an ingest-buffer row that is not a sample batch
 
@@ -173,6 +174,11 @@ class DiskFullError(StorageError, RetryLater):
     """A StorageError (the store cannot be written) that retrying later can fix."""
 
     default_retry_after_s = 30
+
+
+class CommitConflictError(StorageError):
+    """Another writer of the vault committed first and replaced what this commit replaces
+    (maintenance work done twice): the work is discarded and the next round redoes it."""
 
 
 class CorruptionError(StorageError):

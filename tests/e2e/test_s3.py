@@ -589,3 +589,161 @@ def test_raw_retention_on_s3_keeps_answers_from_rollups(
             assert_steps_equal(answer, expected_steps(samples, T0, T0 + 2 * DAY, step_ms))
     finally:
         vault.close()
+
+
+# ---------------------------------------------------------------- two writers, one vault
+def host_samples(host: str, start: int, end: int, every: int = 30 * SECOND) -> pd.DataFrame:
+    df = make_samples(start, end, every)
+    df["host"] = host
+    return df
+
+
+def raw_count(server: S3Server, bucket: str, state: Path) -> int:
+    """Samples in the raw tier as a fresh reader (own state dir) sees them."""
+    with open_vault(server, bucket, state) as reader:
+        return int(reader.sql("select count(*) from raw").iloc[0, 0])
+
+
+def first_catalog_write_runs(location: Any, monkeypatch: pytest.MonkeyPatch, other: Any) -> None:
+    """Run ``other()`` just before ``location``'s next catalog version is written: another
+    writer commits the version number this one read as free, deterministically."""
+    real = location.write_bytes_exclusive
+    raced: list[str] = []
+
+    def other_first(path: str, data: bytes) -> bool:
+        if not raced and "/catalog/" in path:
+            raced.append(path)
+            other()
+        return bool(real(path, data))
+
+    monkeypatch.setattr(location, "write_bytes_exclusive", other_first)
+
+
+def test_a_flush_that_loses_the_commit_race_commits_on_top_of_the_winner(
+    s3_server: S3Server,
+    s3_bucket: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    first = host_samples("writer-a", T0, T0 + HOUR)
+    mine = host_samples("writer-a", T0 + HOUR, T0 + 2 * HOUR)
+    theirs = host_samples("writer-b", T0, T0 + 2 * HOUR)
+    with open_vault(s3_server, s3_bucket, tmp_path / "a") as a:
+        a.write(to_arrow(first))
+        a.flush()
+        with open_vault(s3_server, s3_bucket, tmp_path / "b") as b:
+            b.write(to_arrow(theirs))
+            a.write(to_arrow(mine))
+            version = a.snapshot().version
+            first_catalog_write_runs(a.location, monkeypatch, b.flush)
+            with caplog.at_level("WARNING", logger="metricvault"):
+                assert a.flush() == len(mine)
+            assert "committed by another writer first" in caplog.text
+            snap = a.snapshot()
+            # b won version+1 and kept it; a's flush became version+2, above it
+            assert snap.version == version + 2
+            won = b.catalog._load(version + 1)
+            assert won is not None and set(won.buffers) == {a.buffer.buffer_id, b.buffer.buffer_id}
+            assert won.buffers[a.buffer.buffer_id] < snap.buffers[a.buffer.buffer_id]
+            ids = [f.file_id for f in snap.files]
+            assert len(set(ids)) == len(ids), "the rebased flush reused the winner's file ids"
+            assert a.buffered()[0] == 0 and b.buffered()[0] == 0
+    total = len(first) + len(mine) + len(theirs)
+    assert raw_count(s3_server, s3_bucket, tmp_path / "reader") == total
+    with open_vault(s3_server, s3_bucket, tmp_path / "reader") as reader:
+        both = pd.concat([first, mine], ignore_index=True)
+        assert_raw_equal(reader.query('{host="writer-a"}', T0, T0 + DAY), both, T0, T0 + DAY)
+        assert_raw_equal(reader.query('{host="writer-b"}', T0, T0 + DAY), theirs, T0, T0 + DAY)
+
+
+def test_maintenance_whose_inputs_another_writer_replaced_is_refused_and_nothing_is_doubled(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from metricvault.errors import CommitConflictError
+    from metricvault.store.maintenance import compact
+
+    now = T0 + 3 * DAY  # day 1 is closed: its files are merged whole
+    morning, evening = (
+        host_samples("w", T0, T0 + 12 * HOUR),
+        host_samples("w", T0 + 12 * HOUR, T0 + DAY),
+    )
+    with open_vault(s3_server, s3_bucket, tmp_path / "a") as a:
+        for part in (morning, evening):
+            a.write(to_arrow(part))
+            a.flush()
+        with open_vault(s3_server, s3_bucket, tmp_path / "b") as b:
+            first_catalog_write_runs(a.location, monkeypatch, lambda: compact(b, now))
+            with pytest.raises(CommitConflictError, match="another writer replaced 2 file"):
+                compact(a, now)
+            assert len(b.snapshot().tier_files("raw")) == 1  # b's merge stands, alone
+    assert raw_count(s3_server, s3_bucket, tmp_path / "reader") == len(morning) + len(evening)
+
+
+def test_two_writers_and_a_maintainer_on_one_vault_keep_every_acknowledged_sample(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    import threading
+
+    from metricvault.errors import CommitConflictError
+
+    batches, per_batch = 12, 20 * MINUTE
+    writers = [open_vault(s3_server, s3_bucket, tmp_path / f"w{i}") for i in range(2)]
+    maintainer = open_vault(s3_server, s3_bucket, tmp_path / "maintainer")
+    acknowledged = [0, 0]
+    done = threading.Event()
+    conflicts: list[str] = []
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        try:
+            for n in range(batches):
+                start = T0 + n * per_batch
+                batch = host_samples(f"writer-{i}", start, start + per_batch)
+                acknowledged[i] += writers[i].write(to_arrow(batch))
+                writers[i].flush()
+        except BaseException as exc:  # surfaced below, in the test's thread
+            errors.append(exc)
+
+    def maintain() -> None:
+        while not done.is_set():
+            try:
+                maintainer.maintain(now_ms=T0 + DAY)
+            except CommitConflictError as exc:  # the loop's next round redoes the work
+                conflicts.append(str(exc))
+            except BaseException as exc:
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
+    upkeep = threading.Thread(target=maintain)
+    try:
+        for t in [*threads, upkeep]:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        done.set()
+        upkeep.join(timeout=300)
+        assert not errors, errors
+        for _ in range(5):  # a last round, as the maintain loop would run it
+            try:
+                maintainer.maintain(now_ms=T0 + DAY)
+                break
+            except CommitConflictError:
+                continue
+    finally:
+        done.set()
+        for v in [*writers, maintainer]:
+            v.close()
+    expected = batches * len(host_samples("x", T0, T0 + per_batch))
+    assert acknowledged == [expected, expected]
+    with open_vault(s3_server, s3_bucket, tmp_path / "reader") as reader:
+        per_host = reader.sql(
+            "select s.labels, count(*) as n from raw r join series s using (series_id) "
+            "group by 1 order by 1"
+        )
+        counts = {h: 0 for h in ("writer-0", "writer-1")}
+        for labels, n in zip(per_host["labels"], per_host["n"], strict=True):
+            host = "writer-0" if "writer-0" in labels else "writer-1"
+            counts[host] += int(n)
+        assert counts == {"writer-0": expected, "writer-1": expected}

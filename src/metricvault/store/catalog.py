@@ -1,8 +1,13 @@
 """The catalog: numbered, immutable JSON snapshots of which files make up the vault.
 
 A commit writes ``catalog/v<N+1>.json`` with create-if-absent semantics (``link(2)`` on local
-disk; on S3 a put under the vault's writer lock), so readers always see either the old or the
-new snapshot, never half of a flush or a compaction. Each snapshot records the data files with
+disk, a conditional PUT with ``If-None-Match: *`` on S3), so readers always see either the old
+or the new snapshot, never half of a flush or a compaction, and no writer ever replaces another
+writer's version. Writers sharing a state directory also share its lock; writers that do not
+(two gateways with their own state dirs on one S3 vault) can race for a version number: the
+loser re-reads the winner's version and re-applies its change on top (:meth:`Change.rebase`),
+so a flush is never lost, and maintenance whose inputs the winner replaced is discarded with a
+:class:`~metricvault.errors.CommitConflictError`. Each snapshot records the data files with
 their tier, day, row count and time range, the series files, the per-buffer watermarks that make
 flushes exactly-once, and the hours whose rollups must be recomputed ("dirty" hours).
 
@@ -24,13 +29,14 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import re
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from metricvault.errors import StorageError
+from metricvault.errors import CommitConflictError, StorageError
 from metricvault.store.layout import CATALOG_DIR, Location
 
 FORMAT = 2
@@ -38,6 +44,12 @@ LEGACY_FORMAT = 1  # absolute paths, no vault id, no replacement times
 log = logging.getLogger("metricvault")
 _VERSION_RE = re.compile(r"v(\d{12})\.json$")
 HOUR_MS = 3_600_000
+COMMIT_ATTEMPTS = 30  # lost races in a row before a commit gives up (each re-reads first)
+MANY_WRITERS = (
+    "another writer (a process with its own state directory) is committing to this vault: "
+    "give each gateway its own vault or state directory shared by its workers; many writers "
+    "on one vault are fenced, not coordinated, and their maintenance conflicts"
+)
 
 
 @dataclass(frozen=True)
@@ -145,6 +157,43 @@ class Change:
     raw_horizon_ms: int = 0
     metric_kinds: dict[str, str] = field(default_factory=dict)
     forget: set[str] = field(default_factory=set)  # replaced files maintenance has deleted
+    # The snapshot this change was computed from, when the caller has it: a commit that finds
+    # a newer one rebases the change onto it (ids renumbered, void work refused).
+    based_on: Snapshot | None = field(default=None, repr=False, compare=False)
+
+    def rebase(self, since: Snapshot, onto: Snapshot, uri: str) -> Change:
+        """This change, computed against ``since``, made valid on top of ``onto`` (which other
+        writers' commits produced from it). Files it adds keep their paths; the ids it took
+        from ``since`` move above the ids ``onto`` has given out, so "later files win" still
+        orders them after the winner's. Hours it would mark rolled up stay dirty where new raw
+        files may touch them. Raises CommitConflictError when a file it replaces is gone."""
+        gone = (self.remove | self.remove_series) & since.paths() - onto.paths()
+        if gone:
+            raise CommitConflictError(
+                f"catalog of {uri}: between version {since.version} and {onto.version} "
+                f"another writer replaced {len(gone)} file(s) this commit replaces (e.g. "
+                f"{sorted(gone)[0]}); this commit's work is discarded and the next maintain "
+                f"redoes it. {MANY_WRITERS}"
+            )
+        known = since.paths()
+        new_raw = [f for f in onto.tier_files("raw") if f.path not in known]
+        newly_dirty = set(onto.dirty_hours) - set(since.dirty_hours)
+        stale = {
+            h
+            for h in self.dirty_remove
+            if h in newly_dirty or any(f.min_ts < (h + 1) * HOUR_MS for f in new_raw)
+        }
+        lo, hi = since.next_file_id, since.next_file_id + self.file_ids_used
+        shift = max(0, onto.next_file_id - since.next_file_id)
+        return replace(
+            self,
+            add=[
+                replace(f, file_id=f.file_id + shift) if lo <= f.file_id < hi else f
+                for f in self.add
+            ],
+            dirty_remove=self.dirty_remove - stale,
+            based_on=onto,
+        )
 
     def apply(self, base: Snapshot, version: int | None = None) -> Snapshot:
         """The snapshot after this change, numbered ``version`` (default: the base's + 1)."""
@@ -191,7 +240,7 @@ class Catalog:
                 found.append(int(m.group(1)))
         return sorted(found)
 
-    def _path(self, version: int) -> str:
+    def version_path(self, version: int) -> str:
         return self.loc.path(CATALOG_DIR, f"v{version:012d}.json")
 
     def _load(self, version: int) -> Snapshot | None:
@@ -199,7 +248,7 @@ class Catalog:
         if version in self._unreadable:
             return None
         try:
-            return Snapshot.from_json(self.loc.read_bytes(self._path(version)), self.loc)
+            return Snapshot.from_json(self.loc.read_bytes(self.version_path(version)), self.loc)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             self._unreadable[version] = f"{type(exc).__name__}: {exc}"
             log.warning(
@@ -207,7 +256,7 @@ class Catalog:
                 "used. Files only it names are kept (maintain deletes no unreferenced file "
                 "while a damaged version exists). Restore it from a backup if you have one, "
                 "else move it out of catalog/ once you no longer need what it named",
-                self._path(version),
+                self.version_path(version),
                 self._unreadable[version],
             )
             return None
@@ -226,7 +275,7 @@ class Catalog:
                 return snap
         raise StorageError(
             f"no catalog version of vault {self.loc.uri} is readable ({len(versions)} damaged, "
-            f"newest {self._path(versions[-1])}): restore catalog/ from a backup"
+            f"newest {self.version_path(versions[-1])}): restore catalog/ from a backup"
         )
 
     def history(self) -> list[Snapshot]:
@@ -238,17 +287,36 @@ class Catalog:
         return dict(self._unreadable)
 
     def commit(self, change: Change) -> Snapshot:
-        """Apply ``change`` to the current snapshot (caller holds the writer lock)."""
-        base = self.current()
-        new = change.apply(base, version=max(base.version, self._newest_on_disk) + 1)
-        if not self.loc.write_bytes_exclusive(self._path(new.version), new.to_json(self.loc)):
-            raise StorageError(
-                f"catalog version {new.version} was committed by another writer; "
-                "two writers without a shared lock use this vault — give each gateway its own"
+        """Apply ``change`` to the newest snapshot as the next version (caller holds the writer
+        lock). A version another writer created first is never replaced: the change is rebased
+        onto it and committed above it, or CommitConflictError says why it cannot be."""
+        since = change.based_on
+        for attempt in range(COMMIT_ATTEMPTS):
+            base = self.current()
+            if since is not None and since.version != base.version:
+                change = change.rebase(since, base, self.loc.uri)
+            new = change.apply(base, version=max(base.version, self._newest_on_disk) + 1)
+            path = self.version_path(new.version)
+            if self.loc.write_bytes_exclusive(path, new.to_json(self.loc)):
+                self._cached = new
+                self._newest_on_disk = new.version
+                return new
+            log.warning(
+                "catalog version %d of %s was committed by another writer first; re-reading "
+                "it and committing this change on top (attempt %d of %d). %s",
+                new.version,
+                self.loc.uri,
+                attempt + 1,
+                COMMIT_ATTEMPTS,
+                MANY_WRITERS,
             )
-        self._cached = new
-        self._newest_on_disk = new.version
-        return new
+            since = base
+            time.sleep(random.uniform(0, min(1.0, 0.01 * 2**attempt)))  # racers drift apart
+        raise CommitConflictError(
+            f"catalog of {self.loc.uri}: lost the race for the next version {COMMIT_ATTEMPTS} "
+            f"times in a row; nothing was committed (buffered samples stay buffered and are "
+            f"retried). {MANY_WRITERS}"
+        )
 
     def owner(self) -> str:
         """This vault's id, for the names of files about to be written (caller holds the
@@ -286,7 +354,7 @@ class Catalog:
         removed = 0
         for v in doomed:
             if self._load(v) is not None:
-                self.loc.delete(self._path(v))
+                self.loc.delete(self.version_path(v))
                 removed += 1
         kept = [s for v in versions[-keep:] if (s := self._load(v)) is not None]
         return kept, removed

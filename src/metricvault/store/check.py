@@ -15,6 +15,10 @@ lost. With ``repair`` the damaged files leave the catalog in one new commit:
   stay in the data files and become visible again when the same series is written again.
 
 Damaged files are left on disk (expiry deletes them once no snapshot names them).
+
+A catalog version newer than the one the vault reads that does not parse is a problem too
+(what it committed is invisible) that no repair can undo: it needs a backup, or moving it out of
+``catalog/`` once what it named is not needed. An older damaged version is only a warning.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class Problem:
     what: str  # what is wrong
     plan: str  # what --repair does
     lost: str  # what is lost by it ("nothing" when recoverable)
+    repairable: bool = True  # False: --repair cannot do the plan, a person must
 
 
 @dataclass
@@ -53,6 +58,7 @@ class CheckReport:
     data_files: int
     series_files: int
     problems: list[Problem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # harmless: printed, not failed on
     repaired_version: int | None = None  # the catalog version --repair committed
 
     @property
@@ -64,14 +70,17 @@ class CheckReport:
             f"checked {self.data_files} data file(s) and {self.series_files} series file(s) "
             f"of {self.uri} (catalog snapshot {self.snapshot})"
         ]
+        out += [f"warning: {w}" for w in self.warnings]
         for p in self.problems:
             out += [f"PROBLEM {p.path}", f"  {p.what}", f"  plan: {p.plan}", f"  lost: {p.lost}"]
         if self.ok:
             out.append("ok: every file matches its checksums, row count and time range")
-        elif repair:
+        elif repair and self.repaired_version is not None:
             out.append(f"repaired: committed catalog snapshot {self.repaired_version}")
-        else:
+        elif any(p.repairable for p in self.problems):
             out.append("nothing was changed; run 'metricvault check --repair' to do the plan")
+        else:
+            out.append("nothing was changed: --repair cannot do this plan, see above")
         return out
 
 
@@ -80,6 +89,7 @@ def check(location: Location, repair: bool = False) -> CheckReport:
     catalog = Catalog(location)
     snap = catalog.current()
     report = CheckReport(location.uri, snap.version, len(snap.files), len(snap.series_files))
+    _check_catalog(catalog, snap, report)
     change = Change()
     damaged_data = [(f, err) for f in snap.files if (err := _verify_data(location, f))]
     for f, err in damaged_data:
@@ -89,7 +99,7 @@ def check(location: Location, repair: bool = False) -> CheckReport:
     if damaged_series:
         problem, recovered = _series_problem(location, snap, damaged_series, damaged_data, change)
         report.problems.append(problem)
-    if repair and report.problems:
+    if repair and (damaged_data or damaged_series):
         with _writer_lock(location):
             if catalog.current().version != snap.version:
                 report.problems.append(
@@ -107,6 +117,32 @@ def check(location: Location, repair: bool = False) -> CheckReport:
 
 
 # ------------------------------------------------------------------ verifying
+def _check_catalog(catalog: Catalog, snap: Snapshot, report: CheckReport) -> None:
+    """Damaged catalog versions: newer than the one read is a problem, older a warning."""
+    catalog.history()  # reads every version, so that older damaged ones are seen too
+    for version, why in sorted(catalog.unreadable().items()):
+        path = catalog.version_path(version)
+        if version < snap.version:
+            report.warnings.append(
+                f"older catalog version {path} is unreadable ({why}); the vault reads version "
+                f"{snap.version}, which is fine: delete the damaged file when you like"
+            )
+            continue
+        report.problems.append(
+            Problem(
+                path,
+                f"catalog version {version} is unreadable ({why}): the vault reads version "
+                f"{snap.version}, so what version {version} committed is not visible",
+                "none that --repair can do (it never edits catalog files): restore the file "
+                "from a backup, or move it out of catalog/ once you no longer need what it "
+                "named",
+                f"until then, what version {version} committed: the files it named stay on "
+                "disk, and maintain deletes no unreferenced file while it exists",
+                repairable=False,
+            )
+        )
+
+
 def _verify_data(location: Location, f: DataFile) -> str | None:
     """What is wrong with a data file, or None."""
     try:

@@ -30,7 +30,7 @@ import hashlib
 import os
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -40,6 +40,7 @@ import pyarrow.fs as pafs
 from metricvault.config import Settings
 from metricvault.errors import ConfigError, NotFoundError, StorageError
 from metricvault.fsutil import durable_tmp, durable_tmp_at, fsync_directory, write_atomically
+from metricvault.store.s3 import S3Access
 
 OWNER_CHARS = 16
 
@@ -69,6 +70,7 @@ class Location:
     root: str
     state_dir: Path
     remote: bool
+    s3: S3Access | None = field(default=None, repr=False)  # conditional writes (catalog)
 
     def path(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
@@ -107,7 +109,8 @@ class Location:
             raise StorageError(f"cannot read {path} from vault {self.uri}: {exc}") from exc
 
     def write_bytes_exclusive(self, path: str, data: bytes) -> bool:
-        """Create ``path`` with ``data`` unless it exists; False when someone else won."""
+        """Create ``path`` with ``data`` unless it exists; False when someone else won. Atomic
+        against every other writer: ``link(2)`` on local disk, ``If-None-Match: *`` on S3."""
         if not self.remote:
             created = self._make_dirs(Path(path).parent)
             for directory in created:
@@ -121,11 +124,9 @@ class Location:
                 os.unlink(tmp)
             fsync_directory(Path(path).parent)
             return True
-        if self.exists(path):
-            return False
-        with self.fs.open_output_stream(path) as out:
-            out.write(data)
-        return True
+        if self.s3 is None:
+            raise StorageError(f"{self.uri} has no S3 access for conditional writes")
+        return self.s3.create_if_absent(path, data)
 
     def write_file(self, path: str, data: bytes) -> None:
         """Write a new immutable file, durably: when this returns the bytes and the directory
@@ -281,4 +282,5 @@ def _open_s3(uri: str, bucket: str, prefix: str, settings: Settings) -> Location
         digest = hashlib.sha1(f"{settings.s3_endpoint}|{root}".encode()).hexdigest()[:8]
         state = Path(".metricvault-state") / f"{bucket}-{digest}"
     state.mkdir(parents=True, exist_ok=True)
-    return Location(uri, fs, root, state.resolve(), remote=True)
+    s3 = S3Access(settings.s3_endpoint, settings.s3_region, access, secret)
+    return Location(uri, fs, root, state.resolve(), remote=True, s3=s3)

@@ -78,13 +78,15 @@ def compact(vault: Vault, now: int, progress: ProgressCallback | None = None) ->
     done = 0
     for tier, day in _track(progress, sorted(todo), "compacting"):
         with vault.writer_lock():
-            files = [f for f in vault.snapshot().files if f.tier == tier and f.day == day]
+            snap = vault.snapshot()
+            files = [f for f in snap.files if f.tier == tier and f.day == day]
             chosen = _compactable(vault, files, day, now)
             if len(chosen) < 2:
                 continue
             merged = _read_all(vault, chosen)
             new = vault.write_data_file(merged, tier, _day_no(day), max(f.file_id for f in chosen))
-            vault.catalog.commit(Change(add=[new], remove={f.path for f in chosen}))
+            removed = {f.path for f in chosen}
+            vault.catalog.commit(Change(add=[new], remove=removed, based_on=snap))
             done += 1
     return done
 
@@ -153,7 +155,7 @@ def _roll_up_day(vault: Vault, day_no: int, hours: list[int]) -> None:
     )
     hour_set = pa.array(hours, pa.int64())
     partials = partials.filter(pc.is_in(pc.divide(partials["ts"], HOUR_MS), value_set=hour_set))
-    change = Change(dirty_remove=set(hours))
+    change = Change(dirty_remove=set(hours), based_on=snap)
     new_1m = _replace_hours(vault, change, "1m", day_no, hour_set, partials)
     partials_1h = rollup.rollup_partials(
         new_1m.filter(pc.is_in(pc.divide(new_1m["ts"], HOUR_MS), value_set=hour_set)),
@@ -267,7 +269,7 @@ def _expire_day(
     expired = [s for s in ids if _expired(vault, int(s), day, now, default, rules)]
     if not expired:
         return 0
-    change = Change(remove={f.path for f in files})
+    change = Change(remove={f.path for f in files}, based_on=snap)
     if len(expired) < len(ids):
         rows = _read_all(vault, files)
         keep = rows.filter(pc.invert(pc.is_in(rows["series_id"], pa.array(expired, pa.int64()))))

@@ -167,6 +167,46 @@ def test_issue10_truncated_series_file_names_it_and_check_repair_rebuilds(
     assert len(query_values(vault_dir, 'gpu_util{gpu="1"}')) == 51
 
 
+# ------------------------------------------------------------------ damaged catalog versions
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [(b"", "empty"), (b'{"version": 3, "files": [', "truncated"), (b"\x00" * 64, "zeroed")],
+    ids=["empty", "truncated", "zeroed"],
+)
+def test_check_fails_on_an_unreadable_newest_catalog_version_and_repair_leaves_it(
+    tmp_path: Path, damage: bytes, why: str
+) -> None:
+    vault_dir = tmp_path / "vault"
+    with Vault.open_local(str(vault_dir)) as vault:
+        for gpu in ("0", "1"):
+            vault.write(frame("gpu_util", {gpu: 50.0}, 10))
+            vault.flush()
+    newest = vault_dir / "catalog" / catalog_versions(vault_dir)[-1]
+    newest.write_bytes(damage)
+    before = catalog_versions(vault_dir)
+    for args in (("check",), ("check", "--repair")):
+        result = cli(*args, "--data", str(vault_dir), check=False)
+        assert result.returncode == 1, f"{why}: {result.stdout}{result.stderr}"
+        assert f"PROBLEM {newest}" in result.stdout, result.stdout
+        assert "unreadable" in result.stdout and "restore the file from a backup" in result.stdout
+        assert "ok:" not in result.stdout
+        assert catalog_versions(vault_dir) == before  # a catalog file is a person's call
+        assert newest.read_bytes() == damage
+
+
+def test_check_only_warns_of_an_unreadable_older_catalog_version(tmp_path: Path) -> None:
+    vault_dir = tmp_path / "vault"
+    with Vault.open_local(str(vault_dir)) as vault:
+        for gpu in ("0", "1"):
+            vault.write(frame("gpu_util", {gpu: 50.0}, 10))
+            vault.flush()
+    older = vault_dir / "catalog" / catalog_versions(vault_dir)[0]
+    older.write_bytes(b"")
+    result = cli("check", "--data", str(vault_dir))
+    assert f"warning: older catalog version {older} is unreadable" in result.stdout
+    assert "PROBLEM" not in result.stdout and "ok:" in result.stdout
+
+
 # ------------------------------------------------------------------ bit flips
 def flip_inside_data_page(data: bytes, column: str) -> bytes:
     """Flip one bit in the middle of ``column``'s first data page (past its page header)."""
