@@ -1,29 +1,111 @@
 """PromQL series selectors: ``metric{a="x", b=~"re.*", c!="y", d!~"z"}``.
 
-Semantics follow Prometheus: regular expressions are fully anchored, and a matcher against the
-empty string also matches series that lack the label (``team=""`` selects unlabelled series).
+One grammar: selectors are parsed by promql-parser, the parser the PromQL engine uses, so a
+selector that works in ``/api/v1/query`` works in ``match[]``, ``vault.query()``, experiments
+and retention overrides alike (backtick strings, every PromQL escape, ``{__name__="x"}``).
 Several selectors joined by PromQL's ``or`` select the union of their series
 (``{job="llama-70b-r3"} or DCGM_FI_DEV_GPU_UTIL{Hostname=~"node0[12]"}``).
+
+Semantics follow Prometheus: regular expressions are RE2 (linear in the length of the value, so
+no regex can stall a worker, and RE2's syntax is what PromQL users write), fully anchored as
+``^(?s:re)$``, and a matcher against the empty string also matches series that lack the label
+(``team=""`` selects unlabelled series).
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import itertools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from metricvault.errors import SelectorError
-from metricvault.model import LABEL_NAME_PATTERN, METRIC_NAME_PATTERN
+from metricvault.model import LABEL_NAME_PATTERN
 
-_METRIC_RE = re.compile(METRIC_NAME_PATTERN)  # the name rules: metricvault.model
-_MATCHER_RE = re.compile(
-    rf"""\s*({LABEL_NAME_PATTERN})\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')\s*"""
-)
-_OR_RE = re.compile(r"\s+or\s+")
 OPS = ("=", "!=", "=~", "!~")
+_PARSER_OPS = {
+    "MatchOp.Equal": "=",
+    "MatchOp.NotEqual": "!=",
+    "MatchOp.Re": "=~",
+    "MatchOp.NotRe": "!~",
+}
+_BARE_LABEL_NAME = re.compile(LABEL_NAME_PATTERN).fullmatch
+
+# ----------------------------------------------------------------------------- RE2 regexes
+# RE2's error codes (re2.h) in the words of Go's regexp/syntax, which Prometheus's errors quote.
+_GO_WORDS = {
+    "invalid escape sequence": "invalid escape sequence",
+    "invalid character class": "invalid character class",
+    "invalid character class range": "invalid character class range",
+    "missing ]": "missing closing ]",
+    "missing )": "missing closing )",
+    "unexpected )": "unexpected )",
+    "trailing \\": "trailing backslash at end of expression",
+    "no argument for repetition operator": "missing argument to repetition operator",
+    "invalid repetition size": "invalid repeat count",
+    "bad repetition operator": "invalid nested repetition operator",
+    "invalid perl operator": "invalid or unsupported Perl syntax",
+    "invalid UTF-8": "invalid UTF-8",
+    "invalid named capture group": "invalid named capture",
+}
+# Regexes that are plain alternatives of literal text (``a|b|c``, the most common kind) are a
+# set lookup; RE2 through its Python binding costs microseconds a call.
+_LITERAL_ALTERNATIVES = re.compile(r"[\w:/ -]*(?:\|[\w:/ -]*)*").fullmatch
+# Results per label value of one matcher: label values repeat across series (hosts, GPUs).
+_MEMO_SIZE = 4096
 
 
+def re2_compile(pattern: str) -> Any:
+    """``pattern`` compiled by RE2 (the ``re2`` module's pattern object: ``match``, ``search``,
+    ``fullmatch``, groups); a :class:`SelectorError` worded as Go (and so Prometheus) words
+    what RE2 refuses: ``error parsing regexp: invalid or unsupported Perl syntax: `(?=```."""
+    import re2  # here: the edge agent imports this module but never matches a regex
+
+    options = re2.Options()
+    options.log_errors = False  # the refusal is raised, not printed to stderr
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        raise SelectorError(_go_words(exc)) from None
+
+
+def _go_words(exc: Exception) -> str:
+    raw = exc.args[0] if exc.args else ""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    if text.startswith("pattern too large"):
+        return "error parsing regexp: expression too large"
+    code, _, arg = text.partition(": ")
+    return f"error parsing regexp: {_GO_WORDS.get(code, code)}: `{arg}`"
+
+
+def compile_matcher_regex(regex: str) -> Callable[[str], bool]:
+    """A test of whether a whole label value matches ``regex`` as Prometheus's label matchers
+    match: RE2 over ``^(?s:regex)$`` (``.`` matches a newline too)."""
+    compiled = re2_compile(f"^(?s:{regex})$")
+    if regex == ".*":
+        return lambda text: True
+    if regex == ".+":
+        return lambda text: text != ""
+    if _LITERAL_ALTERNATIVES(regex):
+        return frozenset(regex.split("|")).__contains__
+    fullmatch = compiled.fullmatch
+    memo: dict[str, bool] = {}
+
+    def test(text: str) -> bool:
+        hit = memo.get(text)
+        if hit is None:
+            hit = fullmatch(text) is not None
+            if len(memo) >= _MEMO_SIZE:
+                memo.clear()
+            memo[text] = hit
+        return hit
+
+    return test
+
+
+# ----------------------------------------------------------------------------- the model
 @dataclass(frozen=True)
 class Matcher:
     name: str
@@ -31,13 +113,22 @@ class Matcher:
     value: str
 
     def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise SelectorError(
+                f"unknown matcher operator {self.op!r} for label {self.name!r}: use =, !=, =~ or !~"
+            )
+        test = None
         if self.op in ("=~", "!~"):
             try:
-                object.__setattr__(self, "_regex", re.compile(f"(?:{self.value})\\Z", re.DOTALL))
-            except re.error as exc:
+                test = compile_matcher_regex(self.value)
+            except SelectorError as exc:
                 raise SelectorError(
                     f"invalid regular expression {self.value!r} for label {self.name!r}: {exc}"
-                ) from exc
+                ) from None
+        object.__setattr__(self, "_test", test)
+
+    def __reduce__(self) -> tuple[type[Matcher], tuple[str, str, str]]:
+        return (Matcher, (self.name, self.op, self.value))  # the compiled regex is rebuilt
 
     def matches(self, value: str | None) -> bool:
         text = value or ""
@@ -45,11 +136,12 @@ class Matcher:
             return text == self.value
         if self.op == "!=":
             return text != self.value
-        hit = self._regex.match(text) is not None  # type: ignore[attr-defined]
+        hit: bool = self._test(text)  # type: ignore[attr-defined]
         return hit if self.op == "=~" else not hit
 
     def __str__(self) -> str:
-        return f"{self.name}{self.op}{json.dumps(self.value)}"
+        name = self.name if _BARE_LABEL_NAME(self.name) else promql_quote(self.name)
+        return f"{name}{self.op}{promql_quote(self.value)}"
 
 
 @dataclass(frozen=True)
@@ -88,89 +180,215 @@ class SelectorUnion:
         return " or ".join(str(p) for p in self.parts)
 
 
+def promql_quote(value: str) -> str:
+    """``value`` as a double-quoted PromQL string that parses back to exactly ``value``."""
+    if value.isprintable() and '"' not in value and "\\" not in value:
+        return f'"{value}"'
+    return '"' + "".join(_ESCAPES.get(ch) or _escape(ch) for ch in value) + '"'
+
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(ch: str) -> str:
+    if ch.isprintable():
+        return ch
+    code = ord(ch)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+# ----------------------------------------------------------------------------- parsing
 def parse_selectors(text: str) -> SelectorUnion:
-    """Parse one selector or several joined by `` or `` (outside quotes and braces)."""
-    return SelectorUnion(tuple(parse_selector(part) for part in split_or(text)))
+    """Parse one selector or several joined by ``or``; raise :class:`SelectorError` naming the
+    bad position."""
+    import promql_parser as pp  # here: the edge agent imports this module but never parses
 
-
-def split_or(text: str) -> list[str]:
-    parts: list[str] = []
-    depth, quote, start, i = 0, "", 0, 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "{}":
-            depth += 1 if ch == "{" else -1
-        elif depth == 0 and ch.isspace() and (gap := _OR_RE.match(text, i)):
-            parts.append(text[start:i])
-            i = start = gap.end()
-            continue
-        i += 1
-    parts.append(text[start:])
-    return parts
+    try:
+        node = pp.parse(rewrite_strings(text))
+    except ValueError as exc:
+        raise _refusal(text, str(exc)) from None
+    parts = tuple(_selector(leaf, text) for leaf in _or_operands(node, text))
+    return SelectorUnion(parts)
 
 
 def parse_selector(text: str) -> Selector:
-    """Parse a PromQL series selector; raise :class:`SelectorError` naming the bad position."""
-    src = text.strip()
-    if not src:
-        raise SelectorError('empty selector: give a metric name and/or {label="value"} matchers')
-    matchers: list[Matcher] = []
-    pos = 0
-    name_match = _METRIC_RE.match(src)
-    if name_match:
-        matchers.append(Matcher("__name__", "=", name_match.group()))
-        pos = name_match.end()
-    rest = src[pos:].strip()
-    if rest:
-        if not (rest.startswith("{") and rest.endswith("}")):
-            raise SelectorError(
-                f"cannot parse selector {text!r} at {rest[:20]!r}: expected "
-                'metric{label="value", ...}'
-            )
-        matchers.extend(_parse_matchers(rest[1:-1], text))
-    if not any(m.op in ("=", "=~") and not m.matches("") for m in matchers):
+    """Parse one PromQL series selector; raise :class:`SelectorError` naming the bad position."""
+    union = parse_selectors(text)
+    if len(union.parts) != 1:
         raise SelectorError(
-            f"selector {text!r} matches every series: give a metric name or at least one "
-            'matcher that does not match the empty string (e.g. job="x")'
+            f"cannot parse selector {_shown(text)}: one series selector is expected here, "
+            f"not {len(union.parts)} joined by 'or' (give each on its own)"
         )
+    return union.parts[0]
+
+
+def _or_operands(node: Any, text: str) -> list[Any]:
+    import promql_parser as pp
+
+    union = isinstance(node, pp.BinaryExpr) and str(node.op) == "or"
+    if union and (node.modifier is None or node.modifier.matching is None):  # no on()/ignoring()
+        return [*_or_operands(node.lhs, text), *_or_operands(node.rhs, text)]
+    plain = isinstance(node, pp.VectorSelector) and node.offset is None and node.at is None
+    if plain and node.matchers.or_matchers:  # the engine has no such form: refused, not ignored
+        raise SelectorError(
+            f"cannot parse selector {_shown(text)}: 'or' between matchers inside braces is not "
+            'supported; join whole selectors instead: up{a="x"} or up{b="y"}'
+        )
+    if plain:
+        return [node]
+    raise SelectorError(
+        f"cannot parse selector {_shown(text)}: a series selector was expected "
+        f"(metric{{label=\"value\", ...}}, several joined by 'or'), not the PromQL "
+        f"expression {str(node)!r}"
+    )
+
+
+def _selector(node: Any, text: str) -> Selector:
+    matchers = [Matcher("__name__", "=", node.name)] if node.name is not None else []
+    for m in node.matchers.matchers:
+        op = _PARSER_OPS[str(m.op)]
+        try:
+            matchers.append(Matcher(m.name, op, m.value))
+        except SelectorError as exc:  # a regex the parser's (Rust) engine took but RE2 refuses
+            words = str(exc).partition(": ")[2] if "error parsing regexp" in str(exc) else exc
+            at = _regex_position(text, m.value)
+            raise SelectorError(f"cannot parse selector {_shown(text)}{at}: {words}") from None
+    if all(m.matches("") for m in matchers):
+        raise _matches_everything(text)
     return Selector(tuple(matchers))
 
 
-def _parse_matchers(body: str, text: str) -> list[Matcher]:
-    out: list[Matcher] = []
-    body = body.strip()
-    pos = 0
-    while pos < len(body):
-        m = _MATCHER_RE.match(body, pos)
-        if not m:
-            raise SelectorError(
-                f"cannot parse selector {text!r} near {body[pos : pos + 20]!r}: matchers look like "
-                'name="value", name!="value", name=~"regex" or name!~"regex"'
-            )
-        name, op, quoted = m.groups()
-        out.append(Matcher(name, op, _unquote(quoted)))
-        pos = m.end()
-        if pos < len(body):
-            if body[pos] != ",":
-                raise SelectorError(f"cannot parse selector {text!r}: expected ',' at {pos}")
-            pos += 1
-            while pos < len(body) and body[pos].isspace():
-                pos += 1
-    return out
+# ---------------------------------------------------------------------- strings and refusals
+# (start, original text, text handed to the parser)
+_Token = tuple[int, str, str]
+_TOKEN = re.compile(
+    r""""(?:[^"\\\n]|\\[^\n])*"?"""  # a double-quoted string (unterminated: to the line's end)
+    r"""|'(?:[^'\\\n]|\\[^\n])*'?"""
+    r"""|`[^`]*`?"""  # a raw string: no escapes, newlines allowed
+    r"""|\#[^\n]*"""  # a comment
+    r"""|[\w:.]+|\s+|[=!]~|[!=<>]=|.""",
+    re.DOTALL,
+)
+# Escapes JSON has and Go's strconv lacks (the old hand-written parser read JSON strings, and
+# earlier selectors were written by json.dumps): "\/" and UTF-16 surrogate pairs.
+_JSON_ESCAPE = re.compile(r"\\(u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|.)", re.S)
 
 
-def _unquote(quoted: str) -> str:
-    if quoted[0] == "'":
-        quoted = '"' + quoted[1:-1].replace('\\"', '"').replace('"', '\\"') + '"'
+def rewrite_strings(expr: str) -> str:
+    """``expr`` with its strings spelled as promql-parser reads them as Prometheus does: a raw
+    (backtick) string has no escapes (promql-parser refuses `\\d` in one), and JSON's ``\\/``
+    and surrogate pairs (which the old selector parser read) as PromQL spells them."""
+    if "`" not in expr and "\\" not in expr:
+        return expr  # the common case: nothing to respell
+    return "".join(t[2] for t in _split(expr))
+
+
+def _split(text: str) -> list[_Token]:
+    return [(m.start(), m.group(), _respell(m.group())) for m in _TOKEN.finditer(text)]
+
+
+def _respell(token: str) -> str:
+    if token[0] == "`":
+        return promql_quote(token[1:-1]) if len(token) > 1 and token[-1] == "`" else token
+    if token[0] not in "\"'" or "\\" not in token:
+        return token
+    quote = token[0]
+
+    def one(m: re.Match[str]) -> str:
+        escaped = m.group(1)
+        if len(escaped) > 1:  # a surrogate pair: the one code point it encodes
+            high, low = int(escaped[1:5], 16), int(escaped[7:11], 16)
+            return f"\\U{0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00):08x}"
+        if escaped == "/" or (escaped == '"' and quote == "'"):
+            return escaped
+        return m.group()
+
+    return _JSON_ESCAPE.sub(one, token)
+
+
+_ENDS = ("", "}", '"x"}', '="x"}', " x", ")")  # what may complete a valid prefix
+_LOCATE_TOKENS = 256  # more tokens: the refusal names no position (each try is a parse)
+
+
+def _refusal(text: str, reason: str) -> SelectorError:
+    if "no expression found" in reason:
+        return SelectorError(
+            f'empty selector {_shown(text)}: give a metric name and/or {{label="value"}} matchers'
+        )
+    if "at least one non-empty matcher" in reason:
+        return _matches_everything(text)
+    if reason.startswith("illegal regex for "):
+        regex = reason.removeprefix("illegal regex for ")
+        try:
+            re2_compile(f"^(?s:{regex})$")
+        except SelectorError as exc:
+            reason = str(exc)
+        else:  # RE2 takes it, the parser's (Rust) regex engine does not
+            reason = f"error parsing regexp: {regex!r} is refused by the PromQL parser"
+    pos = _position(text)
+    if pos is None:
+        at = ""
+    elif pos == len(text):
+        at = f" at char {pos} (the end)"
+    else:
+        at = f" at char {pos} (near {text[pos : pos + 20]!r})"
+        if _parses(rewrite_strings(f"{text[:pos]},{text[pos:]}")):
+            reason = f"expected ',' between matchers ({reason})"
+    return SelectorError(
+        f"cannot parse selector {_shown(text)}{at}: {reason}; a selector looks like "
+        'metric{label="value", label=~"regex"}, several joined by \'or\''
+    )
+
+
+def _matches_everything(text: str) -> SelectorError:
+    return SelectorError(
+        f"selector {_shown(text)} matches every series (vector selector must contain at least "
+        "one non-empty matcher): give a metric name or at least one matcher that does not "
+        'match the empty string (e.g. job="x")'
+    )
+
+
+def _position(text: str) -> int | None:
+    """Where the first token lies after which no ending parses (promql-parser's errors name no
+    position); None for a selector too long to search."""
+    tokens = _split(text)
+    if len(tokens) > _LOCATE_TOKENS:
+        return None
+    prefix = ""
+    for start, original, spelled in tokens:
+        prefix += spelled
+        if original.isspace() or original.startswith("#"):
+            continue
+        if not any(_parses(prefix + end) for end in _ENDS):
+            return start
+    return len(text)
+
+
+def _parses(candidate: str) -> bool:
+    """Whether the parser takes ``candidate`` as syntax (matching every series is no syntax)."""
+    import promql_parser as pp
+
     try:
-        value = json.loads(quoted)
-    except json.JSONDecodeError as exc:
-        raise SelectorError(f"bad escape in label value {quoted}") from exc
-    return str(value)
+        pp.parse(candidate)
+    except ValueError as exc:
+        return "at least one non-empty matcher" in str(exc)
+    return True
+
+
+def _regex_position(text: str, regex: str) -> str:
+    """`` at char N``: where the string that spells ``regex`` after ``=~``/``!~`` starts."""
+    import promql_parser as pp
+
+    spelled = [t for t in _split(text) if not t[1].isspace()]
+    for before, (start, original, respelled) in itertools.pairwise(spelled):
+        if before[1] not in ("=~", "!~") or original[0] not in "\"'`":
+            continue
+        with contextlib.suppress(ValueError):
+            literal = pp.parse(respelled)
+            if isinstance(literal, pp.StringLiteral) and literal.val == regex:
+                return f" at char {start}"
+    return ""
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 200 else repr(text[:200] + "…")

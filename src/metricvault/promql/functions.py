@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import promql_parser as pp
 
+from metricvault.errors import SelectorError
 from metricvault.promql import rangefuncs as rf
 from metricvault.promql import tiers
 from metricvault.promql.errors import PromQLError
@@ -24,6 +25,7 @@ from metricvault.promql.values import (
     make_labels,
     per_series,
 )
+from metricvault.selector import re2_compile
 
 if TYPE_CHECKING:
     from metricvault.promql.eval import Evaluator
@@ -269,9 +271,10 @@ def _label_replace(ev: Evaluator, args: list[Any], steps: np.ndarray) -> StepVec
     vec = ev.eval_vector(args[0], steps)
     dst, repl, src, regex = (_string_arg(ev, a, steps) for a in args[1:5])
     try:
-        # Anchored as Go anchors ^(?:re)$: "$" is the very end, "." stops at a newline.
-        pattern = re.compile(f"(?:{regex})\\Z")
-    except re.error as exc:
+        # RE2, as Go's regexp: linear time whatever the regex. Anchored as Go anchors
+        # ^(?:re)$: "$" is the very end, "." stops at a newline.
+        pattern = re2_compile(f"^(?:{regex})$")
+    except SelectorError as exc:
         raise PromQLError(f"invalid regular expression in label_replace(): {regex}") from exc
     if not _LABEL_NAME.match(dst):
         raise PromQLError(f"invalid destination label name in label_replace(): {dst}")
