@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from datetime import UTC, date, datetime
@@ -48,6 +49,25 @@ def parse_duration_ms(text: str | int | float) -> int:
     if total <= 0:
         raise TimeRangeError(f"duration {text!r} must be positive")
     return int(total)
+
+
+def parse_seconds(text: str) -> float:
+    """A command-line duration in seconds: with a unit (``2s``, ``500ms``, ``1m30s``) as every
+    duration setting takes, or a plain number of seconds (``2``, ``0.5``) as flags always did."""
+    cleaned = text.strip().replace(" ", "")
+    parts = _COMPOUND_RE.findall(cleaned)
+    if parts and "".join(n + u for n, u in parts) == cleaned:
+        return sum(float(n) * _UNITS_MS[u] for n, u in parts) / 1000
+    try:
+        seconds = float(cleaned)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise TimeRangeError(
+            f"duration {text!r} must be a finite number of seconds, at least 0, or a number "
+            "with a unit, e.g. '2s', '500ms', '1m'"
+        )
+    return seconds
 
 
 def parse_retention_ms(text: str | int | None) -> int | None:

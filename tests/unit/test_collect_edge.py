@@ -62,6 +62,41 @@ def test_the_edge_profile_pushes_every_30_s_and_collects_every_10_s(tmp_path: Pa
     assert isinstance(agent, EdgeAgent) and agent.opts.push_interval_s == 5.0
 
 
+@pytest.mark.parametrize(
+    ("flag", "given", "dest", "seconds"),
+    [
+        ("--push-interval", "2s", "push_interval", 2.0),
+        ("--push-interval", "1m", "push_interval", 60.0),
+        ("--push-interval", "2", "push_interval", 2.0),
+        ("--sample-interval", "500ms", "sample_interval", 0.5),
+        ("--sample-interval", "10", "sample_interval", 10.0),
+        ("--clock-bound", "250ms", "clock_bound", 0.25),
+        ("--clock-bound", "0.5", "clock_bound", 0.5),
+    ],
+)
+def test_duration_flags_take_units_or_plain_seconds(
+    flag: str, given: str, dest: str, seconds: float
+) -> None:
+    args = cli.build_parser().parse_args([flag, given])
+    assert getattr(args, dest) == seconds
+
+
+def test_a_duration_flag_without_a_usable_unit_is_refused_with_the_forms_that_work(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(["--push-interval", "2x"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--push-interval" in err and "'2s'" in err, err
+
+
+def test_an_edge_agent_pushes_at_a_push_interval_given_with_a_unit(tmp_path: Path) -> None:
+    state = ["--state-dir", str(tmp_path / "s"), "--gpu", "none"]
+    agent = make(["--profile", "edge", "--push", "http://gw:9201", "--push-interval", "2s", *state])
+    assert isinstance(agent, EdgeAgent) and agent.opts.push_interval_s == 2.0
+
+
 def test_the_full_profile_keeps_15_s(tmp_path: Path) -> None:
     parser = cli.build_parser()
     args = parser.parse_args(["--push", "http://gw:9201"])

@@ -6,7 +6,12 @@ from datetime import UTC, date, datetime
 
 import pytest
 
-from metricvault.durations import parse_duration_ms, parse_retention_ms, parse_time_ms
+from metricvault.durations import (
+    parse_duration_ms,
+    parse_retention_ms,
+    parse_seconds,
+    parse_time_ms,
+)
 from metricvault.errors import TimeRangeError
 
 NOW = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -24,6 +29,28 @@ def test_durations(text, ms):
 def test_bad_durations(text):
     with pytest.raises(TimeRangeError):
         parse_duration_ms(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("2s", 2.0),
+        ("500ms", 0.5),
+        ("1m30s", 90.0),
+        ("2", 2.0),
+        ("0.5", 0.5),
+        ("0", 0.0),
+        ("0s", 0.0),
+    ],
+)
+def test_command_line_seconds_take_units_or_plain_seconds(text, seconds):
+    assert parse_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "2x", "-1", "-2s", "inf", "nan", "2 s x"])
+def test_bad_command_line_seconds_say_which_forms_work(text):
+    with pytest.raises(TimeRangeError, match="unit"):
+        parse_seconds(text)
 
 
 def test_retention_forever():

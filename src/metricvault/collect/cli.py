@@ -92,9 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--push-interval",
-        type=float,
+        type=_seconds,
         default=None,
-        help="Seconds between pushes (default 15; 30 with --profile edge).",
+        metavar="DURATION",
+        help="Time between pushes: 2s, 1m, or seconds (default 15s; 30s with --profile edge).",
     )
     add(
         "--profile",
@@ -105,10 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--sample-interval",
-        type=float,
+        type=_seconds,
         default=None,
-        metavar="SECONDS",
-        help="--profile edge: seconds between collections (default 10).",
+        metavar="DURATION",
+        help="--profile edge: time between collections: 10s, 1m, or seconds (default 10s).",
     )
     add(
         "--spool-max-bytes",
@@ -118,9 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--clock-bound",
-        type=float,
+        type=_seconds,
         default=0.5,
-        help="Correct pushed timestamps when the clock offset surely exceeds this (s).",
+        metavar="DURATION",
+        help="Correct pushed timestamps when the clock offset surely exceeds this: 500ms, 2s, "
+        "or seconds (default 0.5).",
     )
     add(
         "--state-dir",
@@ -169,6 +172,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="Override a setting for this run (repeatable).",
     )
     return p  # fmt: skip
+
+
+def _seconds(text: str) -> float:
+    """argparse's type for duration flags: units like every duration setting, or seconds."""
+    from metricvault.durations import parse_seconds
+    from metricvault.errors import TimeRangeError
+
+    try:
+        return parse_seconds(text)
+    except TimeRangeError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from exc
 
 
 def main(argv: Sequence[str]) -> int:
