@@ -5,6 +5,7 @@ Answers themselves are compared with a real Prometheus in tests/e2e/test_prometh
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -279,3 +280,85 @@ def test_issue13_query_range_past_the_raw_horizon_answers_from_rollups_with_a_wa
     assert any("answered from the 1h rollups" in w for w in reply["warnings"]), reply
     # what rollups cannot answer has no raw samples there, and says so
     assert irate["data"]["result"] == [] and "dropped by retention" in irate["warnings"][0]
+
+
+def _evaluating_threads() -> list[int]:
+    """Threads now inside the engine's ``Engine.evaluate``."""
+    found = []
+    for ident, frame in sys._current_frames().items():
+        while frame is not None:
+            if frame.f_code.co_name == "evaluate" and frame.f_code.co_filename.endswith(
+                "promql/eval.py"
+            ):
+                found.append(ident)
+                break
+            frame = frame.f_back
+    return found
+
+
+@pytest.mark.parametrize(
+    ("settings", "params"),
+    [
+        ({"query_timeout": "1ms"}, {}),
+        ({}, {"timeout": "0.001"}),  # the request's own timeout=
+    ],
+)
+def test_a_query_past_its_timeout_stops_its_evaluation_and_frees_the_worker(
+    make_client: Any, settings: dict[str, Any], params: dict[str, str]
+) -> None:
+    """The engine's deadline ends the evaluation itself: when the 503 arrives no thread is
+    still evaluating, and the next query is answered."""
+    test_client, _ = make_client(**settings)
+    lines = "".join(
+        f"gpu,gpu={g} util={i} {T0 + i * 15_000}\n" for g in range(20) for i in range(2000)
+    )
+    assert test_client.post("/write?precision=ms", content=lines).status_code == 204
+    query = {
+        "query": "quantile_over_time(0.5, rate(gpu_util[5m])[6h:15s])",
+        "start": str(T0 / 1000),
+        "end": str(T0 / 1000 + 30_000),
+        "step": "15",
+        **params,
+    }
+    reply = test_client.get("/api/v1/query_range", params=query)
+    assert reply.status_code == 503, reply.text
+    assert reply.json() == {
+        "status": "error",
+        "errorType": "timeout",
+        "error": "query timed out in expression evaluation",
+    }
+    assert not _evaluating_threads(), "the evaluation went on after its 503"
+    reply = test_client.get("/api/v1/query", params={"query": "vector(1)", "time": str(T0 / 1000)})
+    assert reply.status_code == 200, reply.text
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "error"),
+    [
+        ("/api/v1/query", {"time": "1e300"},
+         "invalid parameter \"time\": Invalid time value for 'time': cannot parse \"1e300\" to a "
+         "valid timestamp"),
+        ("/api/v1/query", {"time": "-1e17"},
+         "invalid parameter \"time\": Invalid time value for 'time': cannot parse \"-1e17\" to a "
+         "valid timestamp"),
+        ("/api/v1/query_range", {"start": "1e300", "end": "1e300", "step": "15"},
+         'invalid parameter "start": cannot parse "1e300" to a valid timestamp'),
+        ("/api/v1/query_range", {"start": "0", "end": "1e300", "step": "15"},
+         'invalid parameter "end": cannot parse "1e300" to a valid timestamp'),
+        ("/api/v1/query_range", {"start": "0", "end": "60", "step": "1e300"},
+         'invalid parameter "step": cannot parse "1e300" to a valid duration. It overflows int64'),
+        ("/api/v1/query", {"time": "60", "timeout": "1e300"},
+         'invalid parameter "timeout": cannot parse "1e300" to a valid duration. It overflows '
+         "int64"),
+        ("/api/v1/series", {"match[]": "gpu_util", "start": "1e300"},
+         "invalid parameter \"start\": Invalid time value for 'start': cannot parse \"1e300\" to "
+         "a valid timestamp"),
+    ],
+)  # fmt: skip
+def test_times_and_durations_no_timestamp_can_hold_are_bad_data(
+    make_client: Any, path: str, params: dict[str, str], error: str
+) -> None:
+    test_client, _ = make_client()
+    reply = test_client.get(path, params={"query": "gpu_util", **params})
+    assert reply.status_code == 400, reply.text
+    assert reply.json() == {"status": "error", "errorType": "bad_data", "error": error}

@@ -19,10 +19,13 @@ label, because every selection the engine makes is narrowed by a tenant matcher 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
@@ -35,24 +38,31 @@ from starlette.routing import Route
 from metricvault.credentials import Principal
 from metricvault.durations import parse_duration_ms
 from metricvault.errors import MetricVaultError, PromQLError, SelectorError
-from metricvault.promql import Engine, EngineOptions, QueryResult, VaultSource
+from metricvault.promql import Engine, EngineOptions, QueryResult
 from metricvault.promql import parse as parse_module
+from metricvault.promql.limits import check_resolution, timed_out, too_many_series
+from metricvault.promql.source import TenantSource
 from metricvault.protocols import Reading
 from metricvault.selector import Matcher, Selector, parse_selector
 from metricvault.server.api import ServerAPI
 from metricvault.server.prometheus_json import answer_body
-from metricvault.server.reads import ScopedSource, readable, tenant_matchers, too_many_series
+from metricvault.server.reads import readable, tenant_matchers, tenant_source
 
 if TYPE_CHECKING:
     from metricvault.server.app import Gateway
 
-MAX_POINTS_PER_SERIES = 11_000  # Prometheus's own guard on query_range resolution
+log = logging.getLogger("metricvault.gateway")
+# how long past a query's deadline the route waits before answering 503 without the engine
+BACKSTOP_GRACE_S = 1.0
 PROMETHEUS_COMPATIBLE_VERSION = "2.42.0"  # what Grafana reads from buildinfo to pick features
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _PROM_DURATION = re.compile(r"^(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?$")
 # Prometheus's own min/max time strings (what Grafana and promtool send for "all time")
 _MIN_TIME = {"-292273086-05-16T16:47:06Z", "0001-01-01T00:00:00Z"}
 _MAX_TIME = {"292277025-08-18T07:12:54.999999999Z", "9999-12-31T23:59:59Z"}
+# what those strings stand for here; a time outside them is refused (it fits no timestamp)
+MIN_TIME_MS, MAX_TIME_MS = -(2**62), 2**62
+_INT64_MAX = 2**63 - 1
 # errors the routes word themselves, which must not get the "query" parameter's prefix
 BAD_PARAM_WORDS = ("invalid parameter", "exceeded maximum resolution", "no match[]",
                    "invalid label name", "invalid expression type")  # fmt: skip
@@ -94,15 +104,23 @@ def _parse_time(text: str) -> int:
     except ValueError:
         seconds = math.nan
     if not math.isnan(seconds) and math.isfinite(seconds):
-        return round(seconds * 1000)
+        return _representable(round(seconds * 1000), text)
     if text in _MIN_TIME:
-        return -(2**62)
+        return MIN_TIME_MS
     if text in _MAX_TIME:
-        return 2**62
+        return MAX_TIME_MS
     stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))  # ValueError: not a time
     if stamp.tzinfo is None:
         raise ValueError(text)
     return round(stamp.timestamp() * 1000)
+
+
+def _representable(ms: int, text: str) -> int:
+    """``ms`` if it lies between Prometheus's own min and max times; past them (``1e300``,
+    ``-1e17``) no timestamp can hold it, and arithmetic on it would overflow int64."""
+    if not MIN_TIME_MS <= ms <= MAX_TIME_MS:
+        raise ValueError(text)
+    return ms
 
 
 def parse_duration_param(text: str | None, name: str) -> int:
@@ -113,14 +131,17 @@ def parse_duration_param(text: str | None, name: str) -> int:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
+    ms = None
     if math.isfinite(seconds):
-        return round(seconds * 1000)
-    if _PROM_DURATION.match(text) and text != "0":
-        try:
-            return parse_duration_ms(text)
-        except MetricVaultError:
-            pass
-    raise invalid_param(name, f'cannot parse "{text}" to a valid duration')
+        ms = round(seconds * 1000)
+    elif _PROM_DURATION.match(text) and text != "0":
+        with contextlib.suppress(MetricVaultError):
+            ms = parse_duration_ms(text)
+    if ms is None:
+        raise invalid_param(name, f'cannot parse "{text}" to a valid duration')
+    if abs(ms) * 1_000_000 > _INT64_MAX:  # Prometheus's Durations are int64 nanoseconds
+        raise invalid_param(name, f'cannot parse "{text}" to a valid duration. It overflows int64')
+    return ms
 
 
 def parse_limit(params: dict[str, list[str]]) -> int:
@@ -197,7 +218,12 @@ class PrometheusAPI:
         self.timeout_s = parse_duration_ms(settings.query_timeout) / 1000
         self.max_samples = settings.query_max_samples
         self.max_series = settings.query_max_series
-        self.options = EngineOptions(lookback_delta_ms=parse_duration_ms(settings.lookback_delta))
+        # the engine counts what a query holds and checks its deadline while it runs
+        self.options = EngineOptions(
+            lookback_delta_ms=parse_duration_ms(settings.lookback_delta),
+            max_samples=settings.query_max_samples,
+            max_series=settings.query_max_series,
+        )
 
     def routes(self) -> list[Route]:
         both = ["GET", "POST"]  # remote_read (/api/v1/read) is its own API: remote_read_api
@@ -258,15 +284,13 @@ class PrometheusAPI:
     def store(self) -> Reading:
         return readable(self.gateway)
 
-    def engine(self, who: Principal) -> tuple[Engine, ScopedSource]:
-        source = ScopedSource(
-            VaultSource(self.store()),
-            self.tenant_matchers(who),
-            self.max_samples,
-            self.gateway.vault.min_writable_ms(),  # raw data before it is gone (retention)
-            self.max_series,
-        )
-        return Engine(source, self.options), source
+    def engine(self, who: Principal, timeout_s: float) -> tuple[Engine, TenantSource]:
+        """An engine for one query of ``who``'s: its reads narrowed to the tenant first, its
+        limits the settings' (the engine counts samples and series itself), its deadline
+        ``timeout_s`` from the start of its evaluation."""
+        # raw data before min_writable is gone (retention): a selection reaching there warns
+        source = tenant_source(self.gateway, who, self.gateway.vault.min_writable_ms())
+        return Engine(source, replace(self.options, timeout_s=timeout_s)), source
 
     def tenant_matchers(self, who: Principal) -> tuple[Matcher, ...]:
         return tenant_matchers(self.gateway, who)
@@ -280,12 +304,16 @@ class PrometheusAPI:
         return min(self.timeout_s, parse_duration_param(text, "timeout") / 1000)
 
     async def evaluate(self, call: Callable[[], Any], timeout_s: float) -> Any:
+        """Run ``call`` (an evaluation with its own deadline) in a worker thread. The engine's
+        deadline is what stops the work; this wait only answers a query stuck past it in a
+        single read (which no deadline check can interrupt) a little later."""
         try:
-            return await asyncio.wait_for(run_in_threadpool(call), timeout_s)
+            return await asyncio.wait_for(run_in_threadpool(call), timeout_s + BACKSTOP_GRACE_S)
         except TimeoutError:
-            raise PromQLError("query timed out in expression evaluation", "timeout") from None
+            log.warning("a query ran %.1f s past its deadline in one read", BACKSTOP_GRACE_S)
+            raise timed_out() from None
 
-    def warnings(self, source: ScopedSource, result: QueryResult) -> list[str]:
+    def warnings(self, source: TenantSource, result: QueryResult) -> list[str]:
         """The engine's own (rollups answering before the raw horizon), and whether raw
         selections were cut short by it."""
         notes = list(result.warnings)
@@ -305,7 +333,7 @@ class PrometheusAPI:
             expr = _one(params, "query") or ""
             timeout_s = self.query_timeout(params)
             check_depth(expr)
-            engine, source = self.engine(who)
+            engine, source = self.engine(who, timeout_s)
             result = await self.evaluate(lambda: engine.evaluate(expr, at), timeout_s)
             return result.to_prometheus(), self.warnings(source, result)
 
@@ -328,16 +356,11 @@ class PrometheusAPI:
                     "zero or negative query resolution step widths are not accepted. "
                     "Try a positive integer",
                 )
-            if (end - start) // step > MAX_POINTS_PER_SERIES:
-                raise PromQLError(
-                    "exceeded maximum resolution of 11,000 points per timeseries. Try "
-                    "decreasing the query resolution (?step=XX)",
-                    "bad_data",
-                )
+            check_resolution(start, end, step)
             expr = _one(params, "query") or ""
             timeout_s = self.query_timeout(params)
             check_depth(expr)
-            engine, source = self.engine(who)
+            engine, source = self.engine(who, timeout_s)
             result = await self.evaluate(lambda: engine.evaluate(expr, start, end, step), timeout_s)
             return result, self.warnings(source, result)  # answer() writes its JSON
 

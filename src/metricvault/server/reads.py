@@ -1,17 +1,15 @@
-"""The engine's reads on the server: the store behind the gateway, narrowed to the caller's
-tenant before any matcher of the caller's runs (a user's regex never meets another tenant's
-series, so its running time tells nothing about them)."""
+"""The engine's reads on the server: the store behind the gateway as one tenant sees it,
+narrowed to the caller's tenant before any matcher of the caller's runs (a user's regex never
+meets another tenant's series, so its running time tells nothing about them)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from metricvault.credentials import Principal
 from metricvault.errors import PromQLError
-from metricvault.promql import SeriesSamples
-from metricvault.promql.tiers import BucketSelection
+from metricvault.promql import VaultSource
+from metricvault.promql.source import TenantSource
 from metricvault.protocols import Reading, has
 from metricvault.selector import Matcher
 
@@ -34,78 +32,10 @@ def tenant_matchers(gateway: Gateway, who: Principal) -> tuple[Matcher, ...]:
     return (Matcher(gateway.settings.tenant_label, "=", who.tenant),)
 
 
-def too_many_series(limit: int) -> PromQLError:
-    """Mimir's words and status (422 ``execution``) for its -querier.max-fetched-series-per-query
-    limit (Prometheus has no such limit; Thanos and Mimir answer 422 for theirs)."""
-    return PromQLError(
-        f"the query exceeded the maximum number of series (limit: {limit} series): add label "
-        "matchers to select fewer series, or raise the setting query_max_series",
-        kind="execution",
+def tenant_source(
+    gateway: Gateway, who: Principal, raw_horizon_ms: int | None = None
+) -> TenantSource:
+    """What ``who`` may read, as the engine reads it (tenant matchers first in every select)."""
+    return TenantSource(
+        VaultSource(readable(gateway)), tenant_matchers(gateway, who), raw_horizon_ms
     )
-
-
-@dataclass
-class ScopedSource:
-    """The engine's reads: narrowed to the caller's tenant, counted against the sample limit,
-    and noting when the vault's raw horizon cuts a selection short (a warning)."""
-
-    inner: Any
-    tenant_matchers: tuple[Matcher, ...]
-    max_samples: int
-    raw_horizon_ms: int
-    max_series: int = 0  # 0: no limit (remote_read)
-    loaded: int = 0
-    selected: int = 0
-    truncated: bool = False
-
-    def select(
-        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int
-    ) -> list[SeriesSamples]:
-        series: list[SeriesSamples] = self.inner.select(
-            [*self.tenant_matchers, *matchers], start_ms, end_ms
-        )
-        self._count(sum(int(s.ts.size) for s in series), len(series))
-        if self.raw_horizon_ms and start_ms < self.raw_horizon_ms:
-            self.truncated = True
-        return series
-
-    def select_buckets(
-        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, width_ms: int
-    ) -> BucketSelection | None:
-        """The rollup path's reads (promql/tiers.py), scoped and counted the same way (a
-        bucket row counts as one sample)."""
-        select = getattr(self.inner, "select_buckets", None)
-        found: BucketSelection | None = (
-            select([*self.tenant_matchers, *matchers], start_ms, end_ms, width_ms)
-            if select
-            else None
-        )
-        if found is not None:
-            self._count(sum(s.columns["ts"].size for s in found.series), len(found.series))
-        return found
-
-    @property
-    def counter_lookback_ms(self) -> int:
-        return int(getattr(self.inner, "counter_lookback_ms", 0))
-
-    def raw_horizon(self) -> int:
-        return int(self.inner.raw_horizon()) if hasattr(self.inner, "raw_horizon") else 0
-
-    def samples_per_row(self, tier: str, start_ms: int, end_ms: int) -> float | None:
-        measure = getattr(self.inner, "samples_per_row", None)
-        return None if measure is None else float(measure(tier, start_ms, end_ms) or 0.0)
-
-    def rolled_up_until(self) -> int | None:
-        until: int | None = self.inner.rolled_up_until()
-        return until
-
-    def _count(self, samples: int, series: int) -> None:
-        self.loaded += samples
-        self.selected += series
-        if self.max_series and self.selected > self.max_series:
-            raise too_many_series(self.max_series)
-        if self.loaded > self.max_samples:
-            raise PromQLError(
-                "query processing would load too many samples into memory in query execution",
-                kind="execution",
-            )

@@ -17,7 +17,12 @@ from metricvault.wire.remote_write import (
     PROTO_V2,
 )
 
-__all__ = ["check_encoding", "decompress_snappy_block", "negotiate_version"]
+__all__ = [
+    "check_encoding",
+    "decompress_snappy_block",
+    "negotiate_version",
+    "snappy_declared_length",
+]
 
 _FRAMED_SNAPPY_MAGIC = b"\xff\x06\x00\x00sNaPpY"
 # One snappy copy element of 3 bytes emits at most 64 bytes: no valid block expands further.
@@ -82,7 +87,7 @@ def decompress_snappy_block(body: bytes, max_decoded_bytes: int) -> memoryview:
             "compress with snappy's block API (Go: snappy.Encode, Python: "
             "cramjam.snappy.compress_raw), not the framed/stream writer"
         )
-    declared = _snappy_declared_length(body)
+    declared = snappy_declared_length(body)
     if declared > max_decoded_bytes:
         raise TooLargeError(
             f"the snappy block declares {declared:,} decompressed bytes, over the limit of "
@@ -112,7 +117,9 @@ def decompress_snappy_block(body: bytes, max_decoded_bytes: int) -> memoryview:
     return view
 
 
-def _snappy_declared_length(body: bytes) -> int:
+def snappy_declared_length(body: bytes) -> int:
+    """The decompressed size a snappy block declares in its header (read before anything is
+    decompressed, so a limit can refuse a body without allocating it)."""
     length = 0
     for shift, byte in zip(range(0, 35, 7), body, strict=False):
         length |= (byte & 0x7F) << shift
