@@ -30,7 +30,7 @@ __all__ = [
 _LAZY = {
     "MetricVaultError": "metricvault.errors",
     "Settings": "metricvault.config",
-    "Vault": "metricvault.store.vault",
+    "Vault": "metricvault.public",
     "parse_selector": "metricvault.selector",
     "track": "metricvault.collect.training",
     "Run": "metricvault.collect.training",
@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from metricvault.collect.training import Run, track
     from metricvault.config import Settings
     from metricvault.errors import MetricVaultError
+    from metricvault.public import Vault
     from metricvault.selector import parse_selector
-    from metricvault.store.vault import Vault
 
 
 def __getattr__(name: str) -> Any:

@@ -5,7 +5,7 @@ the gateway and the training client share one record, one validation and one set
 :class:`RegistryBase` is the registry every backend offers (``vault.experiments``): the file
 registry of the embedded store (:mod:`metricvault.store.experiments`), the InfluxDB one
 (:mod:`metricvault.store.backends.influx_meta`) and the gateway's
-(:mod:`metricvault.collect.remote`) differ only in how a record is loaded and stored.
+(:mod:`metricvault.store.backends.gateway`) differ only in how a record is loaded and stored.
 
 Ids are safe slugs: they become file names, git tags (``metrics/<id>``) and snapshot names, so
 anything path-like is refused.

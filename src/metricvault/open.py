@@ -3,11 +3,11 @@
 =====================================  =====================================================
 URI                                    store
 =====================================  =====================================================
-a directory, ``s3://bucket/prefix``    :class:`metricvault.store.vault.Vault` (everything)
-``influxdb://`` / ``influxdbs://``     :class:`metricvault.store.backends.influxdb.InfluxVault`
+a directory, ``s3://bucket/prefix``    :class:`metricvault.public.Vault` (everything)
+``influxdb://`` / ``influxdbs://``     :class:`metricvault.public.InfluxVault`
 a path ending in ``.parquet``          :class:`metricvault.archive.opened.SnapshotVault`
                                        (read-only: query, series, sql, stats)
-``http://`` / ``https://`` (gateway)   :class:`metricvault.collect.remote.GatewayVault`
+``http://`` / ``https://`` (gateway)   :class:`metricvault.store.backends.gateway.GatewayVault`
                                        (write and the experiment registry)
 =====================================  =====================================================
 
@@ -15,9 +15,9 @@ a path ending in ``.parquet``          :class:`metricvault.archive.opened.Snapsh
 without it is refused with UnsupportedError before any work, and the return type says what the
 caller may use, so mypy catches ``open(uri).maintain()`` where only reading was asked for.
 
-Above ``store``, ``archive`` and ``collect`` in the import layers (docs/architecture.md): it is
-the one module that knows every backend; the backends import only the leaf modules and their
-own package.
+Above ``store`` and ``archive`` in the import layers (docs/architecture.md), with
+:mod:`metricvault.public`, which holds the public classes and the dispatcher by URI; the
+backends import only the leaf modules and their own package.
 """
 
 from __future__ import annotations
@@ -34,23 +34,19 @@ from metricvault.protocols import (
     Store,
     TrackingStore,
     Writing,
+    is_gateway_uri,
     require,
 )
 
 if TYPE_CHECKING:
     from metricvault.archive.opened import SnapshotVault
-    from metricvault.collect.remote import GatewayVault
     from metricvault.config import Settings
-    from metricvault.store.backends.influxdb import InfluxVault
-    from metricvault.store.vault import Vault
+    from metricvault.public import InfluxVault, Vault
+    from metricvault.store.backends.gateway import GatewayVault
 
     AnyStore: TypeAlias = Vault | InfluxVault | SnapshotVault | GatewayVault
 
 __all__ = ["is_gateway_uri", "open", "open_store"]
-
-
-def is_gateway_uri(uri: str) -> bool:
-    return uri.startswith(("http://", "https://"))
 
 
 @overload
@@ -172,29 +168,21 @@ def open_store(
     buffer_name: str = "buffer",
     **overrides: Any,
 ) -> AnyStore:
-    """The store at ``uri``, whatever it can do: the concrete class, for callers that check
-    capabilities themselves (``Vault.open`` keeps its old behaviour through this)."""
+    """The store at ``uri``, whatever it can do: the concrete public class, for callers that
+    check capabilities themselves (``metricvault.public.open_backend`` dispatches)."""
     from metricvault.config import Settings
 
     settings = (settings or Settings.load()).with_overrides(**overrides)
     target = os.fspath(uri) if uri is not None else settings.data
-    from metricvault.store.backends import is_influx_uri
-
-    if is_influx_uri(target):  # InfluxDB 1.x: the same API, see docs/influxdb.md
-        from metricvault.store.backends.influxdb import InfluxVault
-
-        return InfluxVault.open(target, settings)
-    if target.endswith(".parquet"):  # a frozen experiment snapshot: read-only
-        from metricvault.archive.opened import SnapshotVault
-
-        return SnapshotVault(target, settings)
-    if is_gateway_uri(target):  # a gateway: writes and the registry over HTTP
-        from metricvault.collect.remote import GatewayVault
+    if is_gateway_uri(target):
+        # Not through the public classes: a training run writing through a gateway never
+        # loads pyarrow (the store's classes import it).
+        from metricvault.store.backends.gateway import GatewayVault
 
         return GatewayVault(target)
-    from metricvault.store.vault import Vault
+    from metricvault.public import open_backend
 
-    return Vault.open_local(target, settings, create=create, buffer_name=buffer_name)
+    return open_backend(target, settings, create=create, buffer_name=buffer_name)
 
 
 def _name(store: object) -> str:

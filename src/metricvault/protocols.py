@@ -44,13 +44,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from metricvault.errors import UnsupportedError
 from metricvault.experiment import Experiment
 from metricvault.selector import Matcher
+
+if TYPE_CHECKING:  # numpy is imported where arrays are made: `import metricvault` stays light
+    import numpy as np
 
 Capability = Literal["read", "write", "maintain", "experiments", "sql", "serve"]
 CAPABILITIES: tuple[Capability, ...] = ("read", "write", "maintain", "experiments", "sql", "serve")
@@ -92,6 +93,8 @@ class SeriesSamples:
     values: np.ndarray
 
     def __post_init__(self) -> None:
+        import numpy as np
+
         self.ts = np.asarray(self.ts, dtype=np.int64)
         self.values = np.asarray(self.values, dtype=np.float64)
         if self.ts.shape != self.values.shape:
@@ -298,6 +301,11 @@ class ServingStore(Reading, Writing, Maintaining, HasExperiments, Protocol):
     def series_count(self) -> int: ...
 
     def flush_other_buffers(self) -> int: ...
+
+
+def is_gateway_uri(uri: str) -> bool:
+    """Whether ``uri`` names a gateway (``metricvault serve``) rather than a store."""
+    return uri.startswith(("http://", "https://"))
 
 
 def capabilities_of(store: object) -> frozenset[str]:

@@ -12,8 +12,8 @@ import pytest
 
 import metricvault
 from metricvault import Vault
-from metricvault.collect.remote import GatewayVault
 from metricvault.errors import ConflictError, InputError, NotFoundError
+from metricvault.store.backends.gateway import GatewayVault
 
 pytestmark = pytest.mark.e2e
 

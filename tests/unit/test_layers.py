@@ -1,8 +1,9 @@
-"""Issue 12: the import layers of docs/architecture.md, checked on every ``import`` in src.
+"""The import layers of docs/architecture.md, checked on every ``import`` in src.
 
 Walks the AST of every module, function-level (lazy) imports included, so a cycle broken with
-a lazy import is still seen. Imports under ``if TYPE_CHECKING:`` are type-only: they count
-for the layers but not for cycles (they never run).
+a lazy import is still seen, between modules and between packages. Imports under
+``if TYPE_CHECKING:`` are type-only: they count for the layers but not for cycles (they never
+run). There are no exceptions: a crossing or a cycle is fixed, not listed.
 """
 
 from __future__ import annotations
@@ -28,23 +29,26 @@ LEAF = {
     "metricvault.selector",
     "metricvault.redact",
     "metricvault.wire",
+    "metricvault.tables",  # the output shapes (pandas, arrow, polars) of every query API
+    "metricvault.progressbar",  # rich bars for the store's progress callbacks
 }
 
 # Which layers each layer may import (its own always).
 MAY_IMPORT: dict[str, set[str]] = {
     "leaf": set(),
-    "store": {"leaf"},
-    "promql": {"leaf", "store"},
+    "store": {"leaf"},  # every backend, the gateway client included; nothing above
+    "promql": {"leaf"},  # the engine reads through the leaf's read seam (protocols)
     "archive": {"leaf", "store"},
-    "decoders": {"leaf"},  # ingest/protocols: pure decoding (schemas in the leaf wire/)
+    "decoders": {"leaf"},  # ingest/: pure decoding (schemas in the leaf wire/)
     # the cluster simulator: numbers from a spec, no store; the agent's simulated GPU source
     # runs it, so collect may import it (sim.workload's pyarrow frames stay out of the agent:
     # test_collect_agent.py checks what the agent process loads)
     "sim": {"leaf"},
-    # the HTTP server: decoders for writes, the engine for reads, the store it serves
-    "server": {"leaf", "store", "decoders", "open", "promql"},
+    "server": {"leaf", "store", "decoders", "open", "promql"},  # read routes call the engine
     "collect": {"leaf", "open", "sim"},  # reaches a store only through metricvault.open
-    "open": {"leaf", "store", "archive", "collect"},
+    # metricvault.open and metricvault.public: the dispatcher and the public classes, which
+    # add the conveniences above the store (history, promql, progress bars, Vault.open)
+    "open": {"leaf", "store", "archive", "promql"},
     "app": {"leaf", "store", "promql", "archive", "decoders", "server", "collect", "open", "sim"},
     "top": {"leaf", "store", "promql", "archive", "server", "collect", "open", "sim", "app", "cli"},
     "cli": {
@@ -61,22 +65,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     },
 }
 
-# Crossings that are known and tracked, each with why; the test fails once one is gone
-# (remove it here then), so this list can only shrink.
-TRACKED: dict[tuple[str, str], str] = {
-    # Vault.open keeps working for users by delegating to the dispatcher (issue 12 allows it)
-    ("metricvault.store.vault", "metricvault.open"): "Vault.open delegates to metricvault.open",
-    # the history() convenience on every readable backend; the analysis lives in archive
-    ("metricvault.store.vault", "metricvault.archive.compare"): "Vault.history convenience",
-    ("metricvault.store.backends.influxdb", "metricvault.archive.compare"): "history()",
-    # maintain(progress=True), kept for users: the store draws nothing (the progress is a
-    # callback) and imports rich only when a caller asks for the bar, lazily; every other way
-    # (moving rich into the store, or dropping progress=True) is worse
-    ("metricvault.store.vault", "metricvault.progressbar"): "maintain(progress=True)",
-    # vault.promql(...) (docs/promql.md), imported lazily; the engine reads the store only
-    # through the leaf protocols, so this is no cycle
-    ("metricvault.store.vault", "metricvault.promql.frame"): "Vault.promql convenience",
-}
+# Package-level: a module of one package never imports (at run time, lazily or not) a module
+# of a package that imports it back.
+PACKAGES = ("store", "promql", "archive", "ingest", "server", "collect", "cli", "sim", "wire")
 
 
 def layer(module: str) -> str:
@@ -90,6 +81,8 @@ def layer(module: str) -> str:
     top = parts[1]
     if top == "ingest":  # the wire decoders (ingest/protocols): bytes -> batches, pure
         return "decoders"
+    if top == "public":  # the public classes, beside the dispatcher
+        return "open"
     if top in ("store", "promql", "archive", "server", "collect", "cli", "open", "sim"):
         return top
     return "app"  # report, demo, demo_archive, prometheus_config
@@ -171,40 +164,68 @@ def crossings() -> set[tuple[str, str]]:
     return bad
 
 
-def test_issue12_no_module_imports_across_the_layers():
-    new = sorted(crossings() - set(TRACKED))
-    assert not new, (
-        f"{len(new)} import(s) cross the layers of docs/architecture.md (module -> what it "
+def test_no_module_imports_across_the_layers():
+    bad = sorted(crossings())
+    assert not bad, (
+        f"{len(bad)} import(s) cross the layers of docs/architecture.md (module -> what it "
         f"imports, layer -> layer): "
-        + "; ".join(f"{a} -> {b} ({layer(a)} -> {layer(b)})" for a, b in new)
+        + "; ".join(f"{a} -> {b} ({layer(a)} -> {layer(b)})" for a, b in bad)
         + ". Move the shared code down a layer (e.g. into a leaf module), or pass it in"
     )
 
 
-def test_issue12_tracked_crossings_still_exist():
-    gone = sorted(set(TRACKED) - crossings())
-    assert not gone, f"these tracked crossings are gone, remove them from TRACKED: {gone}"
-
-
-# Cycles known and tracked (the test fails once one is gone: remove it here then).
-TRACKED_CYCLES = [
-    ["metricvault.open", "metricvault.store.vault"],  # Vault.open delegates, lazily
-]
-
-
-def test_issue12_no_import_cycles_among_modules():
+def _runtime_edges() -> dict[str, list[str]]:
     # ``from metricvault import __version__`` is a constant, not a dependency on the package
-    edges = {
+    return {
         m: sorted({d for d, runtime in deps if runtime and d != "metricvault"})
         for m, deps in graph().items()
     }
-    found = _cycles(edges)
-    gone = [c for c in TRACKED_CYCLES if c not in found]
-    assert not gone, f"these tracked cycles are gone, remove them from TRACKED_CYCLES: {gone}"
-    cycles = [c for c in found if c not in TRACKED_CYCLES]
+
+
+def test_no_import_cycles_among_modules():
+    cycles = _cycles(_runtime_edges())
     assert not cycles, "import cycles (lazy imports included): " + "; ".join(
         " -> ".join([*c, c[0]]) for c in cycles
     )
+
+
+def package(module: str) -> str:
+    """``metricvault.store`` for ``metricvault.store.backends.influxdb``; a top-level module
+    (``metricvault.open``) is its own package."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def package_edges() -> dict[str, list[str]]:
+    edges: dict[str, set[str]] = {}
+    for module, deps in _runtime_edges().items():
+        for dep in deps:
+            if package(dep) != package(module):
+                edges.setdefault(package(module), set()).add(package(dep))
+    return {p: sorted(d) for p, d in edges.items()}
+
+
+def test_no_import_cycles_among_packages():
+    """store -> archive -> store through a lazy import is a cycle too."""
+    edges = package_edges()
+    cycles = _cycles(edges)
+    why = [
+        f"{m} -> {d}"
+        for c in cycles
+        for m, deps in _runtime_edges().items()
+        for d in deps
+        if package(m) in c and package(d) in c and package(m) != package(d)
+    ]
+    assert not cycles, f"package cycles {cycles}, through: {'; '.join(why)}"
+    assert {f"metricvault.{p}" for p in PACKAGES} <= set(edges), "the check sees every package"
+
+
+def test_the_store_and_the_engine_import_nothing_above_them():
+    """Not even type-only: the store implements the leaf's protocols, the engine reads them."""
+    for mod, deps in graph().items():
+        if layer(mod) in ("store", "promql"):
+            above = sorted({d for d, _ in deps if layer(d) not in ("leaf", layer(mod))})
+            assert not above, f"{mod} imports {above}"
 
 
 def _cycles(edges: dict[str, list[str]]) -> list[list[str]]:
@@ -250,7 +271,7 @@ def _cycles(edges: dict[str, list[str]]) -> list[list[str]]:
         ("from .vault import Vault\n", True),
     ],
 )
-def test_issue12_the_check_sees_lazy_and_relative_imports(tmp_path, source, runtime):
+def test_the_check_sees_lazy_and_relative_imports(tmp_path, source, runtime):
     """A function-level import counts for cycles; a TYPE_CHECKING one never runs."""
     probe = tmp_path / "probe.py"
     probe.write_text(source)

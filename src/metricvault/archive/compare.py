@@ -259,8 +259,7 @@ def _needs_raw(vault: Any, exp: Experiment) -> None:
 
 def _check_retention(vault: Any, exp: Experiment) -> None:
     """Raw samples that retention dropped are only in a raw snapshot made before: say so."""
-    reader = getattr(vault, "sample_reader", None)  # a vault, not a snapshot
-    horizon = int(reader().raw_horizon_ms) if reader is not None else 0
+    horizon = int(vault.horizons().raw_start_ms)  # a snapshot's: 0, it keeps what it holds
     if horizon and exp.start_ms < horizon:
         setting = getattr(getattr(vault, "settings", None), "retention_raw", "?")
         raise NotFoundError(

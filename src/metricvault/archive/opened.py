@@ -43,6 +43,7 @@ from metricvault.store import rollup
 from metricvault.store.reading import answer
 from metricvault.store.selecting import select_samples
 from metricvault.store.series_index import SeriesIndex
+from metricvault.tables import convert
 
 
 class SnapshotVault:
@@ -280,7 +281,7 @@ class SnapshotVault:
         con.register("series", self.index.to_table())
         con.register("experiments", experiments_table([self.experiment]))
         try:
-            return q.convert(rollup.fetch_arrow(con, statement), output)
+            return convert(rollup.fetch_arrow(con, statement), output)
         except duckdb.Error as exc:
             raise InputError(f"SQL failed on snapshot {self.path.name}: {exc}") from exc
         finally:

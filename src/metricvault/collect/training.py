@@ -64,7 +64,6 @@ from metricvault.errors import ArchiveError, ConflictError, InputError
 from metricvault.model import METRIC_NAME_RE, label_name_problem
 
 if TYPE_CHECKING:
-    from metricvault.collect.remote import GatewayVault
     from metricvault.experiment import Experiment
     from metricvault.protocols import ExperimentRegistry, TrackingStore
 
@@ -114,7 +113,7 @@ class SampleRecorder(Protocol):
 class VaultSamples:
     """The default recorder: ``vault.write`` (the vault or the gateway's remote_write)."""
 
-    def __init__(self, vault: GatewayVault | TrackingStore) -> None:
+    def __init__(self, vault: TrackingStore) -> None:
         self.vault = vault
 
     def check(self, series: str) -> None:
@@ -189,7 +188,7 @@ class Run:
 
     def __init__(
         self,
-        vault: GatewayVault | TrackingStore,
+        vault: TrackingStore,
         experiment: Experiment,
         labels: Mapping[str, str],
         *,
@@ -666,7 +665,7 @@ def _git_fields(enabled: bool) -> dict[str, str]:
 
 def _open_vault(
     data: str | os.PathLike[str] | TrackingStore | None,
-) -> tuple[GatewayVault | TrackingStore, bool]:
+) -> tuple[TrackingStore, bool]:
     from metricvault.open import open as open_store
     from metricvault.protocols import require
 
@@ -676,11 +675,8 @@ def _open_vault(
         for capability in ("write", "experiments"):
             require(data, capability)
         return data, False
-    if isinstance(data, str) and data.startswith(("http://", "https://")):
-        from metricvault.collect.remote import GatewayVault
-
-        return GatewayVault(data), True
-    # a run writes samples and registers itself: a snapshot is refused here, clearly
+    # a run writes samples and registers itself (a gateway URL opens the gateway client):
+    # a snapshot is refused here, clearly
     path = None if data is None else os.fspath(data)
     return open_store(path, need="write+experiments"), True
 

@@ -12,10 +12,10 @@ from metricvault.experiment import experiments_table
 from metricvault.model import TIERS
 from metricvault.selector import parse_selectors
 from metricvault.store import files as fmt
-from metricvault.store import query as q
 from metricvault.store.buffer import quarantined_batches
 from metricvault.store.layout import BUFFER_SUFFIX, CATALOG_DIR, DATA_DIR, SERIES_DIR
 from metricvault.store.rollup import ROLLUP_SCHEMA, fetch_arrow
+from metricvault.tables import convert
 
 if TYPE_CHECKING:
     from metricvault.store.vault import Vault
@@ -36,7 +36,7 @@ def series_frame(vault: Any, selector: str | None, output: str) -> Any:
     }
     for name in names:
         cols[name] = pa.array([i.labels.get(name) for i in infos], pa.string())
-    return q.convert(pa.table(cols), output)
+    return convert(pa.table(cols), output)
 
 
 def stats(vault: Vault, now: int | None = None) -> dict[str, Any]:
@@ -141,7 +141,7 @@ def run_sql(vault: Vault, statement: str, output: str) -> Any:
         raise InputError(f"SQL failed: {exc}") from exc
     finally:
         con.close()
-    return q.convert(result, output)
+    return convert(result, output)
 
 
 def _empty(tier: str) -> pa.Table:

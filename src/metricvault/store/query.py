@@ -24,16 +24,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metricvault.durations import parse_duration_ms
-from metricvault.errors import InputError, MissingDependencyError, TimeRangeError
+from metricvault.errors import InputError, TimeRangeError
 from metricvault.model import AGGREGATES, TIER_RESOLUTION_MS
 from metricvault.protocols import BUCKET_FUNCTIONS, Horizons, SelectHints
 from metricvault.store import rollup
 from metricvault.store.catalog import Snapshot
 from metricvault.store.reader import Reader
 from metricvault.store.series_index import SeriesIndex
+from metricvault.tables import convert
 
 ROLLUP_TIERS: tuple[tuple[str, int], ...] = tuple(TIER_RESOLUTION_MS.items())  # model.py owns them
-OUTPUTS = ("pandas", "arrow", "polars")
 
 
 @dataclass(frozen=True)
@@ -344,23 +344,6 @@ def shape(index: SeriesIndex, table: pa.Table, value_columns: dict[str, Any], ou
 def _per_row(series_pos: np.ndarray, per_series: list[str | None]) -> pa.Array:
     """Each row's value from its series (absent label -> null)."""
     return pa.array(per_series, pa.string()).take(pa.array(series_pos, pa.int64()))
-
-
-def convert(table: pa.Table, output: str) -> Any:
-    if output == "arrow":
-        return table
-    if output == "polars":
-        try:
-            import polars as pl
-        except ImportError as exc:
-            raise MissingDependencyError(
-                "output='polars' needs the polars package, which is not installed: "
-                "pip install 'metricvault[polars]' (or use output='pandas' / 'arrow')"
-            ) from exc
-        return pl.from_arrow(table)
-    if output == "pandas":
-        return table.to_pandas()
-    raise InputError(f"unknown output {output!r}; choose from {', '.join(OUTPUTS)}")
 
 
 def _as_array(values: Any) -> pa.Array:

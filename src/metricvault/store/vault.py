@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 import pyarrow as pa
@@ -45,7 +45,6 @@ from metricvault.store.reading import SeriesArrays, check_horizon, run_query, se
 from metricvault.store.series_index import SeriesIndex
 
 if TYPE_CHECKING:
-    from metricvault.open import AnyStore
     from metricvault.store.experiments import Experiments
     from metricvault.store.maintenance import ProgressCallback
 
@@ -53,7 +52,9 @@ log = logging.getLogger("metricvault")
 
 
 class Vault:
-    """A metric store on local disk or S3. Open with :meth:`Vault.open`.
+    """A metric store on local disk or S3: the store itself. Users open it with
+    ``metricvault.open(...)`` or ``metricvault.Vault.open(...)``, whose class adds the
+    conveniences that live above the store (``history``, ``promql``, ``maintain(progress=True)``).
 
     >>> vault = Vault.open("./metricvault-data")
     >>> vault.write(frame)                       # durable when it returns
@@ -88,35 +89,6 @@ class Vault:
     backend_name = "embedded vault"
 
     @classmethod
-    def open(
-        cls,
-        uri: str | None = None,
-        settings: Settings | None = None,
-        *,
-        create: bool = True,
-        buffer_name: str = "buffer",
-        **overrides: Any,
-    ) -> AnyStore:
-        """Open the store at a directory or ``s3://bucket/prefix`` (``create``: make a new
-        local vault if the directory does not exist; otherwise raise NotFoundError).
-        ``buffer_name`` gives a writer process its own ingest buffer file (gateway workers);
-        maintenance flushes every buffer file it finds, so none is ever left behind.
-
-        ``influxdb://[user:pass@]host:port/db`` (or ``influxdbs://``) opens an InfluxDB 1.x
-        database set up with ``metricvault influx setup``. A path ending in ``.parquet`` opens
-        an experiment snapshot (``metricvault archive export``) read-only, with the same
-        ``query``, ``series``, ``sql`` and ``stats``; an ``http(s)://`` gateway URL a
-        write-only store. The result is typed as the backend it may be: use
-        :func:`metricvault.open` with ``need=`` to be given (and typed) what you need.
-
-        Keyword overrides are settings (see ``metricvault config``), e.g.
-        ``Vault.open("s3://b/p", s3_endpoint="http://127.0.0.1:9000")``.
-        """
-        from metricvault.open import open_store
-
-        return open_store(uri, settings, create=create, buffer_name=buffer_name, **overrides)
-
-    @classmethod
     def open_local(
         cls,
         uri: str | None = None,
@@ -125,7 +97,7 @@ class Vault:
         create: bool = True,
         buffer_name: str = "buffer",
         **overrides: Any,
-    ) -> Vault:
+    ) -> Self:
         """The embedded vault at a directory or ``s3://bucket/prefix`` (no other backend)."""
         settings = (settings or Settings.load()).with_overrides(**overrides)
         return cls(
@@ -490,29 +462,6 @@ class Vault:
         self.flush_for_read()
         return q.ContextReader(self._context())
 
-    def history(self, experiment: Any, metrics: Sequence[str], **options: Any) -> Any:
-        """A frame indexed by training step, one column per metric: each metric's samples
-        joined exactly to the ``train_step`` series (see ``metricvault.archive.compare.
-        history``), e.g. ``vault.history("r3", metrics=["train_loss", "mfu"])``."""
-        from metricvault.archive.compare import history
-
-        return history(self, experiment, metrics, **options)
-
-    def promql(
-        self,
-        expr: str,
-        start: TimeLike = "now",
-        end: TimeLike | None = None,
-        step: str | int | None = None,
-        output: str = "pandas",
-    ) -> Any:
-        """A PromQL query in the long shape (``timestamp``, ``metric``, labels, ``value``):
-        instant at ``start`` without ``end``; with ``end`` and ``step`` a range query
-        (``metricvault.promql``; Prometheus's answer for the same samples, tested)."""
-        from metricvault.promql.frame import promql_frame
-
-        return promql_frame(self, expr, start, end, step, output)
-
     def samples_per_row(self, tier: str, start_ms: int, end_ms: int) -> float | None:
         """About how many raw samples one row of ``tier`` summarises over ``[start_ms,
         end_ms)``, from the catalog's row counts (None: no rows of that tier there). Below
@@ -648,15 +597,16 @@ class Vault:
     ) -> dict[str, Any]:
         """Flush, compact, roll up, apply retention and expire snapshots. Idempotent.
 
-        ``progress``: a ``ProgressCallback`` (``progress(step, done, total)``), or True for a
-        rich bar on the terminal (metricvault.progressbar's, imported only then)."""
+        ``progress``: a ``ProgressCallback`` (``progress(step, done, total)``); True (a bar
+        on the terminal) is drawn by ``metricvault.Vault``, above the store."""
         from metricvault.store.maintenance import maintain
 
         if progress is True:
-            from metricvault.progressbar import console_progress
-
-            with console_progress() as bar:
-                return maintain(self, now_ms, bar)
+            raise InputError(
+                "maintain(progress=True) draws a terminal bar, which the store leaves to the "
+                "public class: open the vault with metricvault.open(...) or "
+                "metricvault.Vault.open(...), or pass a callback progress(step, done, total)"
+            )
         return maintain(self, now_ms, progress or None)
 
 

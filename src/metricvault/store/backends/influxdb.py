@@ -20,7 +20,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Self, cast
 
 import numpy as np
 import pyarrow as pa
@@ -102,7 +102,7 @@ class InfluxVault:
 
     # ------------------------------------------------------------------ opening
     @classmethod
-    def open(cls, uri: str, settings: Settings | None = None, **overrides: Any) -> InfluxVault:
+    def open(cls, uri: str, settings: Settings | None = None, **overrides: Any) -> Self:
         """Connect and check that setup has run (the database and its three policies exist);
         NotFoundError says which command creates what is missing."""
         settings = (settings or Settings.load()).with_overrides(**overrides)
@@ -297,14 +297,6 @@ class InfluxVault:
     def _query_reader(self, selector: SelectorUnion) -> InfluxReader:
         self.refresh(selector)
         return self._reader()
-
-    def history(self, experiment: Any, metrics: Sequence[str], **options: Any) -> Any:
-        """A frame indexed by training step, one column per metric: each metric's samples
-        joined exactly to the ``train_step`` series (see ``metricvault.archive.compare.
-        history``), e.g. ``vault.history("r3", metrics=["train_loss", "mfu"])``."""
-        from metricvault.archive.compare import history
-
-        return history(self, experiment, metrics, **options)
 
     def sample_reader(self) -> InfluxReader:
         """What the archive export reads through (raw samples and partials over the

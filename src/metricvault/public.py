@@ -1,0 +1,131 @@
+"""The public store classes: each store's own class plus the conveniences that live above the
+store (``metricvault.Vault`` is :class:`Vault`; :func:`metricvault.open` returns these).
+
+The store imports nothing above itself, so what needs the PromQL engine (``promql``), the
+experiment analysis (``history``), the dispatcher (``Vault.open``) or a terminal library
+(``maintain(progress=True)``) is added here, one layer up, by subclassing: a vault opened
+this way is still an instance of the store's class, and the store's code never changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from metricvault.config import Settings
+from metricvault.durations import TimeLike
+from metricvault.protocols import is_gateway_uri
+from metricvault.store.backends.influxdb import InfluxVault as _InfluxStore
+from metricvault.store.vault import Vault as _VaultStore
+
+if TYPE_CHECKING:
+    from metricvault.open import AnyStore
+    from metricvault.store.maintenance import ProgressCallback
+
+__all__ = ["InfluxVault", "Vault", "open_backend"]
+
+
+class _Conveniences:
+    """What every readable backend offers its users beyond the read seam."""
+
+    settings: Settings  # every store keeps the settings it was opened with
+
+    def history(self, experiment: Any, metrics: Sequence[str], **options: Any) -> Any:
+        """A frame indexed by training step, one column per metric: each metric's samples
+        joined exactly to the ``train_step`` series (see ``metricvault.archive.compare.
+        history``), e.g. ``vault.history("r3", metrics=["train_loss", "mfu"])``."""
+        from metricvault.archive.compare import history
+
+        return history(self, experiment, metrics, **options)
+
+    def promql(
+        self,
+        expr: str,
+        start: TimeLike = "now",
+        end: TimeLike | None = None,
+        step: str | int | None = None,
+        output: str = "pandas",
+    ) -> Any:
+        """A PromQL query in the long shape (``timestamp``, ``metric``, labels, ``value``):
+        instant at ``start`` without ``end``; with ``end`` and ``step`` a range query
+        (``metricvault.promql``; Prometheus's answer for the same samples, tested)."""
+        from metricvault.promql.frame import promql_frame
+
+        # the vault's query limits (query_max_samples, query_max_series, query_timeout)
+        return promql_frame(cast(Any, self), expr, start, end, step, output, settings=self.settings)
+
+
+class Vault(_Conveniences, _VaultStore):
+    """A metric store on local disk or S3 (the store's :class:`metricvault.store.vault.Vault`
+    with the conveniences). Open with :meth:`Vault.open` or :func:`metricvault.open`.
+
+    >>> vault = Vault.open("./metricvault-data")
+    >>> vault.write(frame)                       # durable when it returns
+    >>> vault.query('DCGM_FI_DEV_GPU_UTIL{Hostname="node01"}', "-7d", "now", step="1h",
+    ...             aggs=("mean", "max"))
+    """
+
+    @classmethod
+    def open(
+        cls,
+        uri: str | None = None,
+        settings: Settings | None = None,
+        *,
+        create: bool = True,
+        buffer_name: str = "buffer",
+        **overrides: Any,
+    ) -> AnyStore:
+        """Open the store at a directory or ``s3://bucket/prefix`` (``create``: make a new
+        local vault if the directory does not exist; otherwise raise NotFoundError).
+        ``buffer_name`` gives a writer process its own ingest buffer file (gateway workers);
+        maintenance flushes every buffer file it finds, so none is ever left behind.
+
+        ``influxdb://[user:pass@]host:port/db`` (or ``influxdbs://``) opens an InfluxDB 1.x
+        database set up with ``metricvault influx setup``. A path ending in ``.parquet`` opens
+        an experiment snapshot (``metricvault archive export``) read-only, with the same
+        ``query``, ``series``, ``sql`` and ``stats``; an ``http(s)://`` gateway URL a
+        write-only store. The result is typed as the backend it may be: use
+        :func:`metricvault.open` with ``need=`` to be given (and typed) what you need.
+
+        Keyword overrides are settings (see ``metricvault config``), e.g.
+        ``Vault.open("s3://b/p", s3_endpoint="http://127.0.0.1:9000")``.
+        """
+        settings = (settings or Settings.load()).with_overrides(**overrides)
+        return open_backend(uri or settings.data, settings, create=create, buffer_name=buffer_name)
+
+    def maintain(
+        self, now_ms: int | None = None, progress: bool | ProgressCallback = False
+    ) -> dict[str, Any]:
+        """Flush, compact, roll up, apply retention and expire snapshots. Idempotent.
+
+        ``progress``: a ``ProgressCallback`` (``progress(step, done, total)``), or True for a
+        rich bar on the terminal (metricvault.progressbar's, imported only then)."""
+        if progress is True:
+            from metricvault.progressbar import console_progress
+
+            with console_progress() as bar:
+                return super().maintain(now_ms, bar)
+        return super().maintain(now_ms, progress)
+
+
+class InfluxVault(_Conveniences, _InfluxStore):
+    """A vault on an InfluxDB 1.x database (the store's
+    :class:`metricvault.store.backends.influxdb.InfluxVault` with the conveniences)."""
+
+
+def open_backend(target: str, settings: Settings, *, create: bool, buffer_name: str) -> AnyStore:
+    """The store ``target`` names (a directory, ``s3://``, ``influxdb://``, a ``.parquet``
+    snapshot or a gateway URL), as its public class: the one dispatcher by URI."""
+    from metricvault.store.backends import is_influx_uri
+
+    if is_influx_uri(target):  # InfluxDB 1.x: the same API, see docs/influxdb.md
+        return InfluxVault.open(target, settings)
+    if target.endswith(".parquet"):  # a frozen experiment snapshot: read-only
+        from metricvault.archive.opened import SnapshotVault
+
+        return SnapshotVault(target, settings)
+    if is_gateway_uri(target):  # a gateway: writes and the registry over HTTP
+        from metricvault.store.backends.gateway import GatewayVault
+
+        return GatewayVault(target)
+    return Vault.open_local(target, settings, create=create, buffer_name=buffer_name)
