@@ -471,8 +471,45 @@ def _json(document: Any) -> bytes:
 
 
 TRUNCATED = body(_good(), counter("c", number(5)))[:-7]
+
+
+def _nested_attribute(levels: int, kind: str) -> bytes:
+    """An export whose one data point's attribute value nests ``levels`` deep (as text: the
+    document is too deep for json.dumps itself)."""
+    if kind == "kvlistValue":
+        opening, closing = '{"kvlistValue": {"values": [{"key": "k", "value": ', "}]}}"
+    else:
+        opening, closing = '{"arrayValue": {"values": [', "]}}"
+    value = opening * levels + '{"intValue": "1"}' + closing * levels
+    point = '{"timeUnixNano": "1767225600000000000", "asDouble": 1, "attributes": ' + (
+        '[{"key": "deep", "value": ' + value + "}]}"
+    )
+    return (
+        '{"resourceMetrics": [{"scopeMetrics": [{"metrics": [{"name": "g", "gauge": '
+        '{"dataPoints": [' + point + "]}}]}]}]}"
+    ).encode()
+
+
 # (id, headers, body, status, message part, data points rejected (200 only))
 BAD: list[tuple[str, dict[str, str], bytes, int, str, int]] = [
+    (
+        "JSON kvlistValue 5,000 deep",
+        JSON,
+        _nested_attribute(5000, "kvlistValue"),
+        400,
+        "deeper than 100 levels",
+        0,
+    ),
+    (
+        "JSON arrayValue 5,000 deep",
+        JSON,
+        _nested_attribute(5000, "arrayValue"),
+        400,
+        "deeper than 100 levels",
+        0,
+    ),
+    ("JSON [ 100,000 deep", JSON, b"[" * 100_000, 400, "deeper than 100 levels", 0),
+    ("JSON {[ 100,000 deep", JSON, b'{"a": ' + b"[" * 100_000, 400, "deeper than 100 levels", 0),
     ("truncated protobuf", PROTOBUF, TRUNCATED, 400, "not a valid protobuf", 0),
     ("garbage protobuf", PROTOBUF, b"\xff\xff\xff\xff", 400, "not a valid protobuf", 0),
     (
@@ -755,6 +792,13 @@ def test_bad_otlp_requests_are_refused_or_partly_rejected(
     else:
         assert message in r.text, r.text
         assert vault.buffer.depth() == (0, 0)
+
+
+def test_nested_attribute_values_within_the_depth_limit_are_stored(make_client):
+    client, vault = make_client()
+    r = client.post("/v1/metrics", content=_nested_attribute(5, "kvlistValue"), headers=JSON)
+    assert r.status_code == 200, r.text
+    assert stored(vault) == {"g": [1.0]}
 
 
 def test_refusals_carry_a_google_rpc_status_in_the_requests_encoding(make_client):

@@ -85,6 +85,8 @@ def parse_request(raw: bytes, kind: str) -> Any:
         document = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"the body is not JSON: {exc}; send OTLP/JSON") from exc
+    except RecursionError:  # Python's json module recurses once per level
+        raise _too_deep() from None
     if not isinstance(document, dict):
         raise InputError(
             f"the JSON body is a {type(document).__name__}, not an object; send an OTLP/JSON "
@@ -101,22 +103,39 @@ def parse_request(raw: bytes, kind: str) -> Any:
 
 
 _ID_KEYS = ("traceId", "spanId", "trace_id", "span_id")
+# As protobuf's binary parser limits message nesting (100): deeper JSON is refused before
+# the recursive parsers (json, protobuf's json_format) could run out of stack on it.
+MAX_JSON_DEPTH = 100
 
 
-def _hex_ids_to_base64(node: Any) -> None:
-    """OTLP/JSON writes trace and span ids in hex, where proto3 JSON expects base64."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key in _ID_KEYS and isinstance(value, str):
-                try:
-                    node[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
-                except ValueError as exc:
-                    raise ValueError(f"{key} {value!r} is not hex") from exc
-            else:
-                _hex_ids_to_base64(value)
-    elif isinstance(node, list):
-        for item in node:
-            _hex_ids_to_base64(item)
+def _hex_ids_to_base64(document: Any) -> None:
+    """OTLP/JSON writes trace and span ids in hex, where proto3 JSON expects base64. Walks
+    without recursing, and refuses a document nested deeper than :data:`MAX_JSON_DEPTH`
+    before protobuf's (recursive) JSON parser sees it."""
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise _too_deep()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in _ID_KEYS and isinstance(value, str):
+                    try:
+                        node[key] = base64.b64encode(bytes.fromhex(value)).decode("ascii")
+                    except ValueError as exc:
+                        raise ValueError(f"{key} {value!r} is not hex") from exc
+                elif isinstance(value, dict | list):
+                    stack.append((value, depth + 1))
+        elif isinstance(node, list):
+            stack.extend((item, depth + 1) for item in node if isinstance(item, dict | list))
+
+
+def _too_deep() -> InputError:
+    return InputError(
+        f"the JSON body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels (the "
+        "limit; an OTLP export needs about 15, more only for kvlistValue/arrayValue "
+        "attributes nested in each other): flatten the nested attribute values"
+    )
 
 
 def response_body(rejected: int, message: str, kind: str) -> bytes:
