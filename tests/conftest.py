@@ -28,6 +28,15 @@ def _no_metricvault_env() -> Iterator[None]:
 
 
 @pytest.fixture
+def no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The training API finds no GPU name: results must not depend on the test machine's GPU.
+    Use it module-wide with ``pytestmark = pytest.mark.usefixtures("no_nvml")``."""
+    from metricvault.collect import training
+
+    monkeypatch.setattr(training, "detect_gpu_name", lambda: None)
+
+
+@pytest.fixture
 def self_signed_cert(tmp_path: Path) -> tuple[Path, Path]:
     """A certificate and key for 127.0.0.1, valid one day (TLS tests; needs openssl)."""
     if shutil.which("openssl") is None:

@@ -26,7 +26,6 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 
-from metricvault.collect import training
 from metricvault.collect.inference import MetricsMiddleware
 from metricvault.collect.training import track
 from metricvault.store.vault import Vault
@@ -36,17 +35,13 @@ from tests.unit.test_collect_otel import SAMPLED, metrics_of, prometheus_series
 
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.usefixtures("no_nvml"),
     pytest.mark.filterwarnings("ignore::metricvault.collect.training.SeriesNamesNotice"),
 ]
 REQUESTS = ("/hello", "/items/1", "/items/2", "/stream", "/unavailable", "/nope")
 SERVICE = "llm-server"
 ID = "otel-e2e"
 ADDED = {"job", "instance"}  # from the resource, not the Prometheus path's labels
-
-
-@pytest.fixture(autouse=True)
-def _no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(training, "detect_gpu_name", lambda: None)
 
 
 def _requests(app: Any) -> None:

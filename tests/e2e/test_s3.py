@@ -412,7 +412,7 @@ def test_acknowledged_samples_survive_a_crash(
         vault.close()
 
 
-def test_issue10_vault_copied_to_another_prefix_opens_and_answers(
+def test_vault_copied_to_another_prefix_opens_and_answers(
     s3_server: S3Server, s3_bucket: str, tmp_path: Path
 ) -> None:
     samples = make_samples(T0, T0 + DAY, 30 * SECOND)

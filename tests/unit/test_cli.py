@@ -337,7 +337,7 @@ def _two_runs(vault_dir):
         assert made.exit_code == 0, made.output
 
 
-def test_issue12_experiment_show_f_json_is_the_record_and_json_stays_its_alias(vault_dir):
+def test_experiment_show_f_json_is_the_record_and_json_stays_its_alias(vault_dir):
     _two_runs(vault_dir)
     spelled = run("experiment", "show", "run-1", "-d", vault_dir, "-f", "json")
     assert spelled.exit_code == 0, spelled.output
@@ -355,7 +355,7 @@ def test_issue12_experiment_show_f_json_is_the_record_and_json_stays_its_alias(v
     assert "-f table or -f json, not 'csv'" in str(refused.exception)
 
 
-def test_issue12_piped_compare_prints_two_tab_separated_tables(vault_dir):
+def test_piped_compare_prints_two_tab_separated_tables(vault_dir):
     """Not on a terminal, the summary and the side-by-side details are each plain TSV (every
     row as wide as its header), separated by one blank line."""
     _two_runs(vault_dir)
@@ -377,7 +377,7 @@ def test_issue12_piped_compare_prints_two_tab_separated_tables(vault_dir):
     assert not any("─" in line or "┃" in line for line in done.stdout.splitlines())
 
 
-def test_issue12_experiment_commands_have_their_own_module():
+def test_experiment_commands_have_their_own_module():
     from metricvault.cli import archive, experiments
 
     assert archive.experiment_app is experiments.experiment_app  # the old import path works

@@ -299,7 +299,7 @@ def test_the_agent_process_imports_neither_typer_nor_pyarrow(tmp_path):
 
 
 # --------------------------------------------------------------------------- issue 10: push
-def test_issue10_a_bad_push_url_is_refused_without_showing_its_password():
+def test_a_bad_push_url_is_refused_without_showing_its_password():
     from metricvault.collect.agent import push_endpoint
     from metricvault.errors import ConfigError
 
@@ -320,7 +320,7 @@ def test_issue10_a_bad_push_url_is_refused_without_showing_its_password():
         ),
     ],
 )
-def test_issue10_push_credentials_are_checked_before_the_agent_starts(
+def test_push_credentials_are_checked_before_the_agent_starts(
     tmp_path, monkeypatch, url, files, message
 ):
     from metricvault.errors import ConfigError
@@ -334,7 +334,7 @@ def test_issue10_push_credentials_are_checked_before_the_agent_starts(
         Agent(opts, sources=[])
 
 
-def test_issue10_the_gateway_token_variable_is_the_fallback_credential(tmp_path, monkeypatch):
+def test_the_gateway_token_variable_is_the_fallback_credential(tmp_path, monkeypatch):
     monkeypatch.setenv("METRICVAULT_GATEWAY_TOKEN", "from-env")
     opts = AgentOptions(listen="127.0.0.1:0", state_dir=tmp_path, push_url="http://gw:9201")
     agent = Agent(opts, sources=[])
@@ -369,7 +369,7 @@ class BadThenGood:
         pass
 
 
-def test_issue10_a_failing_push_round_does_not_stop_pushing(tmp_path):
+def test_a_failing_push_round_does_not_stop_pushing(tmp_path):
     closed = _closed_port()
     opts = AgentOptions(
         listen="127.0.0.1:0",

@@ -869,7 +869,7 @@ def test_simulated_fast_readings_match_the_exported_values() -> None:
     source.close()
 
 
-def test_issue12_nvml_is_split_by_job_and_keeps_its_names() -> None:
+def test_nvml_is_split_by_job_and_keeps_its_names() -> None:
     """Discovery, readings, per-process attribution and XID events are modules of their own;
     the old import path keeps its names, and their log lines stay under its logger."""
     import importlib

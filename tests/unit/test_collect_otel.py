@@ -44,13 +44,11 @@ SPAN = "00f067aa0ba902b7"
 SAMPLED = f"00-{TRACE}-{SPAN}-01"
 NOT_SAMPLED = f"00-{TRACE}-{SPAN}-00"
 ID = "otel-run"
-pytestmark = pytest.mark.filterwarnings("ignore::metricvault.collect.training.SeriesNamesNotice")
+pytestmark = [
+    pytest.mark.usefixtures("no_nvml"),
+    pytest.mark.filterwarnings("ignore::metricvault.collect.training.SeriesNamesNotice"),
+]
 REQUESTS = ("/hello", "/items/1", "/items/2", "/stream", "/boom", "/unavailable", "/nope")
-
-
-@pytest.fixture(autouse=True)
-def _no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(training, "detect_gpu_name", lambda: None)
 
 
 @pytest.fixture

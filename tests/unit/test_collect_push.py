@@ -588,7 +588,7 @@ def errors_logged(caplog: Any) -> list[str]:
 
 
 @pytest.mark.parametrize("code", [401, 403, 404, 405, 415, 418])
-def test_issue10_config_errors_keep_the_data_spooled_log_once_and_are_exported(
+def test_config_errors_keep_the_data_spooled_log_once_and_are_exported(
     fake: FakeGateway, clients: list[PushClient], tmp_path: Path, caplog: Any, code: int
 ) -> None:
     fake.script = [(code, {}, "no")] * 10_000
@@ -614,7 +614,7 @@ def test_issue10_config_errors_keep_the_data_spooled_log_once_and_are_exported(
     )
 
 
-def test_issue10_400_drops_the_request_only_when_an_empty_request_passes(
+def test_400_drops_the_request_only_when_an_empty_request_passes(
     fake: FakeGateway, clients: list[PushClient], tmp_path: Path
 ) -> None:
     fake.script = [(400, {}, "series #0: bad label")]
@@ -630,7 +630,7 @@ def test_issue10_400_drops_the_request_only_when_an_empty_request_passes(
     assert metrics["metricvault_agent_push_dropped_samples_total{reason=spool_full}"] == 0
 
 
-def test_issue10_a_400_that_an_empty_request_gets_too_keeps_the_data(
+def test_a_400_that_an_empty_request_gets_too_keeps_the_data(
     fake: FakeGateway, clients: list[PushClient], tmp_path: Path
 ) -> None:
     proxy: tuple[int, dict[str, str], str] = (
@@ -648,7 +648,7 @@ def test_issue10_a_400_that_an_empty_request_gets_too_keeps_the_data(
     assert client.dropped().get("http_400") is None
 
 
-def test_issue10_bearer_token_file_is_sent_and_reread_on_401(
+def test_bearer_token_file_is_sent_and_reread_on_401(
     fake: FakeGateway, clients: list[PushClient], tmp_path: Path
 ) -> None:
     token_file = tmp_path / "token"
@@ -666,7 +666,7 @@ def test_issue10_bearer_token_file_is_sent_and_reread_on_401(
     assert "right-token" not in repr(auth) and str(token_file) in repr(auth)
 
 
-def test_issue10_url_userinfo_is_basic_auth_and_never_logged_or_exported(
+def test_url_userinfo_is_basic_auth_and_never_logged_or_exported(
     fake: FakeGateway, clients: list[PushClient], tmp_path: Path, caplog: Any
 ) -> None:
     fake.require_auth = basic("alice", "p@ss:word")
@@ -688,7 +688,7 @@ def test_issue10_url_userinfo_is_basic_auth_and_never_logged_or_exported(
         assert secret not in caplog.text and secret not in exported
 
 
-def test_issue10_basic_auth_file_holds_user_colon_password(
+def test_basic_auth_file_holds_user_colon_password(
     fake: FakeGateway, clients: list[PushClient], tmp_path: Path
 ) -> None:
     secret = tmp_path / "basic"
@@ -705,7 +705,7 @@ def test_issue10_basic_auth_file_holds_user_colon_password(
     ("content", "error"),
     [("", "is empty"), ("  \n", "is empty"), ("no-colon\n", "user:password")],
 )
-def test_issue10_a_bad_credential_file_is_refused_at_start(
+def test_a_bad_credential_file_is_refused_at_start(
     tmp_path: Path, content: str, error: str
 ) -> None:
     path = tmp_path / "secret"
@@ -736,7 +736,7 @@ def test_redact_url_hides_the_password_of_any_url(url: str, shown: str) -> None:
     assert redact_url(url) == shown
 
 
-def test_issue10_start_up_check_reports_a_wrong_endpoint_and_keeps_running(
+def test_start_up_check_reports_a_wrong_endpoint_and_keeps_running(
     fake: FakeGateway, clients: list[PushClient], tmp_path: Path, caplog: Any
 ) -> None:
     fake.probe_script = [(404, {}, "Not Found")]

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from metricvault.collect import training
 from metricvault.collect.integrations import (
     forward_hf_logs,
     forward_lightning_metrics,
@@ -32,13 +31,8 @@ from metricvault.errors import ConflictError, InputError
 from metricvault.store.vault import Vault
 from tests.clocks import Clocks
 
+pytestmark = pytest.mark.usefixtures("no_nvml")
 ID = "llama-7b-lr3e-4"
-
-
-@pytest.fixture(autouse=True)
-def _no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Results must not depend on whether the test machine has a GPU."""
-    monkeypatch.setattr(training, "detect_gpu_name", lambda: None)
 
 
 @pytest.fixture
@@ -604,9 +598,7 @@ def test_every_log_call_is_kept_even_within_one_millisecond(vault: Vault) -> Non
     assert series["train_loss"] == [float(s) for s in range(200)]
 
 
-def test_issue12_track_into_an_open_store_checks_what_it_can_do(
-    vault: Vault, tmp_path: Path
-) -> None:
+def test_track_into_an_open_store_checks_what_it_can_do(vault: Vault, tmp_path: Path) -> None:
     """An open store is taken by what it can do (collect names no backend class): a read-only
     snapshot is refused with the store's own message, and left open for its caller."""
     import metricvault

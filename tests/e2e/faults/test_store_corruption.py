@@ -89,7 +89,7 @@ def catalog_versions(vault_dir: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------ corrupt buffer batch
-def test_issue10_corrupt_buffer_batch_is_quarantined_and_counted(
+def test_corrupt_buffer_batch_is_quarantined_and_counted(
     tmp_path: Path, gateway: Any
 ) -> None:
     vault_dir = tmp_path / "vault"
@@ -127,7 +127,7 @@ def test_issue10_corrupt_buffer_batch_is_quarantined_and_counted(
 
 
 # ------------------------------------------------------------------ truncated series file
-def test_issue10_truncated_series_file_names_it_and_check_repair_rebuilds(
+def test_truncated_series_file_names_it_and_check_repair_rebuilds(
     tmp_path: Path,
 ) -> None:
     vault_dir = tmp_path / "vault"
@@ -220,7 +220,7 @@ def flip_inside_data_page(data: bytes, column: str) -> bytes:
     return bytes(flipped)
 
 
-def test_issue10_bit_flip_in_data_file_fails_loudly_and_check_names_it(tmp_path: Path) -> None:
+def test_bit_flip_in_data_file_fails_loudly_and_check_names_it(tmp_path: Path) -> None:
     vault_dir = tmp_path / "vault"
     with Vault.open_local(str(vault_dir)) as vault:
         vault.write(frame("gpu_util", {"0": 50.0, "1": 60.0}, 2000))
@@ -254,7 +254,7 @@ def test_issue10_bit_flip_in_data_file_fails_loudly_and_check_names_it(tmp_path:
     assert len(left) == 10  # the other day's file; the lost day was named in the plan
 
 
-def test_issue10_damaged_rollup_file_is_recomputed_from_raw_by_repair(tmp_path: Path) -> None:
+def test_damaged_rollup_file_is_recomputed_from_raw_by_repair(tmp_path: Path) -> None:
     vault_dir = tmp_path / "vault"
     with Vault.open_local(str(vault_dir)) as vault:
         vault.write(frame("gpu_util", {"0": 50.0, "1": 60.0}, 2000))
@@ -273,7 +273,7 @@ def test_issue10_damaged_rollup_file_is_recomputed_from_raw_by_repair(tmp_path: 
     pd.testing.assert_frame_equal(after, before)
 
 
-def test_issue10_bit_flip_in_an_s3_object_fails_loudly_and_check_names_it(
+def test_bit_flip_in_an_s3_object_fails_loudly_and_check_names_it(
     s3_server: S3Server, s3_bucket: str, tmp_path: Path
 ) -> None:
     uri = f"s3://{s3_bucket}/vault"
@@ -315,7 +315,7 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str,
         return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
 
 
-def test_issue10_full_disk_writes_answer_503_and_reads_keep_working(
+def test_full_disk_writes_answer_503_and_reads_keep_working(
     small_disk: Path, gateway: Any
 ) -> None:
     vault_dir = small_disk / "vault"

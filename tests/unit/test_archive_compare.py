@@ -1,5 +1,5 @@
-"""Issue 11: what researchers hit — step-aligned history, compare with params and GPUs,
-experiment filters, the training API's series names, the demo report."""
+"""Comparing runs as researchers do: step-aligned history, compare with params and GPUs,
+experiment filters, the training API's series names, the demo report (from issue 11)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from metricvault.archive.experiments import select
 from metricvault.archive.opened import SnapshotVault
 from metricvault.archive.snapshot import export_snapshot
 from metricvault.cli.main import app
-from metricvault.collect import training
 from metricvault.collect.training import SeriesNamesNotice, track
 from metricvault.errors import InputError, NotFoundError
 from metricvault.sim import ClusterSpec, generate
@@ -32,11 +31,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "archive.md"
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 ID = "short-run"
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def _no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(training, "detect_gpu_name", lambda: None)
+pytestmark = pytest.mark.usefixtures("no_nvml")
 
 
 @pytest.fixture
@@ -78,7 +73,7 @@ def _rank_samples(vault: Vault) -> None:
 
 
 # ---------------------------------------------------------------------------- history
-def test_issue11_history_joins_each_metric_to_the_step_series_exactly(vault: Vault) -> None:
+def test_history_joins_each_metric_to_the_step_series_exactly(vault: Vault) -> None:
     _rank_samples(vault)
     frame = vault.history("ranks", metrics=["train_loss", "grad_norm"])
     assert frame.index.name == "step"
@@ -89,7 +84,7 @@ def test_issue11_history_joins_each_metric_to_the_step_series_exactly(vault: Vau
     assert frame["grad_norm"].iloc[[0, 2]].isna().all()
 
 
-def test_issue11_history_averages_ranks_at_one_step_and_says_what_is_missing(
+def test_history_averages_ranks_at_one_step_and_says_what_is_missing(
     vault: Vault,
 ) -> None:
     vault.experiments.create("ddp", '{experiment="ddp"}', start=T0, end=T0 + 10_000)
@@ -109,9 +104,7 @@ def test_issue11_history_averages_ranks_at_one_step_and_says_what_is_missing(
         vault.history("nosteps", metrics=["train_loss"])
 
 
-def test_issue11_history_of_an_opened_snapshot_equals_the_vaults(
-    vault: Vault, tmp_path: Path
-) -> None:
+def test_history_of_an_opened_snapshot_equals_the_vaults(vault: Vault, tmp_path: Path) -> None:
     _rank_samples(vault)
     want = vault.history("ranks", metrics=["train_loss", "grad_norm"])
     raw = export_snapshot(vault, "ranks", tmp_path / "raw")
@@ -124,7 +117,7 @@ def test_issue11_history_of_an_opened_snapshot_equals_the_vaults(
         snap.history("ranks", metrics=["train_loss"])
 
 
-def test_issue11_a_six_second_run_compares_at_raw_resolution(vault: Vault, clocks: Clocks) -> None:
+def test_a_six_second_run_compares_at_raw_resolution(vault: Vault, clocks: Clocks) -> None:
     _six_second_run(vault, clocks)
     by_step = curves(vault, [ID], "train_loss", align="step")
     assert by_step["x"].tolist() == [0, 1, 2, 3, 4, 5]
@@ -136,7 +129,7 @@ def test_issue11_a_six_second_run_compares_at_raw_resolution(vault: Vault, clock
     assert len(line.get_xdata()) == 6 and line.get_marker() not in ("None", "", None)
 
 
-def test_issue11_compare_on_the_command_line_aligns_a_short_run_by_step(
+def test_compare_on_the_command_line_aligns_a_short_run_by_step(
     vault: Vault, clocks: Clocks, tmp_path: Path
 ) -> None:
     _six_second_run(vault, clocks)
@@ -169,7 +162,7 @@ def sim_vault(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Vault,
     v.close()
 
 
-def test_issue11_compare_lists_the_gpus_a_run_was_given(sim_vault) -> None:
+def test_compare_lists_the_gpus_a_run_was_given(sim_vault) -> None:
     vault, ids = sim_vault
     table = compare(vault, ids).set_index("experiment")
     assert table.loc[ids[0], "gpu_list"] == "node01: 0-1"
@@ -177,7 +170,7 @@ def test_issue11_compare_lists_the_gpus_a_run_was_given(sim_vault) -> None:
     assert table.loc[ids[0], "gpu_model"] == SPEC.model_name
 
 
-def test_issue11_compare_shows_params_and_marks_differences(sim_vault) -> None:
+def test_compare_shows_params_and_marks_differences(sim_vault) -> None:
     vault, ids = sim_vault
     params = params_table(vault, ids).set_index("param")
     assert params.loc["gpus", ids[0]] == "2" and params.loc["gpus", ids[1]] == "4"
@@ -205,7 +198,7 @@ def _three_experiments(vault: Vault) -> None:
     )
 
 
-def test_issue11_experiments_select_by_tag_param_and_since(vault: Vault) -> None:
+def test_experiments_select_by_tag_param_and_since(vault: Vault) -> None:
     _three_experiments(vault)
     every = vault.experiments.list()
     assert [e.id for e in select(every, tags=["paper"])] == ["old", "r3", "r4"]
@@ -223,7 +216,7 @@ def _doc_command(prefix: str) -> list[str]:
     return shlex.split(lines[0].split(" #")[0])[1:]
 
 
-def test_issue11_experiment_list_filters_as_the_docs_show(
+def test_experiment_list_filters_as_the_docs_show(
     vault: Vault, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _three_experiments(vault)
@@ -234,7 +227,7 @@ def test_issue11_experiment_list_filters_as_the_docs_show(
     assert pd.read_csv(io.StringIO(done.output))["id"].tolist() == ["r3"]
 
 
-def test_issue11_failed_create_does_not_say_it_recorded_a_commit(
+def test_failed_create_does_not_say_it_recorded_a_commit(
     vault: Vault, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repo = tmp_path / "code"
@@ -254,9 +247,7 @@ def test_issue11_failed_create_does_not_say_it_recorded_a_commit(
 
 
 # ---------------------------------------------------------------------------- track names
-def test_issue11_track_says_once_which_series_the_names_are_stored_as(
-    vault: Vault, clocks: Clocks
-) -> None:
+def test_track_says_once_which_series_the_names_are_stored_as(vault: Vault, clocks: Clocks) -> None:
     assert "train_loss" in (track.__doc__ or "") and "learning_rate" in (track.__doc__ or "")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -270,7 +261,7 @@ def test_issue11_track_says_once_which_series_the_names_are_stored_as(
     assert caught[0].filename == __file__  # points at the user's run.log call
 
 
-def test_issue11_mfu_above_one_warns_once_and_is_kept(vault: Vault, clocks: Clocks) -> None:
+def test_mfu_above_one_warns_once_and_is_kept(vault: Vault, clocks: Clocks) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with track(
@@ -287,7 +278,7 @@ def test_issue11_mfu_above_one_warns_once_and_is_kept(vault: Vault, clocks: Cloc
 
 
 # ---------------------------------------------------------------------------- demo report
-def test_issue11_demo_report_shows_runs_as_the_cli_does(sim_vault, tmp_path: Path) -> None:
+def test_demo_report_shows_runs_as_the_cli_does(sim_vault, tmp_path: Path) -> None:
     from metricvault.demo import _jobs_table
     from metricvault.demo_archive import ArchiveOutcome
     from metricvault.report import write_report
@@ -313,7 +304,7 @@ def test_issue11_demo_report_shows_runs_as_the_cli_does(sim_vault, tmp_path: Pat
     assert re.search(r"img\{[^}]*width:100%", page)
 
 
-def test_issue11_node_band_does_not_hide_the_mean(sim_vault) -> None:
+def test_node_band_does_not_hide_the_mean(sim_vault) -> None:
     from metricvault.report import node_band
 
     vault, _ = sim_vault
@@ -329,7 +320,7 @@ def test_issue11_node_band_does_not_hide_the_mean(sim_vault) -> None:
     assert fig.get_size_inches()[0] >= 12
 
 
-def test_issue11_a_short_demo_writes_every_report_section(
+def test_a_short_demo_writes_every_report_section(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
@@ -345,7 +336,7 @@ def test_issue11_a_short_demo_writes_every_report_section(
     assert page.count("data:image/png;base64,") == 4
 
 
-def test_issue11_history_after_raw_retention_says_where_the_samples_are(vault: Vault) -> None:
+def test_history_after_raw_retention_says_where_the_samples_are(vault: Vault) -> None:
     _rank_samples(vault)
     vault.maintain(now_ms=T0 + 400 * 86_400_000)  # raw (30 d) is gone, rollups stay
     with pytest.raises(NotFoundError, match=r"retention_raw=30d.*archive restore ranks"):

@@ -1,4 +1,4 @@
-"""Issue 11: the command line's and the Python API's rough edges.
+"""The command line's output formats and messages, and the Python API's input checks.
 
 Output formats follow the file name, piped tables are whole, a query that matches nothing says
 why, hot commands start without typer/rich/pandas, settings are checked when loaded.
@@ -58,7 +58,7 @@ def span(*extra: str) -> list[str]:
 
 
 # ------------------------------------------------------------------ -o picks the format
-def test_issue11_output_format_follows_the_file_extension(vault_dir, tmp_path):
+def test_output_format_follows_the_file_extension(vault_dir, tmp_path):
     parquet, as_json = tmp_path / "q.parquet", tmp_path / "q.json"
     for out in (parquet, as_json):
         done = cli("query", "gpu_util", "-d", vault_dir, *span("--step", "1h"), "-o", str(out))
@@ -67,7 +67,7 @@ def test_issue11_output_format_follows_the_file_extension(vault_dir, tmp_path):
     assert [r["gpu"] for r in json.loads(as_json.read_text())] == ["0", "1"]
 
 
-def test_issue11_a_format_that_contradicts_the_extension_is_refused(vault_dir, tmp_path):
+def test_a_format_that_contradicts_the_extension_is_refused(vault_dir, tmp_path):
     out = tmp_path / "q.parquet"
     done = cli("query", "gpu_util", "-d", vault_dir, *span(), "-f", "csv", "-o", str(out))
     assert done.returncode == 2
@@ -77,7 +77,7 @@ def test_issue11_a_format_that_contradicts_the_extension_is_refused(vault_dir, t
     assert unknown.returncode == 2 and "cannot tell the format" in unknown.stderr
 
 
-def test_issue11_dash_is_stdout(vault_dir, tmp_path):
+def test_dash_is_stdout(vault_dir, tmp_path):
     args = ["series", "-d", vault_dir, "-f", "csv", "-o", "-"]
     done = subprocess.run(
         [sys.executable, "-m", "metricvault.cli", *args],
@@ -92,14 +92,14 @@ def test_issue11_dash_is_stdout(vault_dir, tmp_path):
 
 
 # ------------------------------------------------------------------ piped tables are whole
-def test_issue11_piped_table_is_tab_separated_full_width(vault_dir):
+def test_piped_table_is_tab_separated_full_width(vault_dir):
     done = cli("series", "gpu_util", "-d", vault_dir)
     lines = done.stdout.splitlines()
     assert lines[0].split("\t") == ["series_id", "metric", "kind", "UUID", "gpu"]
     assert [line.split("\t")[3] for line in lines[1:]] == [f"{UUID}-0", f"{UUID}-1"]
 
 
-def test_issue11_piped_experiment_compare_keeps_every_column(vault_dir, tmp_path):
+def test_piped_experiment_compare_keeps_every_column(vault_dir, tmp_path):
     copy = tmp_path / "v"
     subprocess.run(["cp", "-a", vault_dir, str(copy)], check=True)
     for run_id in ("run-with-a-long-name-1", "run-with-a-long-name-2"):
@@ -118,7 +118,7 @@ def test_issue11_piped_experiment_compare_keeps_every_column(vault_dir, tmp_path
 
 
 # ------------------------------------------------------------------ --version, -h, -f json
-def test_issue11_version_and_short_help():
+def test_version_and_short_help():
     from metricvault import __version__
 
     assert cli("--version").stdout.strip() == f"metricvault {__version__}"
@@ -129,7 +129,7 @@ def test_issue11_version_and_short_help():
     assert "--start" in cli("query", "-h").stdout  # the hot path hands -h to the manual
 
 
-def test_issue11_stats_speaks_format_json_and_keeps_json(vault_dir):
+def test_stats_speaks_format_json_and_keeps_json(vault_dir):
     one = json.loads(cli("stats", "-d", vault_dir, "-f", "json").stdout)
     two = json.loads(cli("stats", "-d", vault_dir, "--json").stdout)
     assert one["series"] == two["series"] == 3
@@ -138,7 +138,7 @@ def test_issue11_stats_speaks_format_json_and_keeps_json(vault_dir):
 
 
 # ------------------------------------------------------------------ no match says why
-def test_issue11_no_match_suggests_near_metric_names(vault_dir):
+def test_no_match_suggests_near_metric_names(vault_dir):
     done = cli("query", "gpu_utl", "-d", vault_dir, *span())
     assert done.returncode == 0
     assert "no series match gpu_utl" in done.stderr and "gpu_util" in done.stderr
@@ -147,7 +147,7 @@ def test_issue11_no_match_suggests_near_metric_names(vault_dir):
     assert "gpu_temp exists; its labels: gpu (0)" in labels.stderr
 
 
-def test_issue11_no_samples_in_range_says_where_the_data_is(vault_dir):
+def test_no_samples_in_range_says_where_the_data_is(vault_dir):
     done = cli("query", "gpu_util", "-d", vault_dir, "--start=-1d")
     assert "2 series match gpu_util but none has samples in the range" in done.stderr
     assert "2026-01-01T00:00:00Z" in done.stderr
@@ -158,7 +158,7 @@ def test_issue11_no_samples_in_range_says_where_the_data_is(vault_dir):
     "args",
     [["stats"], ["series"], ["query", "gpu_util", "--start", str(T0), "--step", "1h"]],
 )
-def test_issue11_hot_commands_import_neither_typer_rich_nor_pandas(vault_dir, args):
+def test_hot_commands_import_neither_typer_rich_nor_pandas(vault_dir, args):
     code = (
         "import atexit, sys\n"
         "heavy = ('typer', 'rich', 'click', 'pydantic', 'pandas')\n"
@@ -173,7 +173,7 @@ def test_issue11_hot_commands_import_neither_typer_rich_nor_pandas(vault_dir, ar
     assert "LOADED []" in done.stderr
 
 
-def test_issue11_fast_path_takes_the_same_options_as_the_manual():
+def test_fast_path_takes_the_same_options_as_the_manual():
     import typer.main
 
     group = typer.main.get_command(app)
@@ -185,7 +185,7 @@ def test_issue11_fast_path_takes_the_same_options_as_the_manual():
 
 
 # ------------------------------------------------------------------ Python API errors
-def test_issue11_polars_output_without_polars_names_the_extra(vault_dir):
+def test_polars_output_without_polars_names_the_extra(vault_dir):
     code = (
         "import sys; sys.modules['polars'] = None\n"
         "from metricvault import Vault\n"
@@ -201,7 +201,7 @@ def test_issue11_polars_output_without_polars_names_the_extra(vault_dir):
     [pd.Series([1.0, 2.0]), "gpu_util 1", {"metric": "m"}, 42, None],
     ids=["pandas-series", "str", "dict", "int", "none"],
 )
-def test_issue11_writing_a_wrong_type_is_a_clear_error(tmp_path, data):
+def test_writing_a_wrong_type_is_a_clear_error(tmp_path, data):
     with (
         Vault.open_local(str(tmp_path / "w"), create=True) as v,
         pytest.raises(InputError, match="write cannot take") as info,
@@ -211,7 +211,7 @@ def test_issue11_writing_a_wrong_type_is_a_clear_error(tmp_path, data):
 
 
 # ------------------------------------------------------------------ settings checked on load
-def test_issue11_bad_override_selector_fails_when_settings_load(tmp_path, vault_dir):
+def test_bad_override_selector_fails_when_settings_load(tmp_path, vault_dir):
     from metricvault.config import Settings
     from metricvault.errors import ConfigError
 
@@ -227,7 +227,7 @@ def test_issue11_bad_override_selector_fails_when_settings_load(tmp_path, vault_
     assert "Traceback" not in done.stderr
 
 
-def test_issue11_unknown_metricvault_variable_is_warned_about(vault_dir):
+def test_unknown_metricvault_variable_is_warned_about(vault_dir):
     done = cli("stats", "-d", vault_dir, METRICVAULT_RETENTON_RAW="90d")
     assert done.returncode == 0
     assert "METRICVAULT_RETENTON_RAW" in done.stderr
@@ -237,7 +237,7 @@ def test_issue11_unknown_metricvault_variable_is_warned_about(vault_dir):
 
 
 # ------------------------------------------------------------------ import streams
-def test_issue11_import_parses_mixed_iso_and_epoch_ms_timestamps(tmp_path):
+def test_import_parses_mixed_iso_and_epoch_ms_timestamps(tmp_path):
     csv = tmp_path / "mixed.csv"
     csv.write_text(
         "metric,timestamp,value,host\n"
@@ -257,7 +257,7 @@ def test_issue11_import_parses_mixed_iso_and_epoch_ms_timestamps(tmp_path):
     assert got["host"].to_pylist() == ["007"] * 4  # labels stay text
 
 
-def test_issue11_import_reads_in_bounded_batches_and_names_a_bad_time(tmp_path, monkeypatch):
+def test_import_reads_in_bounded_batches_and_names_a_bad_time(tmp_path, monkeypatch):
     from metricvault.store import importer
 
     rows = "".join(f"m,{T0 + i * 1000},{i}.0,a\n" for i in range(20_000))
@@ -283,7 +283,7 @@ def test_issue11_import_reads_in_bounded_batches_and_names_a_bad_time(tmp_path, 
         assert v.query("m", T0, T0 + 30_000_000, output="arrow").num_rows == sum(seen) == 20_000
 
 
-def test_issue11_config_shows_toml_table_brackets_piped_and_on_a_terminal(monkeypatch) -> None:
+def test_config_shows_toml_table_brackets_piped_and_on_a_terminal(monkeypatch) -> None:
     import io
     import sys
 

@@ -1,4 +1,4 @@
-"""Issue 10: a vault survives being moved, copied, crashed and maintained under a reader.
+"""A vault survives being moved, copied, crashed and maintained under a reader.
 
 Everything here is real: directories moved with ``mv`` and copied with ``cp -a``, a symlink, a
 writer process killed with SIGKILL between writing a data file and committing it, a catalog
@@ -28,7 +28,6 @@ from metricvault.store.catalog import DataFile, SeriesFile
 from metricvault.store.query import ContextReader
 from metricvault.store.vault import Vault
 
-pytestmark = pytest.mark.e2e
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 HOUR = 3_600_000
@@ -90,7 +89,7 @@ def catalog_json(path: Path) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------- relative paths
-def test_issue10_vault_answers_after_mv(tmp_path: Path) -> None:
+def test_vault_answers_after_mv(tmp_path: Path) -> None:
     before = tmp_path / "vault"
     build_vault(before)
     with Vault.open_local(str(before)) as vault:
@@ -110,7 +109,7 @@ def test_issue10_vault_answers_after_mv(tmp_path: Path) -> None:
             )
 
 
-def test_issue10_maintain_on_a_cp_a_copy_deletes_nothing_referenced(tmp_path: Path) -> None:
+def test_maintain_on_a_cp_a_copy_deletes_nothing_referenced(tmp_path: Path) -> None:
     original = tmp_path / "vault"
     build_vault(original)
     with Vault.open_local(str(original)) as vault:
@@ -130,7 +129,7 @@ def test_issue10_maintain_on_a_cp_a_copy_deletes_nothing_referenced(tmp_path: Pa
     assert original_now == original_files, "maintaining the copy touched the original"
 
 
-def test_issue10_maintain_on_a_copy_without_its_catalog_deletes_nothing(tmp_path: Path) -> None:
+def test_maintain_on_a_copy_without_its_catalog_deletes_nothing(tmp_path: Path) -> None:
     original = tmp_path / "vault"
     build_vault(original)
     copy = tmp_path / "partial-copy"  # an rsync that stopped before catalog/ arrived
@@ -144,7 +143,7 @@ def test_issue10_maintain_on_a_copy_without_its_catalog_deletes_nothing(tmp_path
     assert report["expired"] == {"snapshots": 0, "files": 0, "unproven": len(files)}
 
 
-def test_issue10_vault_opens_through_a_symlink_after_moving_disks(tmp_path: Path) -> None:
+def test_vault_opens_through_a_symlink_after_moving_disks(tmp_path: Path) -> None:
     first_disk = tmp_path / "disk1" / "vault"
     build_vault(first_disk)
     with Vault.open_local(str(first_disk)) as vault:
@@ -189,7 +188,7 @@ def make_legacy(vault_dir: Path, old_root: str) -> None:
         path.write_bytes(json.dumps(legacy, separators=(",", ":")).encode())
 
 
-def test_issue10_legacy_absolute_catalog_is_migrated_on_open(tmp_path: Path) -> None:
+def test_legacy_absolute_catalog_is_migrated_on_open(tmp_path: Path) -> None:
     vault_dir = tmp_path / "vault"
     build_vault(vault_dir)
     with Vault.open_local(str(vault_dir)) as vault:
@@ -224,7 +223,7 @@ def test_issue10_legacy_absolute_catalog_is_migrated_on_open(tmp_path: Path) -> 
 
 
 # ---------------------------------------------------------------- fsync before commit
-def test_issue10_data_and_series_files_are_fsynced_before_the_commit(
+def test_data_and_series_files_are_fsynced_before_the_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     events: list[tuple[str, str]] = []
@@ -286,7 +285,7 @@ PAUSING_WRITER = textwrap.dedent(
 )
 
 
-def test_issue10_kill_9_between_file_write_and_commit_loses_nothing(tmp_path: Path) -> None:
+def test_kill_9_between_file_write_and_commit_loses_nothing(tmp_path: Path) -> None:
     vault_dir = tmp_path / "vault"
     n = 900
     child = subprocess.Popen(
@@ -321,7 +320,7 @@ def test_issue10_kill_9_between_file_write_and_commit_loses_nothing(tmp_path: Pa
 
 
 # ---------------------------------------------------------------- grace from replacement
-def test_issue10_reader_keeps_its_files_across_two_maintenance_rounds(tmp_path: Path) -> None:
+def test_reader_keeps_its_files_across_two_maintenance_rounds(tmp_path: Path) -> None:
     vault_dir = tmp_path / "vault"
     two_hours_ago = time.time() - 2 * 3600
     with Vault.open_local(str(vault_dir), keep_snapshots=1, orphan_grace="1h") as vault:
@@ -356,7 +355,7 @@ def test_issue10_reader_keeps_its_files_across_two_maintenance_rounds(tmp_path: 
 
 # ---------------------------------------------------------------- catalog fallback
 @pytest.mark.parametrize("damage", ["truncated", "empty"])
-def test_issue10_damaged_newest_catalog_falls_back_with_a_warning(
+def test_damaged_newest_catalog_falls_back_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
 ) -> None:
     vault_dir = tmp_path / "vault"

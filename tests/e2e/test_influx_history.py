@@ -1,4 +1,4 @@
-"""Issue 11: ``history`` on the InfluxDB backend answers like the embedded store (real influxd)."""
+"""``history`` on the InfluxDB backend answers like the embedded store (real influxd)."""
 
 # ruff: noqa: F811  (the fixtures imported from influx_fixture are parameters here)
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _samples(t0: int) -> list[tuple[str, dict[str, str], int, float]]:
     ]
 
 
-def test_issue11_history_on_influxdb_equals_the_embedded_store(
+def test_history_on_influxdb_equals_the_embedded_store(
     influxd: InfluxServer, tmp_path: Path
 ) -> None:
     t0 = int(time.time() * 1000) // 60_000 * 60_000 - 600_000  # within the raw retention
