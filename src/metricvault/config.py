@@ -189,13 +189,16 @@ class Settings:
     )
     query_timeout: str = _setting(
         "2m",
-        "A PromQL query on the gateway's Prometheus API (/api/v1/query, query_range) that runs "
-        "longer is answered 503 'query timed out' (Prometheus's --query.timeout default).",
+        "A PromQL query (the gateway's /api/v1/query and query_range, vault.promql, metricvault "
+        "promql) that runs longer is stopped where it is and refused 'query timed out' (503 on "
+        "the API; Prometheus's --query.timeout default).",
     )
     query_max_samples: int = _setting(
         50_000_000,
-        "Samples one PromQL query may load; more is refused with 422 (Prometheus's "
-        "--query.max-samples default): about 1.2 GB of memory at this default.",
+        "Points one PromQL query may hold at once (samples and rollup rows read, range "
+        "windows, subquery results, series x steps matrices); more is refused with 422 before "
+        "it is built (Prometheus's --query.max-samples default): about 1.2 GB of memory at "
+        "this default.",
     )
     query_max_series: int = _setting(
         1_000_000,

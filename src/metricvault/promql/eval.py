@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import promql_parser as pp
@@ -21,8 +21,16 @@ import promql_parser as pp
 from metricvault.promql import aggregate, binary, functions
 from metricvault.promql.errors import PromQLError
 from metricvault.promql.limits import MAX_POINTS_PER_SERIES, Clock, Limits, check_resolution
-from metricvault.promql.parse import datetime_ms, duration_ms, parse
+from metricvault.promql.parse import duration_ms, parse
 from metricvault.promql.source import SampleSource, hints_for, is_stale
+from metricvault.promql.times import (
+    INT64_MAX,
+    MAX_STORED_MS,
+    MIN_STORED_MS,
+    at_times,
+    check_int64,
+    parser_at_ms,
+)
 from metricvault.promql.values import (
     Labels,
     QueryResult,
@@ -32,8 +40,11 @@ from metricvault.promql.values import (
     StepVector,
     make_labels,
 )
-from metricvault.protocols import SelectHints
+from metricvault.protocols import BucketSelection, SelectHints
 from metricvault.selector import Matcher
+
+if TYPE_CHECKING:
+    from metricvault.config import Settings
 
 __all__ = ["MAX_POINTS_PER_SERIES", "Engine", "EngineOptions", "Evaluator"]
 # The parser's enum values do not hash; their str() does.
@@ -66,6 +77,21 @@ class EngineOptions:
     max_samples: int = 50_000_000
     max_series: int = 0
     timeout_s: float | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> EngineOptions:
+        """The options a vault's settings give (``lookback_delta``, ``query_max_samples``,
+        ``query_max_series``, ``query_timeout``), so every place the engine runs holds the
+        same limits."""
+        from metricvault.durations import parse_duration_ms
+
+        given: dict[str, Any] = {
+            "lookback_delta_ms": parse_duration_ms(settings.lookback_delta),
+            "max_samples": settings.query_max_samples,
+            "max_series": settings.query_max_series,
+            "timeout_s": parse_duration_ms(settings.query_timeout) / 1000,
+        }
+        return cls(**{**given, **overrides})
 
 
 class Engine:
@@ -102,7 +128,8 @@ class Engine:
                 f"limit of {sys.getrecursionlimit()} frames); split it into smaller expressions"
             ) from None
         except ValueError as exc:  # promql-parser's AST cannot hand over a duration past
-            if "too large to fit" not in str(exc):  # int64 (rate(x[300000000y])): what
+            text = str(exc)  # int64 (rate(x[300000000y]), offset -300000000y): what
+            if "too large to fit" not in text and "too small to fit" not in text:
                 raise  # Prometheus's parser refuses as "duration out of range"
             raise PromQLError("parse error: duration out of range", "bad_data") from None
 
@@ -110,12 +137,15 @@ class Engine:
         self, expr: str, start_ms: int, end_ms: int | None, step_ms: int | None, limits: Limits
     ) -> QueryResult:
         tree = parse(expr)
+        at = at_times(tree, expr)
+        check_int64("the query time", start_ms)
         if end_ms is None:
-            ev = Evaluator(self.source, self.options, start_ms, start_ms, limits)
+            ev = Evaluator(self.source, self.options, start_ms, start_ms, limits, at)
             value = ev.eval(tree, np.array([start_ms], dtype=np.int64))
             return ev.annotate(_instant_result(value, start_ms))
+        check_int64("the query's end time", end_ms)
         steps = _steps(start_ms, end_ms, step_ms)
-        ev = Evaluator(self.source, self.options, start_ms, end_ms, limits)
+        ev = Evaluator(self.source, self.options, start_ms, end_ms, limits, at)
         value = ev.eval(tree, steps)
         if isinstance(value, RangeVector | str):
             kind = "range vector" if isinstance(value, RangeVector) else "string"
@@ -187,10 +217,12 @@ class Evaluator:
         query_start: int,
         query_end: int,
         limits: Limits | None = None,
+        at_ms: dict[int, int] | None = None,  # each @ time, by id() of its node (times.py)
     ) -> None:
         self.source = source
         self.options = options
         self.limits = limits or Limits(options.max_samples, options.max_series, options.timeout_s)
+        self.at_ms = at_ms or {}
         self.query_start = query_start
         self.query_end = query_end
         self.notes: list[str] = []  # warnings for the answer (approximations)
@@ -269,8 +301,24 @@ class Evaluator:
         elif at.type == pp.AtModifierType.End:
             base = np.full(steps.size, self.query_end, dtype=np.int64)
         else:
-            base = np.full(steps.size, datetime_ms(at.at), dtype=np.int64)
-        return base - duration_ms(node.offset)
+            base = np.full(steps.size, self.at_time(node), dtype=np.int64)
+        offset = duration_ms(node.offset)
+        # Room below for the widest window (a range, the lookback) so no later subtraction
+        # wraps around int64: Prometheus's Go arithmetic would wrap silently.
+        room = max(self.options.lookback_delta_ms, 0) + (1 << 44)
+        lo, hi = int(base.min()) - offset, int(base.max()) - offset
+        if lo - room < -INT64_MAX - 1 or hi > INT64_MAX:
+            raise PromQLError(
+                f"the evaluation time {hi if hi > INT64_MAX else lo} ms (the query time moved "
+                "by @ and offset) is too near the ends of int64 milliseconds; use @ and offset "
+                "values that keep it within about ±292 million years of 1970",
+                kind="bad_data",
+            )
+        return base - offset
+
+    def at_time(self, node: Any) -> int:
+        found = self.at_ms.get(id(node))
+        return parser_at_ms(node.at) if found is None else found
 
     def matchers(self, vs: Any) -> list[Matcher]:
         matchers = [Matcher(m.name, _MATCH_OPS[str(m.op)], m.value) for m in vs.matchers.matchers]
@@ -283,15 +331,22 @@ class Evaluator:
     ) -> list[RangeSeries]:
         matchers = self.matchers(vs)
         self.limits.check()
-        series = [
-            RangeSeries(make_labels(s.labels.items()), s.ts, s.values)
-            for s in self.source.select(matchers, lo, hi, hints)
-        ]
+        # Nothing is stored outside what a datetime holds; a store asked for it may overflow.
+        lo, hi = max(lo, MIN_STORED_MS), min(hi, MAX_STORED_MS)
+        found = self.source.select(matchers, lo, hi, hints) if lo <= hi else []
+        series = [RangeSeries(make_labels(s.labels.items()), s.ts, s.values) for s in found]
         self.limits.selected(s.labels for s in series)
         self.limits.reserve(sum(int(s.ts.size) for s in series))
         # Sorted by label set, as Prometheus's storage returns them (error messages and
         # the order of equal-valued results depend on it).
         return sorted(series, key=lambda s: s.labels)
+
+    def count_buckets(self, selection: BucketSelection, n_steps: int) -> None:
+        """The rollup path's reads against the limits: a row counts as a sample, and each
+        series' answer as a row of ``n_steps`` points."""
+        self.limits.selected(make_labels(s.labels.items()) for s in selection.series)
+        rows = sum(int(s.columns["ts"].size) for s in selection.series)
+        self.limits.reserve(rows + len(selection.series) * n_steps)
 
     def vector_selector(self, vs: Any, steps: np.ndarray) -> tuple[StepVector, np.ndarray]:
         """The vector and, per cell, the timestamp of the sample it took (for timestamp())."""
@@ -329,6 +384,7 @@ class Evaluator:
             self.limits.check()
             keep = ~is_stale(s.values)
             series.append(RangeSeries(s.labels, s.ts[keep], s.values[keep]))
+        self.limits.reserve(len(series) * steps.size)  # each series' window at each step
         return RangeVector(
             series, refs - range_ms, refs, range_ms, left_open=self.options.left_open_windows
         )
@@ -353,6 +409,7 @@ class Evaluator:
                 mask = inner.present[r]
                 if mask.any():
                     series.append(RangeSeries(labels, inner_steps[mask], inner.values[r][mask]))
+        self.limits.reserve(len(series) * steps.size)  # each series' window at each step
         return RangeVector(
             series, refs - range_ms, refs, range_ms, left_open=self.options.left_open_windows
         )
@@ -362,8 +419,8 @@ def points(value: Value) -> int:
     """What ``value`` holds, as the sample budget counts it (limits.py)."""
     if isinstance(value, StepVector):
         return int(value.values.size)
-    if isinstance(value, RangeVector):
-        return sum(int(s.ts.size) for s in value.series)
+    if isinstance(value, RangeVector):  # the samples, and each series' window per step
+        return sum(int(s.ts.size) for s in value.series) + len(value.series) * value.ends.size
     return 0
 
 

@@ -9,7 +9,7 @@ a range query at ``start, start + step, ... <= end``, exactly as Prometheus alig
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +20,9 @@ from metricvault.promql.eval import Engine, EngineOptions
 from metricvault.promql.source import VaultSource
 from metricvault.promql.values import QueryResult
 
+if TYPE_CHECKING:
+    from metricvault.config import Settings
+
 
 def promql_frame(
     store: Any,
@@ -29,12 +32,17 @@ def promql_frame(
     step: str | int | None = None,
     output: str = "pandas",
     options: EngineOptions | None = None,
+    settings: Settings | None = None,
 ) -> Any:
-    """Evaluate ``expr`` over ``store`` (anything with the vault's ``query``) as a frame."""
+    """Evaluate ``expr`` over ``store`` (anything with the vault's ``query``) as a frame.
+    Without ``options``, the limits of ``settings`` (the vault's: ``query_max_samples``,
+    ``query_max_series``, ``query_timeout``, ``lookback_delta``) hold, as they do on ``serve``."""
     from metricvault.store.query import convert
 
     now = now_ms()
     at = parse_time_ms(start, now=now)
+    if options is None and settings is not None:
+        options = EngineOptions.from_settings(settings)
     engine = Engine(VaultSource(store), options)
     if end is None:
         result = engine.evaluate(expr, at)

@@ -17,6 +17,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # kills the process near 10,000 chained operators, and the engine recurses per level (Python's
 # recursion limit ends near 300). Prometheus has no such limit; no dashboard comes near it.
 MAX_QUERY_DEPTH = 128
+MAX_DURATION_MS = (2**63 - 1) // 1_000_000  # Go's time.Duration: int64 nanoseconds
 _NOT_NESTING = re.compile(r""""(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*'|`[^`]*`|#[^\n]*""")
 _MATCHERS = re.compile(r"\{[^{}]*\}")
 _WORD_OPERATORS = ("and", "or", "unless", "atan2")
@@ -76,9 +77,14 @@ def check_depth(expr: str) -> None:
 
 
 def duration_ms(delta: timedelta | None) -> int:
+    """Milliseconds of a duration in the tree; past Go's ``time.Duration`` (int64 ns, about
+    292 years) Prometheus's parser refuses it, and so does this."""
     if delta is None:
         return 0
-    return delta.days * 86_400_000 + delta.seconds * 1000 + delta.microseconds // 1000
+    ms = delta.days * 86_400_000 + delta.seconds * 1000 + delta.microseconds // 1000
+    if abs(ms) > MAX_DURATION_MS:
+        raise PromQLError("parse error: duration out of range", kind="bad_data")
+    return ms
 
 
 def datetime_ms(moment: datetime) -> int:

@@ -76,6 +76,7 @@ def range_call(ev: Evaluator, name: str, ms: Any, steps: np.ndarray) -> StepVect
     selection = ev.source.select_buckets(ev.matchers(ms.vector_selector), hints)
     if selection is None:
         return None
+    ev.count_buckets(selection, steps.size)  # the query's series and sample limits
     res = selection.width_ms
     p = Plan(res, selection.shifted, refs // res * res if selection.shifted else refs,
              selection.range_ms)  # fmt: skip
