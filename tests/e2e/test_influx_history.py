@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from metricvault.config import Settings
-from metricvault.store.backends.influxdb import InfluxVault, setup
-from metricvault.store.vault import Vault
+from metricvault.public import InfluxVault, Vault
+from metricvault.store.backends.influxdb import setup
 
 from .influx_fixture import InfluxServer, influxd  # noqa: F401
 
