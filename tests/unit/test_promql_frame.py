@@ -1,8 +1,10 @@
-"""``vault.promql`` and ``metricvault promql``: PromQL answers in the long shape (issue 13)."""
+"""``vault.promql`` and ``metricvault promql``: PromQL answers in the long shape (issue 13),
+under the vault's query limits."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,9 @@ from typer.testing import CliRunner
 
 from metricvault import Vault
 from metricvault.cli.main import app
+from metricvault.config import Settings
 from metricvault.errors import PromQLError
+from metricvault.promql import EngineOptions
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -29,7 +33,7 @@ def vault_dir(tmp_path: Path) -> Path:
     return path
 
 
-def test_issue13_vault_promql_is_the_long_shape(vault_dir: Path) -> None:
+def test_vault_promql_is_the_long_shape(vault_dir: Path) -> None:
     with Vault.open_local(str(vault_dir)) as vault:
         instant = vault.promql("sum by (job) (rate(req_total[1m]))", T0 + 300_000)
         ranged = vault.promql("req_total", T0 + 60_000, T0 + 180_000, "1m", output="arrow")
@@ -42,7 +46,7 @@ def test_issue13_vault_promql_is_the_long_shape(vault_dir: Path) -> None:
     assert ranged["value"].to_pylist() == [4.0, 8.0, 12.0, 8.0, 16.0, 24.0]
 
 
-def test_issue13_a_range_query_needs_a_step(vault_dir: Path) -> None:
+def test_a_range_query_needs_a_step(vault_dir: Path) -> None:
     with (
         Vault.open_local(str(vault_dir)) as vault,
         pytest.raises(PromQLError, match="needs a step"),
@@ -50,7 +54,7 @@ def test_issue13_a_range_query_needs_a_step(vault_dir: Path) -> None:
         vault.promql("req_total", T0, T0 + 60_000)
 
 
-def test_issue13_promql_on_the_command_line(vault_dir: Path) -> None:
+def test_promql_on_the_command_line(vault_dir: Path) -> None:
     args = ["promql", "sum(req_total)", f"--start={T0 + 600_000}", "-d", str(vault_dir)]
     result = CliRunner().invoke(app, [*args, "-f", "json"])
     assert result.exit_code == 0, result.output
@@ -62,7 +66,7 @@ def test_issue13_promql_on_the_command_line(vault_dir: Path) -> None:
     assert half.exit_code != 0 and "--end and --step" in half.output
 
 
-def test_issue13_an_empty_answer_past_the_data_says_where_the_data_ends(vault_dir: Path) -> None:
+def test_an_empty_answer_past_the_data_says_where_the_data_ends(vault_dir: Path) -> None:
     result = CliRunner().invoke(app, ["promql", "req_total", "-d", str(vault_dir)])  # now
     assert result.exit_code == 0, result.output
     assert "no series at now" in result.stderr and "raw data ends at 2026-01-01 00:10:00" in (
@@ -70,7 +74,7 @@ def test_issue13_an_empty_answer_past_the_data_says_where_the_data_ends(vault_di
     )
 
 
-def test_issue13_answers_past_the_raw_horizon_warn_in_python_and_on_the_command_line(
+def test_answers_past_the_raw_horizon_warn_in_python_and_on_the_command_line(
     tmp_path: Path,
 ) -> None:
     from metricvault.errors import ApproximateAnswer
@@ -88,3 +92,36 @@ def test_issue13_answers_past_the_raw_horizon_warn_in_python_and_on_the_command_
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "warning: raw samples before the raw horizon" in result.stderr
+
+
+def test_engine_options_from_settings_carry_the_query_limits() -> None:
+    settings = Settings.load(
+        env={}, query_max_samples=123, query_max_series=7, query_timeout="90s", lookback_delta="1m"
+    )
+    options = EngineOptions.from_settings(settings)
+    assert (options.max_samples, options.max_series) == (123, 7)
+    assert (options.timeout_s, options.lookback_delta_ms) == (90.0, 60_000)
+    assert EngineOptions.from_settings(settings, timeout_s=5.0).timeout_s == 5.0
+
+
+@pytest.mark.parametrize(
+    ("setting", "expr", "message"),
+    [
+        ("query_max_samples=50", "req_total[10m]", "too many samples"),  # 2 x 41
+        ("query_max_series=1", "req_total", "maximum number of series (limit: 1 series)"),
+    ],
+)
+def test_vault_promql_and_the_command_line_hold_the_vault_query_limits(
+    vault_dir: Path, setting: str, expr: str, message: str
+) -> None:
+    name, value = setting.split("=")
+    with (
+        Vault.open_local(str(vault_dir), **{name: int(value)}) as vault,
+        pytest.raises(PromQLError, match=re.escape(message)) as info,
+    ):
+        vault.promql(expr, T0 + 600_000)
+    assert info.value.kind == "execution"
+    args = ["promql", expr, f"--start={T0 + 600_000}", "-d", str(vault_dir), "--set", setting]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code != 0
+    assert isinstance(refused.exception, PromQLError) and message in str(refused.exception)
