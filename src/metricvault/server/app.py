@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 
 from metricvault.config import Settings
@@ -121,6 +121,8 @@ class Gateway:
             return await work(request, who)  # type: ignore[no-any-return]
         except MetricVaultError as exc:
             return self.refuse(exc)
+        except ClientDisconnect:  # gone, or its body's framing was invalid (the server said so)
+            return PlainTextResponse("the client disconnected before its body was read\n", 400)
         except Exception:  # a bug must not take the gateway down or look like a client error
             log.exception("internal error on %s", endpoint)
             self.metrics.rejected.labels("internal").inc()

@@ -5,10 +5,11 @@ nothing, or half a header, holds a connection (and a file descriptor) for good, 
 thousand of them (slowloris) exhaust the process's file limit, after which every accept fails
 and asyncio logs a traceback for each failure. :class:`GuardedH11Protocol` closes a connection
 whose request head is not complete ``header_timeout_s`` after its first byte (or after it
-connected), and closes new connections at once while the process holds more than its file
-limit less :data:`FILES_RESERVE`; :func:`quiet_accept_errors` turns the accept-failure
-tracebacks into one line per burst; :func:`raise_open_file_limit` lifts the soft file limit to
-the hard one.
+connected), closes new connections at once while the process holds more than its file limit
+less :data:`FILES_RESERVE`, and answers a request that is not valid HTTP/1.1 (a negative
+``Content-Length``, a chunk size that is not hex) with a 400 saying what was wrong.
+:func:`quiet_accept_errors` turns the accept-failure tracebacks into one line per burst;
+:func:`raise_open_file_limit` lifts the soft file limit to the hard one.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ import asyncio
 import contextlib
 import functools
 import logging
+import re
 import resource
 import socket
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from metricvault.durations import parse_duration_ms
@@ -74,6 +78,14 @@ class GuardedH11Protocol(H11Protocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn calls this while it handles h11's RemoteProtocolError, and says only
+        "Invalid HTTP request received."; the error itself says what was wrong."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, h11.RemoteProtocolError):
+            msg = invalid_http_message(str(exc))
+        super().send_400_response(msg)
+
     def _awaiting_head(self) -> bool:
         return self.cycle is None or self.cycle.response_complete
 
@@ -91,6 +103,25 @@ class GuardedH11Protocol(H11Protocol):
         if self._awaiting_head() and not self.transport.is_closing():
             # no answer: a stalled client is not reading, and a 408 would only fill buffers
             self.transport.close()
+
+
+# what to do about each of h11's refusals, by the words its message starts with
+_HTTP_FIXES = (
+    ("bad Content-Length", "Content-Length must be the body's size in bytes, a decimal >= 0"),
+    ("conflicting Content-Length", "send one Content-Length header"),
+    ("illegal chunk header", "each chunk of a chunked body starts with its size in hex and CRLF"),
+    ("Only Transfer-Encoding", "send the body with Content-Length or Transfer-Encoding: chunked"),
+    ("Missing mandatory Host", "send a Host header (HTTP/1.1 requires one)"),
+)
+
+
+def invalid_http_message(error: str) -> str:
+    """The 400's body for a request h11 refused as invalid HTTP/1.1 (``error``: its words)."""
+    fix = next((f for start, f in _HTTP_FIXES if error.startswith(start)), "")
+    fix = fix or "send a well-formed HTTP/1.1 request (RFC 9112)"
+    error = re.sub(r"bytearray\((b'.*')\)", r"\1", error)  # h11 shows the bytes it refused
+    text = f"the request is not valid HTTP/1.1: {error}; {fix}\n"
+    return text.encode("ascii", "backslashreplace").decode("ascii")  # uvicorn sends ASCII
 
 
 def _no_delay(transport: asyncio.Transport) -> None:
