@@ -151,12 +151,16 @@ def promql(
     kind = resolve_format(fmt, output)
     if (end is None) != (step is None):
         raise typer.BadParameter("a range query needs both --end and --step")
-    with open_vault(data, config, set_) as vault:
+    from metricvault.cli.light import open_with
+
+    settings = load_settings(data, config, set_)
+    with open_with(settings) as vault:
         from metricvault.promql.frame import promql_frame
 
         with warnings.catch_warnings(record=True) as notes:
             warnings.simplefilter("always", ApproximateAnswer)
-            table = promql_frame(vault, expr, start, end, step, output="arrow")
+            # the vault's query limits hold here as on serve: a refusal is a clean error
+            table = promql_frame(vault, expr, start, end, step, "arrow", settings=settings)
         empty = table.num_rows == 0 and _promql_empty_note(vault, start, end)
     for note in notes:
         print(f"warning: {note.message}", file=sys.stderr)

@@ -17,15 +17,15 @@ import pyarrow as pa
 from metricvault.durations import TimeLike, now_ms, parse_duration_ms, parse_time_ms
 from metricvault.errors import ApproximateAnswer, PromQLError
 from metricvault.promql.eval import Engine, EngineOptions
-from metricvault.promql.source import VaultSource
 from metricvault.promql.values import QueryResult
+from metricvault.protocols import SampleSource
 
 if TYPE_CHECKING:
     from metricvault.config import Settings
 
 
 def promql_frame(
-    store: Any,
+    store: SampleSource,
     expr: str,
     start: TimeLike = "now",
     end: TimeLike | None = None,
@@ -34,16 +34,16 @@ def promql_frame(
     options: EngineOptions | None = None,
     settings: Settings | None = None,
 ) -> Any:
-    """Evaluate ``expr`` over ``store`` (anything with the vault's ``query``) as a frame.
+    """Evaluate ``expr`` over ``store`` (any store with the read seam) as a frame.
     Without ``options``, the limits of ``settings`` (the vault's: ``query_max_samples``,
     ``query_max_series``, ``query_timeout``, ``lookback_delta``) hold, as they do on ``serve``."""
-    from metricvault.store.query import convert
+    from metricvault.tables import convert
 
     now = now_ms()
     at = parse_time_ms(start, now=now)
     if options is None and settings is not None:
         options = EngineOptions.from_settings(settings)
-    engine = Engine(VaultSource(store), options)
+    engine = Engine(store, options)
     if end is None:
         result = engine.evaluate(expr, at)
     else:
