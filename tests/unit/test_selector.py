@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metricvault.errors import SelectorError
+from metricvault.errors import PromQLError, SelectorError
+from metricvault.promql import Engine, EngineOptions, MemorySource
 from metricvault.selector import (
     Matcher,
     Selector,
@@ -304,3 +306,43 @@ def test_label_names_outside_the_classic_pattern_are_quoted():
 )
 def test_strings_are_respelled_as_the_parser_reads_them(expr, spelled):
     assert rewrite_strings(expr) == spelled
+
+
+def _engine_selects(text: str) -> set[str]:
+    source = MemorySource()
+    for key, (metric, labels) in SERIES.items():
+        source.add({"__name__": metric, **labels, "key": key}, [0], [1.0])
+    result = Engine(source, EngineOptions()).evaluate(text, 0)
+    return {labels["key"] for labels, _, _ in result.series}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{path=`C:\\dir`}",
+        "{path=~`C:\\\\d.r`}",
+        '{job="\\x61\\u0070\\151"}',
+        '{Hostname="node01"} or gpu_util',
+        '{note=~"say.*"}',
+        'gpu_util{Hostname=~"node0[12]", gpu!="1"}',
+    ],
+)
+def test_the_engine_and_parse_selectors_select_the_same_series(text):
+    assert _engine_selects(text) == selected(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('up{a=~"a**"}', "error parsing regexp: invalid nested repetition operator: `**`"),
+        ('up{a=~"(?=x)"}', "error parsing regexp: invalid or unsupported Perl syntax: `(?=`"),
+        ('up{a=~"("}', "illegal regex for (: error parsing regexp: missing closing ): `^(?s:()$`"),
+        ('up{a="x" or b="y"}', "'or' between label matchers is not supported"),
+    ],
+)
+def test_the_engine_refuses_what_parse_selectors_refuses(text, words):
+    with pytest.raises(SelectorError):
+        parse_selectors(text)
+    with pytest.raises(PromQLError, match=re.escape(words)) as info:
+        _engine_selects(text)
+    assert info.value.kind == "bad_data"

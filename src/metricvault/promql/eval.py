@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import promql_parser as pp
 
+from metricvault.errors import SelectorError
 from metricvault.promql import aggregate, binary, functions
 from metricvault.promql.errors import PromQLError
 from metricvault.promql.limits import MAX_POINTS_PER_SERIES, Clock, Limits, check_resolution
@@ -321,7 +322,18 @@ class Evaluator:
         return parser_at_ms(node.at) if found is None else found
 
     def matchers(self, vs: Any) -> list[Matcher]:
-        matchers = [Matcher(m.name, _MATCH_OPS[str(m.op)], m.value) for m in vs.matchers.matchers]
+        if vs.matchers.or_matchers:  # {a="x" or b="y"}: refused, not read as {}
+            raise PromQLError(
+                "parse error: 'or' between label matchers is not supported: join whole "
+                'selectors with or (m{a="x"} or m{b="y"})',
+                kind="bad_data",
+            )
+        try:
+            matchers = [
+                Matcher(m.name, _MATCH_OPS[str(m.op)], m.value) for m in vs.matchers.matchers
+            ]
+        except SelectorError as exc:  # a regex promql-parser's engine took but RE2 refuses
+            raise PromQLError(f"parse error: {exc}", kind="bad_data") from None
         if vs.name is not None:
             matchers.insert(0, Matcher("__name__", "=", vs.name))
         return matchers

@@ -11,6 +11,7 @@ import numpy as np
 import promql_parser as pp
 
 from metricvault.promql.errors import PromQLError
+from metricvault.selector import explain_parse_error, rewrite_strings
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Deeper expressions are refused before parsing: promql-parser (Rust) overflows its stack and
@@ -45,9 +46,12 @@ def parse(expr: str) -> Any:
     """The AST of ``expr``; a :class:`PromQLError` (bad_data) worded by the parser if not."""
     check_depth(expr)
     try:
-        return pp.parse(expr)
+        # raw (backtick) strings without escapes, as Prometheus reads them: promql-parser
+        # refuses `\d` in one
+        return pp.parse(rewrite_strings(expr))
     except ValueError as exc:
-        raise PromQLError(f"parse error: {exc}", kind="bad_data") from exc
+        reason = explain_parse_error(str(exc))  # a refused regex: in Prometheus's words
+        raise PromQLError(f"parse error: {reason}", kind="bad_data") from exc
 
 
 def query_depth(expr: str) -> int:
