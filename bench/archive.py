@@ -107,8 +107,8 @@ class Setup:
 
 def build_vault(args: argparse.Namespace, vault_dir: Path) -> Setup:
     """Simulate into a fresh vault, maintain it, register the experiment."""
+    from metricvault.public import Vault
     from metricvault.sim import ClusterSpec, generate
-    from metricvault.store.vault import Vault
 
     spec = ClusterSpec(
         nodes=args.nodes, gpus_per_node=args.gpus_per_node, days=args.days, seed=args.seed
@@ -162,7 +162,7 @@ def _status_kib(field_name: str) -> int:
 def export_in_child(vault_dir: str, experiment_id: str, out_dir: str, tier: str) -> dict[str, Any]:
     """Runs in a spawned process: open the vault, reset the peak RSS, export, report."""
     from metricvault.archive.snapshot import export_snapshot
-    from metricvault.store.vault import Vault
+    from metricvault.public import Vault
 
     with Vault.open(vault_dir, create=False, retention_raw=RETENTION_RAW) as vault:
         try:  # "5" resets VmHWM to the current RSS (Linux >= 4.0)
@@ -296,7 +296,7 @@ def profile_export(vault_dir: Path, experiment_id: str, out_dir: Path, top: int)
     import pstats
 
     from metricvault.archive.snapshot import export_snapshot
-    from metricvault.store.vault import Vault
+    from metricvault.public import Vault
 
     profiler = cProfile.Profile()
     with Vault.open(str(vault_dir), create=False, retention_raw=RETENTION_RAW) as vault:

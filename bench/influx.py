@@ -222,7 +222,7 @@ def write_all(vault: Any, work: Workload, summary: Summary | None) -> tuple[int,
 
 
 def run_embedded(work: Workload, summary: Summary, root: Path, runs: int) -> Result:
-    from metricvault.store.vault import Vault
+    from metricvault.public import Vault
 
     result = Result("metricvault embedded")
     path = root / "embedded"
@@ -244,7 +244,8 @@ def run_embedded(work: Workload, summary: Summary, root: Path, runs: int) -> Res
 
 def run_influx(work: Workload, summary: Summary, root: Path, runs: int) -> Result:
     from metricvault.config import Settings
-    from metricvault.store.backends.influxdb import InfluxVault, setup
+    from metricvault.public import InfluxVault
+    from metricvault.store.backends.influxdb import setup
 
     result = Result("InfluxDB 1.6")
     server = Influxd(root / "influxd")

@@ -795,7 +795,7 @@ def gateway_label(workers: int, otlp: bool = False) -> str:
 def bench_gateway(
     load: LoadProcess, args: argparse.Namespace, workdir: Path, workers: int, otlp: bool = False
 ) -> SystemRun:
-    from metricvault.store.vault import Vault
+    from metricvault.public import Vault
 
     run = SystemRun(gateway_label(workers, otlp))
     data_dir = workdir / "vault"

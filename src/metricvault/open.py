@@ -26,6 +26,7 @@ import os
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, overload
 
 from metricvault.protocols import (
+    Exporting,
     HasExperiments,
     Maintaining,
     Reading,
@@ -124,6 +125,16 @@ def open(
     uri: str | os.PathLike[str] | None = ...,
     settings: Settings | None = ...,
     *,
+    need: Literal["export"],
+    create: bool = ...,
+    buffer_name: str = ...,
+    **overrides: Any,
+) -> Exporting: ...
+@overload
+def open(
+    uri: str | os.PathLike[str] | None = ...,
+    settings: Settings | None = ...,
+    *,
     need: Literal["sql"],
     create: bool = ...,
     buffer_name: str = ...,
@@ -139,8 +150,9 @@ def open(
     **overrides: Any,
 ) -> Store:
     """Open the store at ``uri`` (default: the ``data`` setting) for what ``need`` names:
-    ``read`` (default), ``write``, ``read+write``, ``maintain``, ``experiments``, ``sql`` or
-    ``serve``. UnsupportedError if that store cannot do it; the store is closed again then.
+    ``read`` (default), ``write``, ``read+write``, ``maintain``, ``experiments``, ``sql``,
+    ``serve`` or ``export``. UnsupportedError if that store cannot do it; the store is closed
+    again then.
 
     ``create``: make a new local vault if the directory does not exist (else NotFoundError).
     ``buffer_name`` gives a writer process its own ingest buffer file (gateway workers).

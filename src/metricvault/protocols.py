@@ -22,6 +22,7 @@ capability     protocol and methods
 ``maintain``   :class:`Maintaining`: ``maintain``
 ``experiments`` :class:`HasExperiments`: ``experiments`` (an :class:`ExperimentRegistry`)
 ``sql``        ``sql`` (DuckDB views; the embedded store and snapshots)
+``export``     :class:`Exporting`: ``sample_reader`` and the registry (``archive export``)
 ``serve``      :class:`ServingStore`: what ``metricvault serve`` needs — all of write,
                maintain and experiments, plus ``buffered``, ``state_dir``, ``uri``,
                ``series_count`` and ``flush_other_buffers``
@@ -52,9 +53,12 @@ from metricvault.selector import Matcher
 
 if TYPE_CHECKING:  # numpy is imported where arrays are made: `import metricvault` stays light
     import numpy as np
+    import pyarrow as pa
 
-Capability = Literal["read", "write", "maintain", "experiments", "sql", "serve"]
-CAPABILITIES: tuple[Capability, ...] = ("read", "write", "maintain", "experiments", "sql", "serve")
+Capability = Literal["read", "write", "maintain", "experiments", "sql", "serve", "export"]
+CAPABILITIES: tuple[Capability, ...] = (
+    "read", "write", "maintain", "experiments", "sql", "serve", "export",
+)  # fmt: skip
 
 # What ``serve`` implies: a gateway writes, maintains on a timer and serves the registry.
 _IMPLIES: dict[str, frozenset[str]] = {"serve": frozenset({"write", "maintain", "experiments"})}
@@ -67,6 +71,7 @@ _PURPOSE: dict[str, str] = {
     "experiments": "the experiment registry (metricvault experiment ...)",
     "sql": "SQL views (metricvault sql)",
     "serve": "serving a gateway (metricvault serve: it writes, maintains and keeps experiments)",
+    "export": "archive export (metricvault archive export reads every series' samples or rollups)",
 }
 
 
@@ -273,6 +278,53 @@ class ExperimentRegistry(Protocol):
 class HasExperiments(Store, Protocol):
     @property
     def experiments(self) -> ExperimentRegistry: ...
+
+
+class SeriesLookup(Protocol):
+    """A store's series index as an export reads it: ids by selector, and what each is."""
+
+    def match(self, selector: Any) -> list[int]: ...
+
+    def get(self, series_id: int) -> Any:
+        """The series' ``series_id``, ``metric``, ``labels`` (a dict), ``labels_json``."""
+        ...
+
+    def kind(self, series_id: int) -> str: ...
+
+    def is_counter(self, series_id: int) -> bool: ...
+
+
+class SampleReader(Protocol):
+    """Every series' raw samples and per-bucket partials by series id: what the shared query
+    layer (``store/reading.py``) and the archive export read through."""
+
+    @property
+    def index(self) -> SeriesLookup: ...
+
+    @property
+    def lookback_ms(self) -> int:
+        """How far back a counter's previous sample is looked for."""
+        ...
+
+    @property
+    def raw_horizon_ms(self) -> int:
+        """Raw samples before this were dropped by retention (0: none)."""
+        ...
+
+    def raw_samples(self, series_ids: list[int], start: int, end: int) -> pa.Table:
+        """``series_id, ts, value`` with ``start <= ts < end``, sorted by series and time."""
+        ...
+
+    def partials(self, series_ids: list[int], start: int, end: int, step: int) -> pa.Table:
+        """Per (series, bucket of ``step`` ms aligned to the epoch; -1: one bucket over the
+        range): ``series_id, ts, count, sum, min, max, last, last_ts, increase``."""
+        ...
+
+
+class Exporting(HasExperiments, Protocol):
+    """What ``metricvault archive export`` reads: the registry and every series' data."""
+
+    def sample_reader(self) -> SampleReader: ...
 
 
 class ReadWriteStore(Reading, Writing, Protocol):

@@ -1,4 +1,4 @@
-"""Issue 12: the shared behaviour suite (tests/backend_suite.py) over the backends that need a
+"""The shared behaviour suite (tests/backend_suite.py) over the backends that need a
 real server: an InfluxDB 1.x database (a real ``influxd``) and a gateway URL (a real
 ``metricvault serve``). Each answers what it can exactly as the embedded vault does on the same
 data, and refuses what it cannot with UnsupportedError naming itself, what it lacks, and where
@@ -19,8 +19,8 @@ import metricvault
 from metricvault.config import Settings
 from metricvault.errors import UnsupportedError
 from metricvault.protocols import has
-from metricvault.store.backends.influxdb import InfluxVault, setup
-from metricvault.store.vault import Vault
+from metricvault.public import InfluxVault, Vault
+from metricvault.store.backends.influxdb import setup
 
 from .. import backend_suite as suite
 from .conftest import GatewayProcess
@@ -83,9 +83,12 @@ def test_issue12_influxdb_refuses_sql_saying_what_to_use_instead(influx, influx_
         metricvault.open(influx_uri, need="sql")
     message = str(caught.value)
     assert f"{influx.uri} is an InfluxDB database, which cannot do SQL views" in message
-    assert "Use query() (or InfluxQL directly against the database)" in message
-    with pytest.raises(UnsupportedError, match="SQL views exist only on the embedded store"):
+    assert "use query() or promql() (or InfluxQL directly against the database)" in message
+    with pytest.raises(UnsupportedError) as caught:
         influx.sql("SELECT count(*) FROM series")
+    message = " ".join(str(caught.value).split())
+    assert "SQL views (raw, rollup_1m, rollup_1h, series, experiments) exist only" in message
+    assert "run the same SQL on its snapshot" in message
     with pytest.raises(UnsupportedError, match="InfluxDB keeps no versions of its data"):
         influx.catalog_version()
 
@@ -97,9 +100,33 @@ def test_issue12_influxdb_answers_alike_from_its_rollups_after_maintain(embedded
     embedded.maintain(now_ms=t0 + 3 * suite.HOUR_MS)
     influx.maintain()
     suite.check_query(embedded, influx, t0, step)
-    for tier, rows in (("raw", 840), ("1m", 240)):  # 2 x 60 + 2 x 60 minutes rolled up
+    for tier, rows in (("raw", suite.RAW_SAMPLES), ("1m", suite.MINUTE_ROWS)):
         assert influx.stats()["tiers"][tier]["rows"] == embedded.stats()["tiers"][tier]["rows"]
         assert embedded.stats()["tiers"][tier]["rows"] == rows
+
+
+@pytest.mark.parametrize("expr", suite.PROMQL)
+def test_promql_on_influxdb_answers_as_the_embedded_vault(embedded, influx, t0, expr):
+    """rate, increase and every *_over_time used to raise UnsupportedError on InfluxDB (the
+    engine found catalog_version there and called it); they read its raw samples now."""
+    suite.check_promql(embedded, influx, t0, expr)
+    assert influx.horizons().raw_start_ms > 0  # its raw retention policy's horizon
+
+
+def test_promql_on_influxdb_through_the_vault_api(influx, t0):
+    frame = influx.promql(f"increase({suite.COUNTER}[1h])", t0 + suite.HOUR_MS)
+    assert frame["value"].tolist() and frame["value"].iloc[0] > 0
+
+
+def test_archive_export_from_influxdb_runs_the_vault_sql_on_its_snapshot(
+    embedded, influx, tmp_path
+):
+    from metricvault.archive.snapshot import export_snapshot
+
+    info = export_snapshot(influx, suite.EXPERIMENT, tmp_path)
+    with metricvault.open(str(info.path)) as snapshot:
+        for statement in suite.SQL:
+            suite.check_sql(embedded, snapshot, statement)
 
 
 # --------------------------------------------------------------------------- gateway URL
@@ -151,3 +178,38 @@ def test_issue12_a_gateway_url_writes_into_its_vault_and_keeps_experiments(gatew
         suite.check_series(embedded, stored)
         suite.check_stats(embedded, stored, t0)
         suite.check_history(embedded, stored)
+        for expr in suite.PROMQL:  # what was written through the gateway reads alike
+            suite.check_promql(embedded, stored, t0, expr)
+
+
+def test_archive_export_through_a_real_gateway_is_refused_saying_to_use_its_vault(
+    gateway, t0, tmp_path
+):
+    """It used to end in AttributeError: 'GatewayVault' object has no attribute
+    'sample_reader'. Now it is refused before any request; the vault behind it exports."""
+    import subprocess
+    import sys
+
+    def export(data: str) -> subprocess.CompletedProcess[str]:
+        command = ["archive", "export", suite.EXPERIMENT, "--data", data]
+        return subprocess.run(
+            [sys.executable, "-m", "metricvault.cli", *command, "--output", str(tmp_path / "out")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    gw: GatewayProcess = gateway()
+    with metricvault.open(gw.url, need="write+experiments") as store:
+        suite.fill(store, t0)
+    proc = export(gw.url)
+    message = " ".join(proc.stderr.split())
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr and "AttributeError" not in proc.stderr, proc.stderr
+    assert f"{gw.url} is a gateway, which cannot do archive export" in message
+    assert "as --data instead of the gateway URL" in message
+    assert not (tmp_path / "out").exists()
+    gw.stop_gracefully()
+    proc = export(str(gw.data_dir))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / f"{suite.EXPERIMENT}.parquet").exists()

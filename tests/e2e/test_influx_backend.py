@@ -43,10 +43,10 @@ from metricvault.errors import (
     ValueRangeError,
 )
 from metricvault.model import Series
+from metricvault.public import InfluxVault, Vault
 from metricvault.sim import ClusterSpec, generate
 from metricvault.store.backends.influx_client import InfluxClient, parse_uri
-from metricvault.store.backends.influxdb import InfluxVault, setup, setup_statements
-from metricvault.store.vault import Vault
+from metricvault.store.backends.influxdb import setup, setup_statements
 
 from .conftest import free_port
 from .influx_fixture import (  # noqa: F401

@@ -42,6 +42,15 @@ def stores(tmp_path_factory):
     snapshot.close()
 
 
+@pytest.fixture(scope="module")
+def rolled_up(tmp_path_factory):
+    """A second vault with the same data, rolled up (maintained two hours after it)."""
+    with metricvault.open(str(tmp_path_factory.mktemp("rolled") / "v"), need="read+write") as vault:
+        suite.fill(vault, T0)
+        vault.maintain(now_ms=T0 + 3 * suite.HOUR_MS)
+        yield vault
+
+
 @pytest.mark.parametrize("step", suite.STEPS)
 @pytest.mark.parametrize("backend", ["snapshot"])
 def test_issue12_every_reader_answers_a_query_alike(stores, backend, step):
@@ -61,6 +70,51 @@ def test_issue12_every_reader_counts_the_same_series_in_its_stats(stores, backen
 @pytest.mark.parametrize("backend", ["embedded", "snapshot"])
 def test_issue12_every_reader_places_history_by_step_alike(stores, backend):
     suite.check_history(stores["embedded"], stores[backend])
+
+
+@pytest.mark.parametrize("expr", suite.PROMQL)
+@pytest.mark.parametrize("backend", ["snapshot"])
+def test_promql_answers_alike_on_every_reader_over_raw_samples(stores, backend, expr):
+    suite.check_promql(stores["embedded"], stores[backend], T0, expr)
+
+
+@pytest.mark.parametrize("statement", suite.SQL)
+@pytest.mark.parametrize("backend", ["snapshot"])
+def test_sql_written_against_the_vault_runs_against_its_snapshot(stores, backend, statement):
+    suite.check_sql(stores["embedded"], stores[backend], statement)
+
+
+@pytest.mark.parametrize("expr", suite.PROMQL)
+def test_promql_from_the_rollups_answers_as_the_raw_samples_do(stores, rolled_up, expr):
+    """The maintained vault answers windows of whole minutes and hours from its 1m and 1h
+    rows; the snapshot (raw samples only) is the reference."""
+    tiers = suite.check_promql(stores["snapshot"], rolled_up, T0, expr)
+    assert tiers == set()  # the snapshot reads raw samples
+    served = suite.promql(rolled_up, expr, T0).served_by
+    if expr in ROLLUP_ANSWERED:
+        assert served & {"1m", "1h"}, f"{expr} was not answered from the rollups"
+
+
+ROLLUP_ANSWERED = {
+    f"increase({suite.COUNTER}[1h])",
+    "count_over_time(gpu_util[1h])",
+    "max_over_time(gpu_util[5m])",
+    f"rate({suite.COUNTER}[5m])",
+    "avg_over_time(train_loss[10m])",
+}
+
+
+def test_the_planner_reads_raw_samples_where_a_store_keeps_no_rollups(stores):
+    """A snapshot, InfluxDB and a store in memory say they have no buckets; the engine reads
+    their raw samples (no probing for methods)."""
+    from metricvault.protocols import SelectHints
+    from metricvault.selector import Matcher
+
+    hints = SelectHints("rate", 3_600_000, 300_000, T0 + 3_600_000, T0 + 3_600_000)
+    assert (
+        stores["snapshot"].select_buckets([Matcher("__name__", "=", suite.COUNTER)], hints) is None
+    )
+    assert stores["snapshot"].horizons().raw_start_ms == 0
 
 
 def test_issue12_capabilities_say_what_each_backend_does(stores):
@@ -105,7 +159,9 @@ def test_issue12_a_gateway_url_refuses_reading_before_any_request():
 def test_issue12_the_embedded_store_says_what_sql_lacks_on_no_backend(stores):
     """Every capability the embedded vault claims is one it answers (no UnsupportedError)."""
     vault = stores["embedded"]
-    assert vault.sql("SELECT count(*) AS n FROM series", output="arrow")["n"].to_pylist() == [4]
+    assert vault.sql("SELECT count(*) AS n FROM series", output="arrow")["n"].to_pylist() == [
+        suite.SERIES
+    ]
     assert vault.experiments.ids() == ["r1"]
     assert isinstance(vault.maintain(), dict)
 
@@ -132,3 +188,29 @@ def test_issue12_cli_on_a_snapshot_is_a_clear_error_not_a_traceback(stores, args
 
 def test_issue12_errors_of_the_boundary_are_metricvault_errors():
     assert issubclass(UnsupportedError, MetricVaultError)
+
+
+def test_archive_export_through_a_gateway_url_is_refused_before_any_request(tmp_path):
+    """It used to end in AttributeError ('GatewayVault' has no 'sample_reader'), after asking
+    the gateway for the experiment."""
+    gateway = open_store("http://127.0.0.1:9/")  # nothing listens: a request would fail
+    with pytest.raises(UnsupportedError) as caught:
+        export_snapshot(gateway, suite.EXPERIMENT, tmp_path)
+    message = " ".join(str(caught.value).split())
+    assert "http://127.0.0.1:9 is a gateway, which cannot do archive export" in message
+    assert "pass that directory or s3:// URI (or influxdb:// URI) as --data" in message
+    assert not list(tmp_path.iterdir())
+
+
+def test_archive_export_on_the_command_line_refuses_a_gateway_url_clearly(tmp_path):
+    command = ["archive", "export", "r1", "--data", "http://127.0.0.1:9", "--output", str(tmp_path)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "metricvault.cli", *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    message = " ".join(proc.stderr.split())
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "is a gateway, which cannot do archive export" in message, proc.stderr
+    assert "as --data instead of the gateway URL" in message

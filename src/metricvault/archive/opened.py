@@ -29,7 +29,7 @@ from metricvault.config import Settings
 from metricvault.durations import TimeLike, now_ms, parse_duration_ms, parse_time_ms
 from metricvault.errors import InputError, ReadOnlyError, TimeRangeError, UnsupportedError
 from metricvault.experiment import Experiment, experiments_table
-from metricvault.model import SAMPLE_SCHEMA
+from metricvault.model import SAMPLE_SCHEMA, TIERS
 from metricvault.protocols import (
     BucketSelection,
     Horizons,
@@ -40,6 +40,7 @@ from metricvault.protocols import (
 from metricvault.selector import Matcher, parse_selectors
 from metricvault.store import query as q
 from metricvault.store import rollup
+from metricvault.store.introspect import empty_view
 from metricvault.store.reading import answer
 from metricvault.store.selecting import select_samples
 from metricvault.store.series_index import SeriesIndex
@@ -274,10 +275,19 @@ class SnapshotVault:
         return series_frame(self, selector, output)
 
     def sql(self, statement: str, output: str = "pandas") -> Any:
-        """DuckDB SQL over views ``snapshot`` (the file as written), ``series`` and
-        ``experiments`` (one row: this snapshot's experiment)."""
+        """DuckDB SQL over the vault's views, so a query written against the vault runs here
+        alike: ``raw`` or ``rollup_1m``/``rollup_1h`` (the tier the snapshot holds, the
+        others empty, with the vault's columns), ``series``, ``experiments`` (one row: this
+        snapshot's experiment), and ``snapshot`` (the file as written)."""
         con = duckdb.connect()
         con.execute(f"CREATE VIEW snapshot AS SELECT * FROM read_parquet('{_sql_path(self.path)}')")
+        for tier in TIERS:
+            view = "raw" if tier == "raw" else f"rollup_{tier}"
+            if tier == self.tier:
+                con.execute(f"CREATE VIEW {view} AS {_VIEW_SQL[tier == 'raw']}")
+            else:
+                con.register(f"{view}_src", empty_view(tier))
+                con.execute(f"CREATE VIEW {view} AS SELECT * FROM {view}_src")
         con.register("series", self.index.to_table())
         con.register("experiments", experiments_table([self.experiment]))
         try:
@@ -312,6 +322,17 @@ class SnapshotVault:
 
     def maintain(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         raise ReadOnlyError(f"{self.path} is a frozen snapshot: there is nothing to maintain")
+
+
+# The vault's views (store/introspect.py) over the snapshot's rows: the same columns and types.
+_KEYS = (
+    "series_id, epoch_ms(timestamp) AS ts, make_timestamp(epoch_ms(timestamp) * 1000) AS timestamp"
+)
+_VIEW_SQL = {
+    True: f"SELECT {_KEYS}, value FROM snapshot",
+    False: f"SELECT {_KEYS}, count, sum, min, max, last, increase, sum / count AS mean "
+    "FROM snapshot WHERE count > 0",
+}
 
 
 def _empty(tier: str) -> pa.Table:

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,18 +36,15 @@ from metricvault.archive.snapshot_format import (
 from metricvault.durations import ms_to_datetime
 from metricvault.errors import InputError, NotFoundError, TimeRangeError
 from metricvault.model import TIERS
-from metricvault.store.backend import SampleReader
+from metricvault.protocols import Exporting, SampleReader, require
 from metricvault.store.series_index import SeriesInfo
-
-if TYPE_CHECKING:  # the store opens snapshots (archive.opened): importing it here is a cycle
-    from metricvault.store.vault import Vault
 
 TARGET_CHUNK_ROWS = 1_000_000  # rows fetched from the vault at a time (bounds memory)
 
 
 # --------------------------------------------------------------------------- export
 def export_snapshot(
-    vault: Vault,
+    vault: Exporting,
     experiment_id: str,
     out: str | Path = "artifacts/metrics",
     *,
@@ -62,7 +59,12 @@ def export_snapshot(
     is called as the export advances. The file appears atomically when complete.
     ``chunk_rows`` is about how many rows are fetched from the vault at a time (it bounds
     memory; the file's bytes do not depend on it).
+
+    ``vault`` is any store that can export (:class:`metricvault.protocols.Exporting`: the
+    embedded vault, InfluxDB); any other (a gateway URL, a snapshot) is refused before any
+    request, saying what to use instead.
     """
+    require(vault, "export", str(getattr(vault, "uri", "")))
     if chunk_rows < 1:
         raise InputError(f"chunk_rows must be at least 1, got {chunk_rows}")
     exp = vault.experiments.get(experiment_id)
@@ -71,7 +73,7 @@ def export_snapshot(
     start, end = exp.window()
     ctx = vault.sample_reader()
     _check_raw_kept(ctx.raw_horizon_ms, tier, exp, start)
-    infos = _experiment_series(vault, exp, metrics)
+    infos = _experiment_series(ctx, exp, metrics)
     path = snapshot_path(out, exp.id)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
@@ -105,13 +107,15 @@ def _check_raw_kept(horizon: int, tier: str, exp: Experiment, start: int) -> Non
         )
 
 
-def _experiment_series(vault: Vault, exp: Experiment, metrics: Sequence[str]) -> list[SeriesInfo]:
+def _experiment_series(
+    ctx: SampleReader, exp: Experiment, metrics: Sequence[str]
+) -> list[SeriesInfo]:
     """The experiment's series, in the snapshot's order (metric, then labels)."""
     from metricvault.selector import parse_selectors
 
-    ids = vault.index.match(parse_selectors(exp.selector))
+    ids = ctx.index.match(parse_selectors(exp.selector))
     # the kind that decides roll-ups (exposition metadata wins over the name)
-    infos = [replace(vault.index.get(s), kind=vault.index.kind(s)) for s in ids]
+    infos: list[SeriesInfo] = [replace(ctx.index.get(s), kind=ctx.index.kind(s)) for s in ids]
     if metrics:
         unknown = sorted(set(metrics) - {i.metric for i in infos})
         if unknown:

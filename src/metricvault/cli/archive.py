@@ -111,7 +111,7 @@ def archive_export(
         )
     from metricvault.cli.light import open_with
 
-    with open_with(settings, need="experiments") as vault:
+    with open_with(settings, need="export") as vault:
         exp = vault.experiments.get(experiment_id)
         if exp.end_ms is None:
             err.print(

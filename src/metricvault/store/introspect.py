@@ -126,7 +126,7 @@ def run_sql(vault: Vault, statement: str, output: str) -> Any:
             con.register(f"{view}_src", fmt.dataset(files, vault.location.fs))
             sql = _VIEW_SQL["raw" if tier == "raw" else "rollup"].format(src=f"{view}_src")
         else:
-            con.register(f"{view}_src", _empty(tier))
+            con.register(f"{view}_src", empty_view(tier))
             sql = f"SELECT * FROM {view}_src"
         con.execute(f"CREATE VIEW {view} AS {sql}")
     try:
@@ -144,7 +144,11 @@ def run_sql(vault: Vault, statement: str, output: str) -> Any:
     return convert(result, output)
 
 
-def _empty(tier: str) -> pa.Table:
+SQL_VIEWS = ("raw", "rollup_1m", "rollup_1h", "series", "experiments")
+
+
+def empty_view(tier: str) -> pa.Table:
+    """The columns of the SQL view of ``tier`` (``raw``, ``rollup_1m``, ...), no rows."""
     ts = pa.timestamp("us")
     if tier == "raw":
         schema = pa.schema(

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from metricvault.durations import parse_duration_ms
 from metricvault.errors import InputError, TimeRangeError
 from metricvault.model import AGGREGATES, TIER_RESOLUTION_MS
-from metricvault.protocols import BUCKET_FUNCTIONS, Horizons, SelectHints
+from metricvault.protocols import BUCKET_FUNCTIONS, Horizons, SelectHints, SeriesLookup
 from metricvault.store import rollup
 from metricvault.store.catalog import Snapshot
 from metricvault.store.reader import Reader
@@ -163,7 +163,7 @@ class QueryContext:
 
 
 class ContextReader:
-    """The embedded store's :class:`~metricvault.store.backend.SampleReader`."""
+    """The embedded store's :class:`~metricvault.protocols.SampleReader`."""
 
     def __init__(self, ctx: QueryContext) -> None:
         self.ctx = ctx
@@ -316,7 +316,7 @@ def finish_aggregates(partials: pa.Table, aggs: Sequence[str]) -> dict[str, pa.A
     return cols
 
 
-def shape(index: SeriesIndex, table: pa.Table, value_columns: dict[str, Any], output: str) -> Any:
+def shape(index: SeriesLookup, table: pa.Table, value_columns: dict[str, Any], output: str) -> Any:
     """Long shape: timestamp (UTC), metric, one column per label name, then values.
 
     Rows are ordered by series (metric, then labels) and time.

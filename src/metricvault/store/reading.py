@@ -1,4 +1,4 @@
-"""The query layer, written once over :class:`~metricvault.store.backend.SampleReader`: every
+"""The query layer, written once over :class:`~metricvault.protocols.SampleReader`: every
 backend (embedded, InfluxDB, an opened snapshot) answers ``query()`` through :func:`answer`,
 and refuses writes older than its horizon through :func:`check_horizon`, so the long shape,
 the empty answers and the messages are the same on all of them."""
@@ -15,9 +15,9 @@ import pyarrow.compute as pc
 from metricvault.durations import TimeLike, ms_to_datetime, now_ms, parse_time_ms
 from metricvault.errors import TimeRangeError, ValueRangeError
 from metricvault.model import SAMPLE_SCHEMA, STALE_NAN_BITS
+from metricvault.protocols import SampleReader
 from metricvault.selector import Selector, SelectorUnion, parse_selectors
 from metricvault.store import query as q
-from metricvault.store.backend import SampleReader
 from metricvault.store.rollup import empty_partials, finite_rows
 
 

@@ -1,5 +1,5 @@
 """The read seam (:class:`metricvault.protocols.SampleSource`) over a store's
-:class:`~metricvault.store.backend.SampleReader`, written once for every backend: raw samples
+:class:`~metricvault.protocols.SampleReader`, written once for every backend: raw samples
 as typed series, rollup rows as a :class:`~metricvault.protocols.BucketSelection`, and the
 samples remote_read can still return where retention dropped raw data."""
 
@@ -12,11 +12,11 @@ import numpy as np
 from metricvault.protocols import (
     BUCKET_COLUMNS,
     BucketSelection,
+    SampleReader,
     SeriesBuckets,
     SeriesSamples,
 )
 from metricvault.selector import Matcher, Selector
-from metricvault.store.backend import SampleReader
 from metricvault.store.query import BucketChoice, Buckets
 from metricvault.store.reading import select_series
 

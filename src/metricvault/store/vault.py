@@ -85,7 +85,7 @@ class Vault:
         self._pending_samples = self.buffer.depth()[0]
 
     # ------------------------------------------------------------------ opening
-    capabilities = frozenset({"read", "write", "maintain", "experiments", "sql", "serve"})
+    capabilities = frozenset({"read", "write", "maintain", "experiments", "sql", "serve", "export"})
     backend_name = "embedded vault"
 
     @classmethod

@@ -43,7 +43,8 @@ class GatewayVault:
     backend_name = "gateway"
     unsupported_hint = (
         "A gateway URL takes writes and experiments only: open the vault the gateway stores "
-        "into (its --data) to read or maintain it."
+        "into (its --data) to read, export or maintain it: pass that directory or s3:// URI "
+        "(or influxdb:// URI) as --data instead of the gateway URL."
     )
 
     def __init__(self, url: str, token: str | None = None) -> None:

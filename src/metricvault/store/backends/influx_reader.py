@@ -67,7 +67,7 @@ def plan(lo: int, hi: int, width: int | None, complete_until: int) -> list[Segme
 
 
 class InfluxReader:
-    """The InfluxDB backend's :class:`~metricvault.store.backend.SampleReader`."""
+    """The InfluxDB backend's :class:`~metricvault.protocols.SampleReader`."""
 
     def __init__(
         self,

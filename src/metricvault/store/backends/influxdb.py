@@ -74,8 +74,10 @@ HORIZON_MARGIN_MS = 5 * 60_000  # clock skew and slow writes near the raw retent
 MAX_ROLLUP_SPAN_MS = 24 * HOUR_MS  # maintain recomputes at most a day per statement
 _PREFIX_CACHE_MAX = 1_000_000
 SQL_UNSUPPORTED = (
-    "SQL views exist only on the embedded store: InfluxDB has InfluxQL — use query() (or "
-    "InfluxQL directly against the database)"
+    "SQL views (raw, rollup_1m, rollup_1h, series, experiments) exist only on the embedded "
+    "store and its snapshots: InfluxDB has InfluxQL — use query() or promql() (or InfluxQL "
+    "directly against the database), or export an experiment (metricvault archive export) "
+    "and run the same SQL on its snapshot"
 )
 
 
@@ -85,8 +87,12 @@ class InfluxVault:
     backend = "influxdb"
     backend_name = "InfluxDB database"
     # no "sql": InfluxDB has InfluxQL, not DuckDB views over files
-    capabilities = frozenset({"read", "write", "maintain", "experiments", "serve"})
-    unsupported_hint = "Use query() (or InfluxQL directly against the database)."
+    capabilities = frozenset({"read", "write", "maintain", "experiments", "serve", "export"})
+    unsupported_hint = (
+        "It has no SQL views (raw, rollup_1m, rollup_1h, series, experiments): use query() or "
+        "promql() (or InfluxQL directly against the database), or export an experiment "
+        "(metricvault archive export) and run SQL on its snapshot."
+    )
 
     def __init__(self, client: InfluxClient, settings: Settings, pol: Policies) -> None:
         self.client = client
