@@ -7,57 +7,44 @@ The work itself lives in light modules (:mod:`metricvault.cli.light`,
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
-from metricvault.cli.light import load_settings, open_vault
+from metricvault.cli.light import (
+    COMMON_OPTS,
+    FORMAT_OPT,
+    JSON_OPT,
+    OUTPUT_OPT,
+    RECORD_FORMAT_OPT,
+    Opt,
+    load_settings,
+    open_vault,
+)
 from metricvault.cli.output import emit, print_table
 
 console = Console()
 err = Console(stderr=True)
 
-DataOpt = Annotated[
-    str | None,
-    typer.Option("--data", "-d", help="Vault directory or s3://bucket/prefix.", show_default=False),
-]
-ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", "-c", help="TOML settings file.", show_default=False)
-]
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--set",
-        help="Override a setting for this run: NAME=VALUE (repeatable; see 'metricvault config').",
-        show_default=False,
-    ),
-]
-FormatOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--format",
-        "-f",
-        help="Output: table, csv, tsv, json or parquet. Default: from the -o file's extension, "
-        "else a table (plain tab-separated text when stdout is not a terminal).",
-        show_default=False,
-    ),
-]
+
+def typer_annotation(opt: Opt) -> Any:
+    """The typer parameter type of a declared option (cli/light.py owns the declarations)."""
+    hint: Any = {"path": Path | None, "list": list[str] | None, "flag": bool}.get(opt.kind)
+    if hint is None:
+        hint = str if opt.required else str | None
+    if not opt.flags:
+        return Annotated[hint, typer.Argument(help=opt.help, show_default=False)]
+    show = opt.default not in (None, False)
+    return Annotated[hint, typer.Option(*opt.flags, help=opt.help, show_default=show)]
+
+
+DataOpt, ConfigOpt, SetOpt = (typer_annotation(o) for o in COMMON_OPTS)
+FormatOpt = typer_annotation(FORMAT_OPT)
 # commands whose answer is one record (stats, experiment show): a table, or -f json / --json
-RecordFormatOpt = Annotated[
-    str | None,
-    typer.Option("--format", "-f", help="Output: table or json.", show_default=False),
-]
-JsonFlag = Annotated[bool, typer.Option("--json", help="Same as -f json.")]
-OutOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--output",
-        "-o",
-        help="Write the result to this file (.csv, .tsv, .json, .parquet); '-' is stdout.",
-        show_default=False,
-    ),
-]
+RecordFormatOpt = typer_annotation(RECORD_FORMAT_OPT)
+JsonFlag = typer_annotation(JSON_OPT)
+OutOpt = typer_annotation(OUTPUT_OPT)
 
 __all__ = [
     "ConfigOpt",

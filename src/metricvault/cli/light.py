@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -187,32 +188,77 @@ class _Parser(argparse.ArgumentParser):
         raise _Fallback(message)
 
 
+@dataclass(frozen=True)
+class Opt:
+    """One option of a hot command, declared once: :func:`parsers` builds the fast path's
+    argparse from it and :mod:`metricvault.cli.main` the typer command (and its manual)."""
+
+    dest: str
+    flags: tuple[str, ...] = ()  # none: a positional argument
+    help: str = ""
+    default: Any = None
+    kind: str = "str"  # str, path, list (repeatable) or flag (true when given)
+    required: bool = False  # positional arguments only
+
+
+FORMAT_HELP = (
+    "Output: table, csv, tsv, json or parquet. Default: from the -o file's extension, "
+    "else a table (plain tab-separated text when stdout is not a terminal)."
+)
+COMMON_OPTS = (
+    Opt("data", ("--data", "-d"), "Vault directory or s3://bucket/prefix."),
+    Opt("config", ("--config", "-c"), "TOML settings file.", kind="path"),
+    Opt(
+        "set_",
+        ("--set",),
+        "Override a setting for this run: NAME=VALUE (repeatable; see 'metricvault config').",
+        kind="list",
+    ),
+)
+FORMAT_OPT = Opt("fmt", ("--format", "-f"), FORMAT_HELP)
+OUTPUT_OPT = Opt(
+    "output",
+    ("--output", "-o"),
+    "Write the result to this file (.csv, .tsv, .json, .parquet); '-' is stdout.",
+    kind="path",
+)
+RECORD_FORMAT_OPT = Opt("fmt", ("--format", "-f"), "Output: table or json.")
+JSON_OPT = Opt("as_json", ("--json",), "Same as -f json.", default=False, kind="flag")
+HOT_OPTS: dict[str, tuple[Opt, ...]] = {
+    "query": (
+        Opt("selector", help="PromQL selector, e.g. 'mfu{job=\"llama-7b\"}'.", required=True),
+        Opt("start", ("--start", "-s"), "ISO time, epoch ms or -30d.", "-1h"),
+        Opt("end", ("--end", "-e"), "ISO time, epoch ms, now or -1d.", "now"),
+        Opt("step", ("--step",), "Bucket width (1m, 1h, 1d) or 'all'; omit for raw samples."),
+        Opt("agg", ("--agg",), "Aggregates: mean,min,max,count,sum,last,increase.", "mean"),
+        FORMAT_OPT,
+        OUTPUT_OPT,
+    ),
+    "series": (Opt("selector", help="Optional PromQL selector."), FORMAT_OPT, OUTPUT_OPT),
+    "stats": (RECORD_FORMAT_OPT, JSON_OPT),
+}
+
+
 def parsers() -> dict[str, argparse.ArgumentParser]:
-    """The hot commands' options, the same as the typer commands' (a test compares them)."""
+    """The hot commands' options from :data:`HOT_OPTS`, as typer's commands take them."""
+    out: dict[str, argparse.ArgumentParser] = {}
+    for name, opts in HOT_OPTS.items():
+        parser = _Parser(prog=f"metricvault {name}", add_help=False, allow_abbrev=False)
+        for opt in (*opts, *COMMON_OPTS):
+            _add_argument(parser, opt)
+        out[name] = parser
+    return out
 
-    def parser(name: str) -> argparse.ArgumentParser:
-        p = _Parser(prog=f"metricvault {name}", add_help=False, allow_abbrev=False)
-        p.add_argument("--data", "-d")
-        p.add_argument("--config", "-c")
-        p.add_argument("--set", dest="set_", action="append")
-        return p
 
-    query = parser("query")
-    query.add_argument("selector")
-    query.add_argument("--start", "-s", default="-1h")
-    query.add_argument("--end", "-e", default="now")
-    query.add_argument("--step")
-    query.add_argument("--agg", default="mean")
-    query.add_argument("--format", "-f", dest="fmt")
-    query.add_argument("--output", "-o")
-    series = parser("series")
-    series.add_argument("selector", nargs="?")
-    series.add_argument("--format", "-f", dest="fmt")
-    series.add_argument("--output", "-o")
-    stats = parser("stats")
-    stats.add_argument("--format", "-f", dest="fmt")
-    stats.add_argument("--json", dest="as_json", action="store_true")
-    return {"query": query, "series": series, "stats": stats}
+def _add_argument(parser: argparse.ArgumentParser, opt: Opt) -> None:
+    if not opt.flags:
+        parser.add_argument(opt.dest, nargs=None if opt.required else "?", default=opt.default)
+    elif opt.kind == "flag":
+        parser.add_argument(*opt.flags, dest=opt.dest, action="store_true")
+    elif opt.kind == "list":
+        parser.add_argument(*opt.flags, dest=opt.dest, action="append")
+    else:
+        parser.add_argument(*opt.flags, dest=opt.dest, default=opt.default)
 
 
 def dispatch(argv: list[str]) -> int | None:
@@ -236,7 +282,7 @@ def dispatch(argv: list[str]) -> int | None:
     # through typer with pandas importable (these commands only read, so a rerun is safe).
     sys.meta_path.insert(0, _NoPandas())
     try:
-        _run(argv[0], args)
+        run_hot(argv[0], args)
     except ImportError as exc:
         if exc.name != "pandas":
             raise
@@ -259,7 +305,8 @@ class _NoPandas:
             raise ModuleNotFoundError("pandas is not used by this command", name="pandas")
 
 
-def _run(command: str, args: dict[str, Any]) -> None:
+def run_hot(command: str, args: dict[str, Any]) -> None:
+    """Run a hot command with its parsed options (the fast path's and typer's alike)."""
     common = {k: args.pop(k) for k in ("data", "config", "set_")}
     if command == "query":
         run_query(**args, **common)

@@ -9,6 +9,7 @@ config`` lists them all.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -29,19 +30,18 @@ from metricvault.cli.common import (
     ConfigOpt,
     DataOpt,
     FormatOpt,
-    JsonFlag,
     OutOpt,
-    RecordFormatOpt,
     SetOpt,
     console,
     emit,
     err,
     load_settings,
     open_vault,
+    typer_annotation,
 )
 from metricvault.cli.experiments import experiment_app
 from metricvault.cli.influx import influx_app
-from metricvault.cli.light import run_query, run_series, run_stats
+from metricvault.cli.light import COMMON_OPTS, HOT_OPTS, run_hot
 from metricvault.cli.output import print_table
 from metricvault.config import describe
 from metricvault.durations import (
@@ -85,40 +85,39 @@ def _root(
     pass
 
 
-@app.command()
-def query(
-    selector: Annotated[str, typer.Argument(help="PromQL selector, e.g. 'mfu{job=\"llama-7b\"}'.")],
-    start: Annotated[
-        str, typer.Option("--start", "-s", help="ISO time, epoch ms or -30d.")
-    ] = "-1h",
-    end: Annotated[
-        str, typer.Option("--end", "-e", help="ISO time, epoch ms, now or -1d.")
-    ] = "now",
-    step: Annotated[
-        str | None,
-        typer.Option(help="Bucket width (1m, 1h, 1d) or 'all'; omit for raw samples."),
-    ] = None,
-    agg: Annotated[
-        str, typer.Option(help="Aggregates: mean,min,max,count,sum,last,increase.")
-    ] = "mean",
-    fmt: FormatOpt = None,
-    output: OutOpt = None,
-    data: DataOpt = None,
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
-) -> None:
+def _hot_command(name: str, doc: str) -> None:
+    """Register a hot command with typer from its one declaration (cli/light.py HOT_OPTS),
+    so the manual and the fast path take the same options."""
+    params = [
+        inspect.Parameter(
+            opt.dest, inspect.Parameter.KEYWORD_ONLY, annotation=typer_annotation(opt),
+            default=inspect.Parameter.empty if opt.required else opt.default,
+        )
+        for opt in (*HOT_OPTS[name], *COMMON_OPTS)
+    ]  # fmt: skip
+
+    def command(**args: Any) -> None:
+        run_hot(name, args)
+
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__doc__ = doc
+    app.command(name)(command)
+
+
+_hot_command(
+    "query",
     """Read samples or per-step aggregates of the series a selector matches.
 
-    Without --step you get raw samples (`value` column); with it, one row per series and
-    bucket with one column per aggregate, served from the coarsest tier that fits.
+Without --step you get raw samples (`value` column); with it, one row per series and
+bucket with one column per aggregate, served from the coarsest tier that fits.
 
-    Example: `metricvault query 'DCGM_FI_DEV_GPU_UTIL{Hostname="node01"}' -s -7d --step 1h
-    --agg mean,max`
+Example: `metricvault query 'DCGM_FI_DEV_GPU_UTIL{Hostname="node01"}' -s -7d --step 1h
+--agg mean,max`
 
-    When nothing matches it says why on stderr (no such series, with the nearest metric
-    names, or no samples in the range). `-o x.parquet` picks the format from the extension.
-    """
-    run_query(selector, start, end, step, agg, fmt, output, data, config, set_)
+When nothing matches it says why on stderr (no such series, with the nearest metric
+names, or no samples in the range). `-o x.parquet` picks the format from the extension.
+""",
+)
 
 
 @app.command()
@@ -207,29 +206,10 @@ def sql(
         emit(vault.sql(statement), fmt, output)
 
 
-@app.command()
-def series(
-    selector: Annotated[str | None, typer.Argument(help="Optional PromQL selector.")] = None,
-    fmt: FormatOpt = None,
-    output: OutOpt = None,
-    data: DataOpt = None,
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
-) -> None:
-    """List the series in the vault (id, metric, kind and labels)."""
-    run_series(selector, fmt, output, data, config, set_)
-
-
-@app.command()
-def stats(
-    fmt: RecordFormatOpt = None,
-    as_json: JsonFlag = False,
-    data: DataOpt = None,
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
-) -> None:
-    """Series count, samples and bytes per tier, bytes/sample, time coverage, rollup lag."""
-    run_stats("json" if as_json else fmt, data, config, set_)
+_hot_command("series", "List the series in the vault (id, metric, kind and labels).")
+_hot_command(
+    "stats", "Series count, samples and bytes per tier, bytes/sample, time coverage, rollup lag."
+)
 
 
 @app.command()
