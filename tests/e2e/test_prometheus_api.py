@@ -75,7 +75,7 @@ def served(oracle: Oracle, tmp_path_factory: pytest.TempPathFactory) -> Any:  # 
     gw.stop_gracefully()
 
 
-def test_issue13_query_api_answers_as_prometheus_does(oracle: Oracle, served: Any) -> None:  # noqa: F811
+def test_query_api_answers_as_prometheus_does(oracle: Oracle, served: Any) -> None:  # noqa: F811
     disagreements, compared = [], 0
     for expr, path, params, args in _cases(oracle.t0)[::3]:  # every third: the engine is
         if any(name in expr for name in NOT_IN_VAULT):  # compared in full by the oracle
@@ -95,7 +95,7 @@ def test_issue13_query_api_answers_as_prometheus_does(oracle: Oracle, served: An
     )
 
 
-def test_issue13_rfc3339_times_and_get_requests(oracle: Oracle, served: Any) -> None:  # noqa: F811
+def test_rfc3339_times_and_get_requests(oracle: Oracle, served: Any) -> None:  # noqa: F811
     end = oracle.t0 + 30 * 60_000
     rfc = datetime.fromtimestamp(end / 1000, UTC).isoformat().replace("+00:00", "Z")
     for params in (
@@ -137,7 +137,7 @@ def test_issue13_rfc3339_times_and_get_requests(oracle: Oracle, served: Any) -> 
         ("/api/v1/series", [("match[]", "{")], "bad_data"),
     ],
 )
-def test_issue13_errors_have_prometheus_shape_type_and_status(
+def test_errors_have_prometheus_shape_type_and_status(
     oracle: Oracle,  # noqa: F811
     served: Any,
     path: str,
@@ -152,7 +152,7 @@ def test_issue13_errors_have_prometheus_shape_type_and_status(
         assert ours["error"] == theirs["error"]
 
 
-def test_issue13_series_labels_and_values_list_what_prometheus_lists(
+def test_series_labels_and_values_list_what_prometheus_lists(
     oracle: Oracle,  # noqa: F811
     served: Any,
 ) -> None:
@@ -218,7 +218,7 @@ def reader(served: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     stop_process(proc, timeout=20)
 
 
-def test_issue13_prometheus_reads_the_vault_through_remote_read(
+def test_prometheus_reads_the_vault_through_remote_read(
     oracle: Oracle,  # noqa: F811
     reader: str,
 ) -> None:
@@ -240,7 +240,7 @@ def test_issue13_prometheus_reads_the_vault_through_remote_read(
     )
 
 
-def test_issue13_remote_read_refuses_a_body_that_is_not_a_read_request(served: Any) -> None:
+def test_remote_read_refuses_a_body_that_is_not_a_read_request(served: Any) -> None:
     request = urllib.request.Request(f"{served.url}/api/v1/read", data=b"not snappy", method="POST")
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(request, timeout=10)

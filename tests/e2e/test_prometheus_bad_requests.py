@@ -109,13 +109,13 @@ def _ask(url: str, path: str, params: list[tuple[str, str]], post: bool) -> tupl
     return post_form(url, path, params) if post else get_json(url, path, params)
 
 
-def test_issue13_at_least_thirty_kinds_of_bad_request() -> None:
+def test_at_least_thirty_kinds_of_bad_request() -> None:
     assert len({case[0] for case in CASES}) == len(CASES) >= 30
 
 
 @pytest.mark.parametrize(("path", "params", "kind"), [c[1:] for c in CASES],
                          ids=[c[0] for c in CASES])  # fmt: skip
-def test_issue13_bad_request_is_refused_as_prometheus_refuses_it(
+def test_bad_request_is_refused_as_prometheus_refuses_it(
     oracle: Oracle,  # noqa: F811
     served: Any,  # noqa: F811
     path: str,
@@ -137,7 +137,7 @@ def test_issue13_bad_request_is_refused_as_prometheus_refuses_it(
         assert ours["error"] == theirs["error"]
 
 
-def test_issue13_limits_and_oversized_requests_are_refused_in_prometheus_shape(
+def test_limits_and_oversized_requests_are_refused_in_prometheus_shape(
     served: Any,  # noqa: F811
 ) -> None:
     """Refusals that need our limits to trigger: a timeout (Prometheus's words, from the
@@ -159,7 +159,7 @@ def test_issue13_limits_and_oversized_requests_are_refused_in_prometheus_shape(
     assert body["errorType"] == "bad_data" and "body" in body["error"], body
 
 
-def test_issue13_a_query_nested_past_the_engine_is_refused_not_crashing_a_worker(
+def test_a_query_nested_past_the_engine_is_refused_not_crashing_a_worker(
     oracle: Oracle,  # noqa: F811
     served: Any,  # noqa: F811
 ) -> None:
@@ -185,7 +185,7 @@ def test_issue13_a_query_nested_past_the_engine_is_refused_not_crashing_a_worker
     assert served.running
 
 
-def test_issue13_the_gateway_still_answers_after_every_bad_request(
+def test_the_gateway_still_answers_after_every_bad_request(
     oracle: Oracle,  # noqa: F811
     served: Any,  # noqa: F811
 ) -> None:

@@ -331,7 +331,7 @@ def _route_calls(client):
             yield method, path, route.path
 
 
-def test_issue10_every_route_authenticates_or_is_declared_public(make_client):
+def test_every_route_authenticates_or_is_declared_public(make_client):
     from metricvault.server.app import PUBLIC_ROUTES
 
     client, _ = _tenant_client(make_client)
@@ -349,7 +349,7 @@ def test_issue10_every_route_authenticates_or_is_declared_public(make_client):
     assert checked >= 7  # the write, query and experiments routes
 
 
-def test_issue10_every_route_that_reads_a_body_refuses_one_over_max_body_bytes(make_client):
+def test_every_route_that_reads_a_body_refuses_one_over_max_body_bytes(make_client):
     client, vault = _tenant_client(make_client, max_body_bytes=LIMIT)
     big = b"x" * (LIMIT + 1)
     body_routes = 0
@@ -371,7 +371,7 @@ def test_issue10_every_route_that_reads_a_body_refuses_one_over_max_body_bytes(m
     assert vault.buffer.depth() == (0, 0) and vault.experiments.ids() == []
 
 
-def test_issue10_experiments_are_scoped_to_the_callers_tenant(make_client):
+def test_experiments_are_scoped_to_the_callers_tenant(make_client):
     client, vault = _tenant_client(make_client)
     new = {"id": "run-a", "selector": '{job="train"} or gpu_util{node="n1"}'}
     created = client.post("/api/v1/experiments", json=new, headers=AUTH_A)
@@ -424,7 +424,7 @@ def test_issue10_experiments_are_scoped_to_the_callers_tenant(make_client):
         ("PATCH", "/api/v1/experiments/r0", {"notes": ["x"]}, "notes"),
     ],
 )
-def test_issue10_experiment_fields_are_typed_and_unknown_ones_are_400(
+def test_experiment_fields_are_typed_and_unknown_ones_are_400(
     make_client, method, path, body, field
 ):
     client, vault = _tenant_client(make_client)
@@ -437,7 +437,7 @@ def test_issue10_experiment_fields_are_typed_and_unknown_ones_are_400(
     assert vault.experiments.ids() == ["r0"] and vault.experiments.get("r0") == before
 
 
-def test_issue10_query_route_needs_auth_and_bounds_its_body(make_client):
+def test_query_route_needs_auth_and_bounds_its_body(make_client):
     client, _ = _tenant_client(make_client, max_body_bytes=LIMIT)
     assert client.post("/query", data={"q": "CREATE DATABASE x"}).status_code == 401
     ok = client.post("/query", data={"q": "CREATE DATABASE x"}, headers=AUTH_A)
@@ -460,9 +460,7 @@ def test_issue10_query_route_needs_auth_and_bounds_its_body(make_client):
         ("0.0.0.0:9201", False, True, "warned"),
     ],
 )
-def test_issue10_open_listener_needs_auth_or_the_insecure_flag(
-    listen, credentials, insecure, outcome
-):
+def test_open_listener_needs_auth_or_the_insecure_flag(listen, credentials, insecure, outcome):
     from metricvault.errors import ConfigError
     from metricvault.server.auth import check_listener
 
@@ -477,7 +475,7 @@ def test_issue10_open_listener_needs_auth_or_the_insecure_flag(
         assert (warning is not None) == (outcome == "warned"), warning
 
 
-def test_issue13_gateway_connections_send_without_nagle_delay():
+def test_gateway_connections_send_without_nagle_delay():
     """h11 writes a head and a body separately: with Nagle on, a reused connection waited for
     the client's delayed ACK (~40 ms per answer). Every accepted TCP connection gets
     TCP_NODELAY (checked on a real accepted socket, through the protocol's own hook)."""

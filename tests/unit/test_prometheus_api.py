@@ -53,7 +53,7 @@ def _query(client: TestClient, headers: dict[str, str], **params: str) -> Any:
     return reply.status_code, reply.json()
 
 
-def test_issue13_a_tenant_sees_only_its_own_series(client: tuple[TestClient, Vault]) -> None:
+def test_a_tenant_sees_only_its_own_series(client: tuple[TestClient, Vault]) -> None:
     test_client, _ = client
     at = f"{(T0 + 200_000) / 1000}"
     status, body = _query(test_client, A, query='{__name__=~".+"}', time=at)
@@ -71,7 +71,7 @@ def test_issue13_a_tenant_sees_only_its_own_series(client: tuple[TestClient, Vau
     assert values["data"] == ["team-a"]
 
 
-def test_issue13_every_query_route_needs_credentials_and_answers_in_prometheus_shape(
+def test_every_query_route_needs_credentials_and_answers_in_prometheus_shape(
     client: tuple[TestClient, Vault],
 ) -> None:
     test_client, _ = client
@@ -88,7 +88,7 @@ def test_issue13_every_query_route_needs_credentials_and_answers_in_prometheus_s
         (60_000, "count_over_time(m_x[50m])", 3000),  # 50 one-minute buckets (tiers.py)
     ],
 )
-def test_issue13_too_many_samples_is_an_execution_error(
+def test_too_many_samples_is_an_execution_error(
     tmp_path: Path, interval_ms: int, query: str, at_s: int
 ) -> None:
     settings = Settings.load(env={}, gateway_maintain=False, query_max_samples=10)
@@ -112,17 +112,17 @@ def test_issue13_too_many_samples_is_an_execution_error(
         ("2026-01-01T01:00:00.5+01:00", T0 + 500),
     ],
 )
-def test_issue13_times_are_unix_seconds_or_rfc3339(text: str, ms: int) -> None:
+def test_times_are_unix_seconds_or_rfc3339(text: str, ms: int) -> None:
     assert parse_time_param(text, 0, "time") == ms
 
 
 @pytest.mark.parametrize(("text", "ms"), [("15", 15_000), ("0.5", 500), ("1m30s", 90_000)])
-def test_issue13_durations_are_seconds_or_prometheus_durations(text: str, ms: int) -> None:
+def test_durations_are_seconds_or_prometheus_durations(text: str, ms: int) -> None:
     assert parse_duration_param(text, "step") == ms
 
 
 @pytest.mark.parametrize("text", ["yesterday", "2026-01-01T00:00:00", "1e400x"])
-def test_issue13_bad_times_are_refused_with_prometheus_words(text: str) -> None:
+def test_bad_times_are_refused_with_prometheus_words(text: str) -> None:
     with pytest.raises(PromQLError, match=f'cannot parse "{text}" to a valid timestamp') as info:
         parse_time_param(text, 0, "time")
     assert info.value.kind == "bad_data"
@@ -138,7 +138,7 @@ def _three_series_client(tmp_path: Path, **settings: Any) -> tuple[TestClient, V
     return test_client, vault
 
 
-def test_issue13_query_max_series_refuses_a_query_and_a_match_expansion(tmp_path: Path) -> None:
+def test_query_max_series_refuses_a_query_and_a_match_expansion(tmp_path: Path) -> None:
     test_client, vault = _three_series_client(tmp_path, query_max_series=2)
     at = str(T0 / 1000 + 60)
     try:
@@ -171,7 +171,7 @@ def test_issue13_query_max_series_refuses_a_query_and_a_match_expansion(tmp_path
         vault.close()
 
 
-def test_issue13_limit_truncates_series_labels_and_values_with_prometheus_warning(
+def test_limit_truncates_series_labels_and_values_with_prometheus_warning(
     tmp_path: Path,
 ) -> None:
     test_client, vault = _three_series_client(tmp_path)
@@ -200,7 +200,7 @@ def test_issue13_limit_truncates_series_labels_and_values_with_prometheus_warnin
         vault.close()
 
 
-def test_issue13_remote_read_before_the_raw_horizon_returns_each_minutes_edge_samples(
+def test_remote_read_before_the_raw_horizon_returns_each_minutes_edge_samples(
     tmp_path: Path,
 ) -> None:
     """Where retention dropped raw samples, remote_read still answers: the first and last
@@ -254,11 +254,11 @@ def test_issue13_remote_read_before_the_raw_horizon_returns_each_minutes_edge_sa
         ("abs(" * 130 + "up" + ")" * 130, 130),
     ],
 )
-def test_issue13_query_depth_is_operators_plus_deepest_parentheses(expr: str, depth: int) -> None:
+def test_query_depth_is_operators_plus_deepest_parentheses(expr: str, depth: int) -> None:
     assert query_depth(expr) == depth
 
 
-def test_issue13_query_range_past_the_raw_horizon_answers_from_rollups_with_a_warning(
+def test_query_range_past_the_raw_horizon_answers_from_rollups_with_a_warning(
     tmp_path: Path,
 ) -> None:
     day = 86_400_000

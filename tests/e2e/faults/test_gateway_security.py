@@ -92,9 +92,7 @@ def _start_prometheus(tmp_path: Path, write_url: str, scrape: list[str]) -> Any:
 
 
 @pytest.mark.timeout(300)
-def test_issue11_prometheus_retries_nothing_over_idle_keep_alive(
-    gateway: Any, tmp_path: Path
-) -> None:
+def test_prometheus_retries_nothing_over_idle_keep_alive(gateway: Any, tmp_path: Path) -> None:
     gw = gateway()
     proc, port, log_path = _start_prometheus(
         tmp_path, f"{gw.url}/api/v1/write", [f"127.0.0.1:{gw.port}"]
@@ -127,7 +125,7 @@ def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None)
     return f"[exit {done.returncode}]\n{done.stdout}{done.stderr}"
 
 
-def test_issue10_non_loopback_listener_without_auth_is_refused(tmp_path: Path) -> None:
+def test_non_loopback_listener_without_auth_is_refused(tmp_path: Path) -> None:
     port = free_port()
     out = _cli("serve", "--data", str(tmp_path / "v"), "--listen", f"0.0.0.0:{port}")
     assert out.startswith("[exit 2]"), out
@@ -163,7 +161,7 @@ def _limited_gateway(tmp_path: Path, nofile: tuple[int, int], *settings: str) ->
     return gw
 
 
-def test_issue10_serve_raises_the_soft_open_file_limit(tmp_path: Path) -> None:
+def test_serve_raises_the_soft_open_file_limit(tmp_path: Path) -> None:
     hard = min(resource.getrlimit(resource.RLIMIT_NOFILE)[1], 4096)
     gw = _limited_gateway(tmp_path, (256, hard))
     try:
@@ -198,7 +196,7 @@ def _closed_by_server(sock: socket.socket) -> bool:
 
 
 @pytest.mark.timeout(120)
-def test_issue10_stalled_connections_are_closed_and_requests_still_served(
+def test_stalled_connections_are_closed_and_requests_still_served(
     tmp_path: Path,
 ) -> None:
     gw = _limited_gateway(tmp_path, (256, 256), f"gateway_header_timeout={HEADER_TIMEOUT_S}s")
@@ -283,7 +281,7 @@ INFLUX_PASSWORD = "influx-pass-Kf27vb"
 TOKEN = "bearer-token-Ww93pd"
 
 
-def test_issue10_no_output_of_a_run_contains_a_secret(tmp_path: Path) -> None:
+def test_no_output_of_a_run_contains_a_secret(tmp_path: Path) -> None:
     (tmp_path / "mv.toml").write_text(
         f's3_secret_key = "{S3_SECRET}"\n[[auth_bearer_tokens]]\nsha256 = "{hash_secret(TOKEN)}"\n'
     )

@@ -60,7 +60,7 @@ def stored_rows(vault: Vault) -> int:
 # --------------------------------------------------------------------------- NUL collision
 
 
-def test_issue10_nul_label_value_does_not_collide_through_the_series_cache(tmp_path):
+def test_nul_label_value_does_not_collide_through_the_series_cache(tmp_path):
     """The series cache joined values with NUL-based separators: a value holding them was read
     as the next column, so the second series was stored as the first."""
     vault = Vault.open_local(str(tmp_path / "v"), Settings.load(env={}))
@@ -93,7 +93,7 @@ def test_issue10_nul_label_value_does_not_collide_through_the_series_cache(tmp_p
 
 
 @pytest.mark.parametrize("value", ["\x00\x1e", "\x00\x1f", "0\x00\x1f0", "\x1e"])
-def test_issue10_control_characters_refused_on_every_gateway_request(gateway, value):
+def test_control_characters_refused_on_every_gateway_request(gateway, value):
     client, vault = gateway()
     plain = encode_write_request([("gpu_util", {"gpu": "0"}, T0, 1.0)])
     assert client.post("/api/v1/write", content=plain, headers=RW1).status_code == 204
@@ -107,7 +107,7 @@ def test_issue10_control_characters_refused_on_every_gateway_request(gateway, va
     assert stored_rows(vault) == 1
 
 
-def test_issue10_control_characters_refused_in_line_protocol(gateway):
+def test_control_characters_refused_in_line_protocol(gateway):
     client, vault = gateway()
     refused = client.post(
         "/write", content=f"gpu,mig=a\x1fb util=1 {T0}".encode(), params={"precision": "ms"}
@@ -135,7 +135,7 @@ def wide_lines(lines: int, names_each: int) -> bytes:
     return "\n".join(rows).encode()
 
 
-def test_issue10_1000_series_with_33_own_label_names_refused_413(gateway):
+def test_1000_series_with_33_own_label_names_refused_413(gateway):
     client, vault = gateway()  # the default limits
     body = encode_write_request(wide_series(1000, 33))
     refused = client.post("/api/v1/write", content=body, headers=RW1)
@@ -145,7 +145,7 @@ def test_issue10_1000_series_with_33_own_label_names_refused_413(gateway):
     assert stored_rows(vault) == 0 and stored_series(vault) == []
 
 
-def test_issue10_line_protocol_with_too_many_tag_keys_refused_413(gateway):
+def test_line_protocol_with_too_many_tag_keys_refused_413(gateway):
     client, vault = gateway(max_label_names_per_request=50)
     refused = client.post("/write", content=wide_lines(30, 2), params={"precision": "ms"})
     assert refused.status_code == 413, refused.text
@@ -154,7 +154,7 @@ def test_issue10_line_protocol_with_too_many_tag_keys_refused_413(gateway):
     assert stored_rows(vault) == 0
 
 
-def test_issue10_too_many_series_per_request_refused_413(gateway):
+def test_too_many_series_per_request_refused_413(gateway):
     client, vault = gateway(max_series_per_request=100)
     body = encode_write_request([("gpu_util", {"gpu": str(i)}, T0, 1.0) for i in range(101)])
     refused = client.post("/api/v1/write", content=body, headers=RW1)
@@ -168,7 +168,7 @@ def test_issue10_too_many_series_per_request_refused_413(gateway):
     assert stored_rows(vault) == 0 and stored_series(vault) == []
 
 
-def test_issue10_default_series_limit_refuses_100000_series(gateway):
+def test_default_series_limit_refuses_100000_series(gateway):
     client, vault = gateway()
     body = encode_write_request([("gpu_util", {"gpu": str(i)}, T0, 1.0) for i in range(100_000)])
     refused = client.post("/api/v1/write", content=body, headers=RW1)
@@ -177,7 +177,7 @@ def test_issue10_default_series_limit_refuses_100000_series(gateway):
     assert stored_rows(vault) == 0
 
 
-def test_issue10_new_series_per_minute_answers_429_with_retry_after(gateway):
+def test_new_series_per_minute_answers_429_with_retry_after(gateway):
     client, vault = gateway(max_new_series_per_minute=10)
     first = encode_write_request([("gpu_util", {"gpu": str(i)}, T0, 1.0) for i in range(8)])
     assert client.post("/api/v1/write", content=first, headers=RW1).status_code == 204
@@ -190,7 +190,7 @@ def test_issue10_new_series_per_minute_answers_429_with_retry_after(gateway):
     assert stored_rows(vault) == 8 and len(stored_series(vault)) == 8
 
 
-def test_issue10_more_new_series_than_a_minute_allows_is_413_not_429(gateway):
+def test_more_new_series_than_a_minute_allows_is_413_not_429(gateway):
     """Retrying such a request can never succeed, so Retry-After would loop a sender forever."""
     client, vault = gateway(max_new_series_per_minute=10)
     body = encode_write_request([("gpu_util", {"gpu": str(i)}, T0, 1.0) for i in range(11)])
@@ -200,7 +200,7 @@ def test_issue10_more_new_series_than_a_minute_allows_is_413_not_429(gateway):
     assert stored_rows(vault) == 0
 
 
-def test_issue10_decode_time_budget_refuses_a_long_body_413(gateway):
+def test_decode_time_budget_refuses_a_long_body_413(gateway):
     # 1 ms of CPU cannot decode 40,000 lines (it takes tens of ms at best): a budget test
     # whose direction does not depend on the machine's speed.
     client, vault = gateway(decode_time_budget="1ms")
@@ -215,7 +215,7 @@ def test_issue10_decode_time_budget_refuses_a_long_body_413(gateway):
     assert stored_rows(default_vault) == 1
 
 
-def test_issue10_resolving_a_wide_sparse_table_visits_only_present_cells():
+def test_resolving_a_wide_sparse_table_visits_only_present_cells():
     """Vault.write of series with label names each of their own (a table of mostly null
     columns): resolving them converted every cell to a Python object, series x names (500 x
     10,000: 60 MB traced at peak; 1,000 x 33,000: 387 MB); now only the present cells are
