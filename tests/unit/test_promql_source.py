@@ -1,16 +1,18 @@
-"""The engine's read protocol: VaultSource over a real vault returns what MemorySource holds,
-and the engine answers the same through both."""
+"""The engine's read seam: a real vault returns what MemorySource holds, and the engine
+answers the same through both; the tenant's view narrows to its series first."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from metricvault.promql import Engine, MemorySource, SeriesSamples, VaultSource
-from metricvault.promql.source import STALE_NAN, is_stale
+from metricvault.promql.source import STALE_NAN, TenantSource, is_stale
+from metricvault.protocols import SelectHints
 from metricvault.selector import Matcher
 
 T0 = 1_700_000_000_000
@@ -81,3 +83,58 @@ def test_stale_markers_are_recognised_by_their_bit_pattern_only() -> None:
     assert is_stale(values).tolist() == [False, True, False]
     with pytest.raises(ValueError, match="2 timestamps but 3 values"):
         SeriesSamples({"__name__": "x"}, np.array([1, 2]), values)
+
+
+SEEN: list[str | None] = []  # the values the recording matcher was asked about
+
+
+class RecordingMatcher(Matcher):
+    """A real matcher that remembers every value it was run against."""
+
+    def matches(self, value: str | None) -> bool:
+        SEEN.append(value)
+        return super().matches(value)
+
+
+@pytest.fixture
+def two_tenants(tmp_path: Path) -> Iterator[Any]:
+    from metricvault.store.vault import Vault
+
+    vault = Vault.open_local(str(tmp_path / "vault"))
+    vault.write(
+        [
+            ("secret_metric", {"tenant": "A", "secret": "A-value"}, T0, 1.0),
+            ("secret_metric", {"tenant": "B", "secret": "B-T-value"}, T0, 2.0),
+        ]
+    )
+    yield vault
+    vault.close()
+
+
+@pytest.mark.parametrize("read", ["select", "select_kept", "select_buckets"])
+def test_a_tenants_reads_never_run_its_matchers_against_another_tenants_series(
+    two_tenants: Any, read: str
+) -> None:
+    """The tenant matcher runs first: a user's (costly) regex is never evaluated against
+    tenant B's series, so its running time cannot tell what B holds."""
+    source = TenantSource(two_tenants, [Matcher("tenant", "=", "A")])
+    user = [Matcher("__name__", "=", "secret_metric"), RecordingMatcher("secret", "=~", "B-T.*")]
+    SEEN.clear()
+    if read == "select_buckets":
+        hints = SelectHints("max_over_time", 60_000, 0, T0 + 60_000, T0 + 60_000)
+        source.select_buckets(user, hints)
+    else:
+        getattr(source, read)(user, T0, T0 + 1)
+    assert SEEN == ["A-value"] or (read == "select_buckets" and SEEN in ([], ["A-value"]))
+    assert "B-T-value" not in SEEN
+
+
+def test_the_tenant_view_says_when_a_selection_reached_before_the_raw_horizon() -> None:
+    memory = MemorySource()
+    memory.add({"__name__": "m", "tenant": "A"}, [T0], [1.0])
+    source = TenantSource(memory, [Matcher("tenant", "=", "A")], raw_horizon_ms=T0)
+    assert len(source.select([Matcher("__name__", "=", "m")], T0, T0 + 1)) == 1
+    assert not source.truncated
+    source.select([Matcher("__name__", "=", "m")], T0 - 1, T0 + 1)
+    assert source.truncated
+    assert source.horizons() == memory.horizons()
