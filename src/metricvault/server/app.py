@@ -78,7 +78,7 @@ class Gateway:
         return b"".join(chunks)
 
     def decode_limits(self) -> dict[str, Any]:
-        """The per-request limits both decoders enforce (issue 10), each a 413."""
+        """The per-request limits both decoders enforce, each a 413."""
         return {
             "max_series": self.settings.max_series_per_request,
             "max_label_names": self.settings.max_label_names_per_request,
@@ -97,7 +97,7 @@ class Gateway:
 
     async def store_decoded(self, decoded: DecodedWrite, who: Principal, protocol: str) -> int:
         """Store one decoded remote-write (or OTLP) request; the samples stored."""
-        # staleness markers and NaN/±Inf samples are stored like any other (issue 13)
+        # staleness markers and NaN/±Inf samples are stored like any other
         self.metrics.received.labels(protocol).inc(decoded.samples)
         if decoded.kinds:  # metadata usually arrives in requests of its own
             self.vault.set_metric_kinds(decoded.kinds)

@@ -224,7 +224,7 @@ class Decoder:
 
     def _tag_columns(self) -> dict[str, pa.Array]:
         """One value per point for each label, visiting only the tags the points have: asking
-        every point for every label cost points x labels (issue 10)."""
+        every point for every label cost points x labels."""
         points_of: dict[str, list[int]] = {}
         values_of: dict[str, list[str]] = {}
         for point, tags in enumerate(self.point_tags):

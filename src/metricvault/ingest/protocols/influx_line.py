@@ -51,7 +51,7 @@ Speed: most lines never reach the character scanner. A fast path splits them wit
 (escapes swapped for private-use placeholder characters first) and hands anything unusual
 (quotes, empty parts, odd numbers) to the scanner, which is authoritative and words the errors.
 
-The work is split by job (issue 12): ``influx_body`` (encoding, UTF-8, line count),
+The work is split by job: ``influx_body`` (encoding, UTF-8, line count),
 ``influx_tokens`` (the tokenizer, fast and slow), ``influx_values`` (field values and types),
 ``influx_batch`` (names, timestamps, limits, the Arrow table); this module is the entry point.
 """

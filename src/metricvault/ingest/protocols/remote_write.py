@@ -8,7 +8,7 @@ What is kept and what is only counted:
 
 - Every float sample becomes one table row, in request order, its value bit-exact: staleness
   markers (NaN with bits ``0x7ff0000000000002``) too, counted in ``stale_markers``, and every
-  other NaN/±Inf, counted in ``non_finite`` (issue 13: PromQL needs them). Both counts are part
+  other NaN/±Inf, counted in ``non_finite`` (PromQL needs them). Both counts are part
   of ``samples`` = float samples received = rows of the table.
 - Native histogram samples and exemplars are counted (``histograms``, ``exemplars``), not stored;
   the gateway reports them as received but not written.
@@ -30,7 +30,7 @@ label bytes, samples are decoded with numpy, and all checks run on whole columns
 fails, a plain per-series pass over the request finds the first offending series and raises the
 error that names it: the slow path is only ever taken by requests that are rejected.
 
-The work is split by job (issue 12): ``remote_write_framing`` (headers, snappy),
+The work is split by job: ``remote_write_framing`` (headers, snappy),
 ``remote_write_columns`` (protobuf -> the long shape), ``remote_write_checks`` (the slow path and
 its messages), ``remote_write_metadata`` (types and kinds), ``remote_write_v1``/``_v2``; this
 module is the entry point. The encoder it mirrors is ``metricvault.wire.remote_write``.

@@ -2,7 +2,7 @@
 
 The fast path (``remote_write_columns``) checks whole columns and only says *that* a rule is
 broken (:class:`_Invalid`); these functions find *which* series breaks it and word the error.
-Label names are judged by ``metricvault.model``'s one rule (issue 12).
+Label names are judged by ``metricvault.model``'s one rule.
 """
 
 from __future__ import annotations

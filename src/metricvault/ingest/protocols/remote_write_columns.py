@@ -242,7 +242,7 @@ def assemble(flat: Flat, max_label_cells: int = MAX_LABEL_CELLS) -> Shape:
     stale = int(np.count_nonzero(values.view(np.uint64) == STALE_NAN_BITS))
     non_finite = len(values) - int(np.count_nonzero(finite)) - stale
     rows = np.repeat(np.arange(n_series), flat.sample_counts)  # series of each row
-    # every float sample is kept, staleness markers and NaN/±Inf bit-exact (issue 13)
+    # every float sample is kept, staleness markers and NaN/±Inf bit-exact
     columns = {
         "metric": metrics.take(pa.array(rows)),
         "timestamp": pa.array(timestamps, type=pa.int64()),
