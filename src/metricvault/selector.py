@@ -32,6 +32,9 @@ _PARSER_OPS = {
     "MatchOp.NotRe": "!~",
 }
 _BARE_LABEL_NAME = re.compile(LABEL_NAME_PATTERN).fullmatch
+MAX_UNION = 256  # selectors joined by "or" in one text
+_BRACES = re.compile(r"\{[^{}]*\}")
+_WORDS = re.compile(r"\b(?:and|or|unless|atan2)\b", re.IGNORECASE)
 
 # ----------------------------------------------------------------------------- RE2 regexes
 # RE2's error codes (re2.h) in the words of Go's regexp/syntax, which Prometheus's errors quote.
@@ -203,12 +206,25 @@ def parse_selectors(text: str) -> SelectorUnion:
     bad position."""
     import promql_parser as pp  # here: the edge agent imports this module but never parses
 
+    _check_size(text)
     try:
         node = pp.parse(rewrite_strings(text))
     except ValueError as exc:
         raise _refusal(text, str(exc)) from None
     parts = tuple(_selector(leaf, text) for leaf in _or_operands(node, text))
     return SelectorUnion(parts)
+
+
+def _check_size(text: str) -> None:
+    # promql-parser (Rust) recurses per operator and kills the process (a stack overflow) near
+    # a few thousand; a selector union needs no nesting, and no one joins hundreds.
+    bare = _BRACES.sub("", _STRINGS.sub('""', text))
+    operators = sum(bare.count(c) for c in "([+-*/%^<>=!") + len(_WORDS.findall(bare))
+    if operators >= MAX_UNION:
+        raise SelectorError(
+            f"selector {_shown(text)} joins or nests {operators} operators; at most "
+            f"{MAX_UNION} selectors may be joined by 'or' (split it into several queries)"
+        )
 
 
 def parse_selector(text: str) -> Selector:
@@ -250,7 +266,10 @@ def _selector(node: Any, text: str) -> Selector:
         try:
             matchers.append(Matcher(m.name, op, m.value))
         except SelectorError as exc:  # a regex the parser's (Rust) engine took but RE2 refuses
-            words = str(exc).partition(": ")[2] if "error parsing regexp" in str(exc) else exc
+            words = str(exc)
+            words = (
+                words[words.find("error parsing regexp") :] if "error parsing" in words else words
+            )
             at = _regex_position(text, m.value)
             raise SelectorError(f"cannot parse selector {_shown(text)}{at}: {words}") from None
     if all(m.matches("") for m in matchers):

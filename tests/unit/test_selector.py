@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from metricvault.errors import PromQLError, SelectorError
 from metricvault.promql import Engine, EngineOptions, MemorySource
 from metricvault.selector import (
+    MAX_UNION,
     Matcher,
     Selector,
     SelectorUnion,
@@ -346,3 +347,18 @@ def test_the_engine_refuses_what_parse_selectors_refuses(text, words):
     with pytest.raises(PromQLError, match=re.escape(words)) as info:
         _engine_selects(text)
     assert info.value.kind == "bad_data"
+
+
+def test_a_union_of_many_selectors_is_parsed_up_to_the_limit():
+    union = parse_selectors(" or ".join(f'up{{i="{i}"}}' for i in range(MAX_UNION)))
+    assert len(union.parts) == MAX_UNION
+
+
+@pytest.mark.parametrize(
+    "text",
+    [" or ".join(["up"] * (MAX_UNION + 1)), " or ".join(["up"] * 20_000), "(" * 20_000 + "up"],
+)
+def test_selectors_too_long_for_the_parser_are_refused_before_it_runs(text):
+    # promql-parser overflows its stack (killing the process) near a few thousand operators
+    with pytest.raises(SelectorError, match=f"at most {MAX_UNION} selectors"):
+        parse_selectors(text)
