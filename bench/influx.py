@@ -244,7 +244,7 @@ def run_embedded(work: Workload, summary: Summary, root: Path, runs: int) -> Res
 
 def run_influx(work: Workload, summary: Summary, root: Path, runs: int) -> Result:
     from metricvault.config import Settings
-    from metricvault.public import InfluxVault
+    from metricvault.public_influx import InfluxVault
     from metricvault.store.backends.influxdb import setup
 
     result = Result("InfluxDB 1.6")

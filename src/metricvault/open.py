@@ -4,7 +4,7 @@
 URI                                    store
 =====================================  =====================================================
 a directory, ``s3://bucket/prefix``    :class:`metricvault.public.Vault` (everything)
-``influxdb://`` / ``influxdbs://``     :class:`metricvault.public.InfluxVault`
+``influxdb://`` / ``influxdbs://``     :class:`metricvault.public_influx.InfluxVault`
 a path ending in ``.parquet``          :class:`metricvault.archive.opened.SnapshotVault`
                                        (read-only: query, series, sql, stats)
 ``http://`` / ``https://`` (gateway)   :class:`metricvault.store.backends.gateway.GatewayVault`
@@ -42,7 +42,8 @@ from metricvault.protocols import (
 if TYPE_CHECKING:
     from metricvault.archive.opened import SnapshotVault
     from metricvault.config import Settings
-    from metricvault.public import InfluxVault, Vault
+    from metricvault.public import Vault
+    from metricvault.public_influx import InfluxVault
     from metricvault.store.backends.gateway import GatewayVault
 
     AnyStore: TypeAlias = Vault | InfluxVault | SnapshotVault | GatewayVault

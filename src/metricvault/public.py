@@ -9,53 +9,21 @@ this way is still an instance of the store's class, and the store's code never c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from metricvault.config import Settings
-from metricvault.durations import TimeLike
+from metricvault.conveniences import Conveniences
 from metricvault.protocols import is_gateway_uri
-from metricvault.store.backends.influxdb import InfluxVault as _InfluxStore
 from metricvault.store.vault import Vault as _VaultStore
 
 if TYPE_CHECKING:
     from metricvault.open import AnyStore
     from metricvault.store.maintenance import ProgressCallback
 
-__all__ = ["InfluxVault", "Vault", "open_backend"]
+__all__ = ["Vault", "open_backend"]
 
 
-class _Conveniences:
-    """What every readable backend offers its users beyond the read seam."""
-
-    settings: Settings  # every store keeps the settings it was opened with
-
-    def history(self, experiment: Any, metrics: Sequence[str], **options: Any) -> Any:
-        """A frame indexed by training step, one column per metric: each metric's samples
-        joined exactly to the ``train_step`` series (see ``metricvault.archive.compare.
-        history``), e.g. ``vault.history("r3", metrics=["train_loss", "mfu"])``."""
-        from metricvault.archive.compare import history
-
-        return history(self, experiment, metrics, **options)
-
-    def promql(
-        self,
-        expr: str,
-        start: TimeLike = "now",
-        end: TimeLike | None = None,
-        step: str | int | None = None,
-        output: str = "pandas",
-    ) -> Any:
-        """A PromQL query in the long shape (``timestamp``, ``metric``, labels, ``value``):
-        instant at ``start`` without ``end``; with ``end`` and ``step`` a range query
-        (``metricvault.promql``; Prometheus's answer for the same samples, tested)."""
-        from metricvault.promql.frame import promql_frame
-
-        # the vault's query limits (query_max_samples, query_max_series, query_timeout)
-        return promql_frame(cast(Any, self), expr, start, end, step, output, settings=self.settings)
-
-
-class Vault(_Conveniences, _VaultStore):
+class Vault(Conveniences, _VaultStore):
     """A metric store on local disk or S3 (the store's :class:`metricvault.store.vault.Vault`
     with the conveniences). Open with :meth:`Vault.open` or :func:`metricvault.open`.
 
@@ -108,17 +76,14 @@ class Vault(_Conveniences, _VaultStore):
         return super().maintain(now_ms, progress)
 
 
-class InfluxVault(_Conveniences, _InfluxStore):
-    """A vault on an InfluxDB 1.x database (the store's
-    :class:`metricvault.store.backends.influxdb.InfluxVault` with the conveniences)."""
-
-
 def open_backend(target: str, settings: Settings, *, create: bool, buffer_name: str) -> AnyStore:
     """The store ``target`` names (a directory, ``s3://``, ``influxdb://``, a ``.parquet``
     snapshot or a gateway URL), as its public class: the one dispatcher by URI."""
     from metricvault.store.backends import is_influx_uri
 
     if is_influx_uri(target):  # InfluxDB 1.x: the same API, see docs/influxdb.md
+        from metricvault.public_influx import InfluxVault
+
         return InfluxVault.open(target, settings)
     if target.endswith(".parquet"):  # a frozen experiment snapshot: read-only
         from metricvault.archive.opened import SnapshotVault

@@ -19,7 +19,8 @@ import metricvault
 from metricvault.config import Settings
 from metricvault.errors import UnsupportedError
 from metricvault.protocols import has
-from metricvault.public import InfluxVault, Vault
+from metricvault.public import Vault
+from metricvault.public_influx import InfluxVault
 from metricvault.store.backends.influxdb import setup
 
 from .. import backend_suite as suite

@@ -43,7 +43,8 @@ from metricvault.errors import (
     ValueRangeError,
 )
 from metricvault.model import Series
-from metricvault.public import InfluxVault, Vault
+from metricvault.public import Vault
+from metricvault.public_influx import InfluxVault
 from metricvault.sim import ClusterSpec, generate
 from metricvault.store.backends.influx_client import InfluxClient, parse_uri
 from metricvault.store.backends.influxdb import setup, setup_statements

@@ -81,7 +81,7 @@ def layer(module: str) -> str:
     top = parts[1]
     if top == "ingest":  # the wire decoders (ingest/protocols): bytes -> batches, pure
         return "decoders"
-    if top == "public":  # the public classes, beside the dispatcher
+    if top in ("public", "public_influx", "conveniences"):  # the public classes
         return "open"
     if top in ("store", "promql", "archive", "server", "collect", "cli", "open", "sim"):
         return top
