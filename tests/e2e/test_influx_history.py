@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from metricvault.config import Settings
-from metricvault.public import InfluxVault, Vault
+from metricvault.public import Vault
+from metricvault.public_influx import InfluxVault
 from metricvault.store.backends.influxdb import setup
 
 from .influx_fixture import InfluxServer, influxd  # noqa: F401
