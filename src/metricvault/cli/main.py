@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-import time
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -228,19 +228,22 @@ def maintain(
     is finished by the next one.
     """
     settings = load_settings(data, config, set_)
-    interval = parse_duration_ms(settings.maintain_interval) / 1000
     from metricvault.cli.light import open_with
     from metricvault.progressbar import console_progress
+    from metricvault.store.upkeep import MaintenanceLoop
 
+    at = parse_time_ms(now) if now else None
     with open_with(settings, need="maintain") as vault:
-        while True:
-            started = time.monotonic()
-            with console_progress() as progress:
-                report = vault.maintain(parse_time_ms(now) if now else None, progress)
-            console.print(_report_line(report, time.monotonic() - started))
-            if not loop:
-                return
-            time.sleep(interval)
+        maintainer = MaintenanceLoop(
+            vault,
+            parse_duration_ms(settings.maintain_interval) / 1000,
+            on_report=lambda report, seconds: console.print(_report_line(report, seconds)),
+        )
+        if loop:  # one line a round; a gateway's maintainer may take some rounds
+            maintainer.run(threading.Event(), now_ms=at)
+            return
+        with console_progress() as progress:
+            maintainer.round(at, progress, wait=True)
 
 
 @app.command()

@@ -5,8 +5,8 @@ time. Background tasks only; no routes."""
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from metricvault.durations import parse_duration_ms
 from metricvault.server.api import BackgroundTask, ServerAPI
-from metricvault.store.layout import MAINTAIN_LOCK
+from metricvault.store.upkeep import MaintenanceLoop
 
 if TYPE_CHECKING:
     from metricvault.server.app import Gateway
@@ -50,19 +50,16 @@ async def flusher(gateway: Gateway) -> None:
 
 
 async def maintainer(gateway: Gateway) -> None:
-    """Maintenance in one worker at a time (the first to take ``maintain.lock``)."""
+    """The store's maintenance loop (store/upkeep.py) in a thread of this worker: one worker
+    of all (and no ``maintain --loop`` beside them) maintains each round, by its lock."""
     interval = parse_duration_ms(gateway.settings.maintain_interval) / 1000
-    path = gateway.vault.state_dir / MAINTAIN_LOCK
-    with open(path, "a+") as lock_file:
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # another worker maintains this round
-            try:
-                await run_in_threadpool(gateway.vault.maintain)
-            except Exception:
-                log.exception("maintenance failed; it is retried next round")
-            finally:
-                fcntl.flock(lock_file, fcntl.LOCK_UN)
+    loop = MaintenanceLoop(gateway.vault, interval)
+    stop = threading.Event()
+    thread = threading.Thread(target=loop.run, args=(stop, False), name="maintainer", daemon=True)
+    thread.start()
+    try:
+        await asyncio.Event().wait()  # until the app shuts down and cancels this task
+    finally:
+        stop.set()
+        # a round in progress ends before the vault closes (each of its steps commits whole)
+        await asyncio.to_thread(thread.join)
