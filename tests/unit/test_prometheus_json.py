@@ -15,8 +15,8 @@ from starlette.responses import JSONResponse
 
 from metricvault.promql import Engine, MemorySource
 from metricvault.promql.source import STALE_NAN
-from metricvault.promql.values import QueryResult, _fmt
-from metricvault.server.prometheus_json import answer_body, format_value
+from metricvault.promql.values import QueryResult, format_value
+from metricvault.server.prometheus_json import answer_body
 from tests.e2e.test_promql_oracle import dataset
 
 T0 = 1_767_225_600_000
@@ -24,6 +24,15 @@ EDGES = [0.0, -0.0, 1.0, -1.0, 0.1, 1e15, 1e16, 1.5e16, 123456789012345680.0, 1e
          1e-5, 1.2345e-7, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, -3.25e-300,
          math.nan, math.inf, -math.inf, STALE_NAN, 99.99999999999999, 2.0**53,
          2.0**53 + 2]  # fmt: skip
+
+
+def _fmt(value: float) -> str:
+    """The reference: Go's FormatFloat(v, 'f', -1, 64) through numpy alone."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return str(np.format_float_positional(value, unique=True, trim="-"))
 
 
 @pytest.mark.parametrize("value", EDGES)

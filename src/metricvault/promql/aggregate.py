@@ -11,7 +11,7 @@ import numpy as np
 import promql_parser as pp
 
 from metricvault.promql.errors import PromQLError
-from metricvault.promql.values import NAME, Labels, StepVector, make_labels
+from metricvault.promql.values import NAME, Labels, StepVector, format_value, make_labels
 
 if TYPE_CHECKING:
     from metricvault.promql.eval import Evaluator
@@ -174,15 +174,6 @@ def _quantile(
         out[code] = quantile_sorted(sorted_values, n, q)
         present[code] = n > 0
     return StepVector(groups, out, present)
-
-
-def format_value(value: float) -> str:
-    """Go's ``strconv.FormatFloat(v, 'f', -1, 64)``."""
-    if np.isnan(value):
-        return "NaN"
-    if np.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return str(np.format_float_positional(value, unique=True, trim="-"))
 
 
 def _count_values(

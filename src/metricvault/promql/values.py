@@ -152,12 +152,19 @@ class RangeVector:
 
 
 # ------------------------------------------------------------------------------ results
-def _fmt(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return np.format_float_positional(value, unique=True, trim="-")
+def format_value(value: float) -> str:
+    """Prometheus's text of a sample value (Go's ``FormatFloat(v, 'f', -1, 64)``):
+    positional digits, the shortest that read back to the same float; NaN, +Inf, -Inf.
+    ``repr`` gives those digits where it writes no exponent (fast: the JSON writer calls this
+    once per distinct value), numpy where it would."""
+    text = repr(value)
+    if "e" in text or "n" in text:  # exponent, nan, inf
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "+Inf" if value > 0 else "-Inf"
+        return str(np.format_float_positional(value, unique=True, trim="-"))
+    return text[:-2] if text.endswith(".0") else text
 
 
 @dataclass
@@ -180,12 +187,15 @@ class QueryResult:
             return {"resultType": "string", "result": [t, self.text]}
         if self.result_type == "scalar":
             _, ts, vs = self.series[0]
-            return {"resultType": "scalar", "result": [int(ts[0]) / 1000, _fmt(float(vs[0]))]}
+            return {
+                "resultType": "scalar",
+                "result": [int(ts[0]) / 1000, format_value(float(vs[0]))],
+            }
         if self.result_type == "vector":
             return {
                 "resultType": "vector",
                 "result": [
-                    {"metric": labels, "value": [int(ts[0]) / 1000, _fmt(float(vs[0]))]}
+                    {"metric": labels, "value": [int(ts[0]) / 1000, format_value(float(vs[0]))]}
                     for labels, ts, vs in self.series
                 ],
             }
@@ -195,7 +205,8 @@ class QueryResult:
                 {
                     "metric": labels,
                     "values": [
-                        [t / 1000, _fmt(v)] for t, v in zip(ts.tolist(), vs.tolist(), strict=True)
+                        [t / 1000, format_value(v)]
+                        for t, v in zip(ts.tolist(), vs.tolist(), strict=True)
                     ],
                 }
                 for labels, ts, vs in self.series

@@ -335,7 +335,7 @@ class PrometheusAPI:
             check_depth(expr)
             engine, source = self.engine(who, timeout_s)
             result = await self.evaluate(lambda: engine.evaluate(expr, at), timeout_s)
-            return result.to_prometheus(), self.warnings(source, result)
+            return result, self.warnings(source, result)
 
         return await self.answer(request, "/api/v1/query", work)
 

@@ -11,28 +11,14 @@ exponent, ``numpy`` where it would.
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 
-from metricvault.promql.values import QueryResult
+from metricvault.promql.values import QueryResult, format_value
 
 _DUMPS = json.JSONEncoder(
     ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
 ).encode
-
-
-def format_value(value: float) -> str:
-    """Prometheus's text of a sample value (Go's ``FormatFloat(v, 'f', -1, 64)``):
-    positional digits, the shortest that read back to the same float; NaN, +Inf, -Inf."""
-    text = repr(value)
-    if "e" in text or "n" in text:  # exponent, nan, inf
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "+Inf" if value > 0 else "-Inf"
-        return np.format_float_positional(value, unique=True, trim="-")
-    return text[:-2] if text.endswith(".0") else text
 
 
 def answer_body(result: QueryResult, warnings: list[str]) -> bytes:
