@@ -1,8 +1,8 @@
 """PromQL over the vault: ``Engine(source).evaluate(expr, start_ms, end_ms, step_ms)``.
 
-The engine reads through the small :class:`~metricvault.promql.source.SampleSource` protocol
-(``VaultSource(vault)`` for a vault, ``MemorySource`` for tests) and evaluates with numpy; see
-docs/promql.md for what is implemented.
+The engine reads through the leaf's read seam (:class:`metricvault.protocols.SampleSource`),
+which every readable store implements (``Engine(vault)``; ``MemorySource`` for tests), and
+evaluates with numpy; see docs/promql.md for what is implemented.
 """
 
 from metricvault.promql.errors import PromQLError
