@@ -214,3 +214,18 @@ def test_archive_export_on_the_command_line_refuses_a_gateway_url_clearly(tmp_pa
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     assert "is a gateway, which cannot do archive export" in message, proc.stderr
     assert "as --data instead of the gateway URL" in message
+
+
+@pytest.mark.parametrize("tier", ["1m", "1h"])
+def test_a_rollup_snapshot_offers_the_vaults_rollup_view_with_its_rows(rolled_up, tmp_path, tier):
+    info = export_snapshot(rolled_up, suite.EXPERIMENT, tmp_path, tier=tier)
+    statement = (
+        "SELECT series_id, ts, timestamp, count, sum, min, max, last, increase, mean "
+        f"FROM rollup_{tier} ORDER BY series_id, ts"
+    )
+    with metricvault.open(str(info.path)) as snapshot:
+        got = snapshot.sql(statement, output="arrow")
+        assert got.to_pylist() == rolled_up.sql(statement, output="arrow").to_pylist()
+        assert got.num_rows and snapshot.sql("SELECT count(*) AS n FROM raw", output="arrow")[
+            "n"
+        ].to_pylist() == [0]
