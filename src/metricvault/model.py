@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 # (the Arrow schemas at the end are built on first use), so the agent can import the rules.
 METRIC_NAME_PATTERN = "[a-zA-Z_:][a-zA-Z0-9_:]*"
 LABEL_NAME_PATTERN = "[a-zA-Z_][a-zA-Z0-9_]*"
-METRIC_NAME_RE = re.compile(f"^{METRIC_NAME_PATTERN}$")
-LABEL_NAME_RE = re.compile(f"^{LABEL_NAME_PATTERN}$")
 _METRIC_NAME_FULL = re.compile(METRIC_NAME_PATTERN)
 _LABEL_NAME_FULL = re.compile(LABEL_NAME_PATTERN)
 METRIC_NAME_LABEL = "__name__"  # the label that carries the metric name on the wire
@@ -66,6 +64,16 @@ def shown_name(name: str) -> str:
     """A name quoted (JSON style, so control characters are visible) and clipped for messages."""
     suffix = f"...({len(name):,} chars)" if len(name) > _MAX_SHOWN_NAME else ""
     return json.dumps(name[:_MAX_SHOWN_NAME], ensure_ascii=False) + suffix
+
+
+def is_metric_name(name: str) -> bool:
+    return _METRIC_NAME_FULL.fullmatch(name) is not None
+
+
+def is_label_name(name: str) -> bool:
+    """The pattern alone, as PromQL checks a label name it is given (``__`` names allowed);
+    :func:`label_name_problem` is the rule for names written to the vault."""
+    return _LABEL_NAME_FULL.fullmatch(name) is not None
 
 
 @lru_cache(maxsize=4096)

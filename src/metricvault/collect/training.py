@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, Protocol, SupportsFloat
 from metricvault.collect.peaks import PEAK_BF16_DENSE_FLOPS, canonical_gpu, peak_flops_for
 from metricvault.durations import now_ms
 from metricvault.errors import ArchiveError, ConflictError, InputError
-from metricvault.model import METRIC_NAME_RE, label_name_problem
+from metricvault.model import is_metric_name, label_name_problem
 
 if TYPE_CHECKING:
     from metricvault.experiment import Experiment
@@ -134,7 +134,7 @@ def series_name(name: str) -> str:
             f"run.log({name}=...): {metric} is written from the step argument and tokens=; "
             "pass those instead"
         )
-    if not METRIC_NAME_RE.match(metric):
+    if not is_metric_name(metric):
         raise ValueError(
             f"run.log({name}=...): {metric!r} is not a valid metric name; use ASCII letters, "
             "digits and '_' in logged names"

@@ -3,20 +3,19 @@ rows of each group are reduced with ``np.<ufunc>.at`` on group codes, all steps 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import promql_parser as pp
 
+from metricvault.model import is_label_name
 from metricvault.promql.errors import PromQLError
 from metricvault.promql.values import NAME, Labels, StepVector, format_value, make_labels
 
 if TYPE_CHECKING:
     from metricvault.promql.eval import Evaluator
 
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _INT64_MAX = 2.0**63
 
 
@@ -179,7 +178,7 @@ def _quantile(
 def _count_values(
     vec: StepVector, label: str, names: list[str], without: bool, reserve: Callable[[int], None]
 ) -> StepVector:
-    if not _LABEL_NAME.match(label):
+    if not is_label_name(label):
         raise PromQLError(f'invalid label name "{label}"')
     t = vec.n_steps
     if not vec.labels:

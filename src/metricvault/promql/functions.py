@@ -11,6 +11,7 @@ import numpy as np
 import promql_parser as pp
 
 from metricvault.errors import SelectorError
+from metricvault.model import is_label_name
 from metricvault.promql import rangefuncs as rf
 from metricvault.promql import tiers
 from metricvault.promql.errors import PromQLError
@@ -29,8 +30,6 @@ from metricvault.selector import re2_compile
 
 if TYPE_CHECKING:
     from metricvault.promql.eval import Evaluator
-
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
 def _sgn(v: np.ndarray) -> np.ndarray:
@@ -276,7 +275,7 @@ def _label_replace(ev: Evaluator, args: list[Any], steps: np.ndarray) -> StepVec
         pattern = re2_compile(f"^(?:{regex})$")
     except SelectorError as exc:
         raise PromQLError(f"invalid regular expression in label_replace(): {regex}") from exc
-    if not _LABEL_NAME.match(dst):
+    if not is_label_name(dst):
         raise PromQLError(f"invalid destination label name in label_replace(): {dst}")
     expand = _go_template(repl)
     labels = []
@@ -295,9 +294,9 @@ def _label_join(ev: Evaluator, args: list[Any], steps: np.ndarray) -> StepVector
     dst, sep = _string_arg(ev, args[1], steps), _string_arg(ev, args[2], steps)
     sources = [_string_arg(ev, a, steps) for a in args[3:]]
     for src in sources:
-        if not _LABEL_NAME.match(src):
+        if not is_label_name(src):
             raise PromQLError(f"invalid source label name in label_join(): {src}")
-    if not _LABEL_NAME.match(dst):
+    if not is_label_name(dst):
         raise PromQLError(f"invalid destination label name in label_join(): {dst}")
     labels = []
     for lab in vec.labels:

@@ -38,6 +38,7 @@ from starlette.routing import Route
 from metricvault.credentials import Principal
 from metricvault.durations import parse_duration_ms
 from metricvault.errors import MetricVaultError, PromQLError, SelectorError
+from metricvault.model import is_label_name
 from metricvault.promql import Engine, EngineOptions, QueryResult
 from metricvault.promql import parse as parse_module
 from metricvault.promql.limits import check_resolution, timed_out, too_many_series
@@ -55,7 +56,6 @@ log = logging.getLogger("metricvault.gateway")
 # how long past a query's deadline the route waits before answering 503 without the engine
 BACKSTOP_GRACE_S = 1.0
 PROMETHEUS_COMPATIBLE_VERSION = "2.42.0"  # what Grafana reads from buildinfo to pick features
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _PROM_DURATION = re.compile(r"^(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?$")
 # Prometheus's own min/max time strings (what Grafana and promtool send for "all time")
 _MIN_TIME = {"-292273086-05-16T16:47:06Z", "0001-01-01T00:00:00Z"}
@@ -422,7 +422,7 @@ class PrometheusAPI:
         name = request.path_params["name"]
 
         async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
-            if not _LABEL_NAME.match(name):
+            if not is_label_name(name):
                 raise PromQLError(f'invalid label name: "{name}"', "bad_data")
             selectors = parse_matchers(params.get("match[]", []), wrapped=False)
             _check_range(params)
