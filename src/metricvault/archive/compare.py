@@ -23,6 +23,7 @@ import pandas as pd
 from metricvault.durations import ms_to_datetime
 from metricvault.errors import InputError, NotFoundError
 from metricvault.experiment import Experiment
+from metricvault.model import TIER_RESOLUTION_MS
 from metricvault.protocols import has
 from metricvault.selector import Matcher, Selector, parse_selectors
 
@@ -35,7 +36,7 @@ MJ_PER_KWH = 3.6e9
 ALIGNMENTS = ("elapsed", "step", "time")
 SHAPE_COLUMNS = ("timestamp", "metric", "value")  # the long shape's non-label columns
 MARKERS_UP_TO = 50  # points per line; fewer are drawn with markers so one point still shows
-MINUTE_MS, HOUR_MS = 60_000, 3_600_000
+MINUTE_MS, HOUR_MS = TIER_RESOLUTION_MS["1m"], TIER_RESOLUTION_MS["1h"]
 AUTO_POINTS = 200  # step="auto": the coarsest tier that still gives this many points
 
 
@@ -99,7 +100,7 @@ def summarise(
     energy = ask(GPU_ENERGY, ("increase",))
     mfus = ask(mfu, ("sum", "count"))
     losses = ask(loss, ("last",))
-    hours = (end - start) / 3_600_000
+    hours = (end - start) / HOUR_MS
     gpus = len(util)
     return Summary(
         experiment=exp.id,

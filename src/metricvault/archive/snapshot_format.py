@@ -34,10 +34,11 @@ import pyarrow.parquet as pq
 
 from metricvault.archive.experiments import Experiment
 from metricvault.errors import InputError, NotFoundError
+from metricvault.model import TIER_RESOLUTION_MS
 
 SCHEMA_VERSION = 1
 ROW_GROUP_ROWS = 131_072
-TIER_MS = {"1m": 60_000, "1h": 3_600_000}
+TIER_MS = TIER_RESOLUTION_MS  # a snapshot of a rollup tier: its bucket width
 META_PREFIX = "metricvault."
 ROLLUP_COLUMNS = ("count", "sum", "min", "max", "last", "increase")
 _KEY_COLUMNS = [

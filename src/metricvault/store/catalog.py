@@ -37,13 +37,14 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from metricvault.errors import CommitConflictError, StorageError
+from metricvault.model import TIER_RESOLUTION_MS
 from metricvault.store.layout import CATALOG_DIR, Location
 
 FORMAT = 2
 LEGACY_FORMAT = 1  # absolute paths, no vault id, no replacement times
 log = logging.getLogger("metricvault")
 _VERSION_RE = re.compile(r"v(\d{12})\.json$")
-HOUR_MS = 3_600_000
+HOUR_MS = TIER_RESOLUTION_MS["1h"]  # dirty hours are the 1h tier's buckets (model.py)
 COMMIT_ATTEMPTS = 30  # lost races in a row before a commit gives up (each re-reads first)
 MANY_WRITERS = (
     "another writer (a process with its own state directory) is committing to this vault: "

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from metricvault.errors import InputError
 from metricvault.experiment import Experiment, RegistryBase
+from metricvault.model import TIER_RESOLUTION_MS
 from metricvault.store.backends.influx_client import InfluxClient, ident, literal
 from metricvault.store.backends.influx_lines import escape_tag, string_field
 
@@ -30,7 +31,7 @@ EXPERIMENTS = "metricvault.experiments"
 KINDS = "metricvault.kinds"
 DIRTY = "metricvault.dirty"
 MAX_STRING_BYTES = 64 * 1024  # InfluxDB 1.x's limit for a string field value
-MINUTE_MS = 60_000
+MINUTE_MS = TIER_RESOLUTION_MS["1m"]  # the 1m tier's bucket width (model.py owns the tiers)
 
 
 class InfluxExperiments(RegistryBase):

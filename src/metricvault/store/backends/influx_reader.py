@@ -25,14 +25,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metricvault.errors import LabelError, TimeRangeError
-from metricvault.model import SAMPLE_SCHEMA
+from metricvault.model import SAMPLE_SCHEMA, TIER_RESOLUTION_MS
 from metricvault.selector import parse_selectors
 from metricvault.store import rollup
 from metricvault.store.backends.influx_client import InfluxClient, ident, literal
 from metricvault.store.backends.influx_lines import series_from_point
 from metricvault.store.series_index import SeriesIndex
 
-MINUTE_MS = 60_000
+MINUTE_MS = TIER_RESOLUTION_MS["1m"]  # the 1m tier's bucket width (model.py owns the tiers)
 MAX_OR_SERIES = 100  # beyond this many series, fetch the measurement and filter here
 INCREASE_FIELD = "increase_value"
 ROW_FIELDS = (
