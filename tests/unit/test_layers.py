@@ -31,6 +31,7 @@ LEAF = {
     "metricvault.wire",
     "metricvault.tables",  # the output shapes (pandas, arrow, polars) of every query API
     "metricvault.progressbar",  # rich bars for the store's progress callbacks
+    "metricvault.memory",  # malloc_trim for the agent and the gateway's workers
 }
 
 # Which layers each layer may import (its own always).

@@ -18,6 +18,7 @@ from metricvault.config import BearerToken, Settings
 from metricvault.credentials import hash_secret
 from metricvault.errors import PromQLError
 from metricvault.promql.parse import query_depth
+from metricvault.server import prometheus_api
 from metricvault.server.app import create_app
 from metricvault.server.prometheus_api import parse_duration_param, parse_time_param
 
@@ -89,8 +90,11 @@ def test_every_query_route_needs_credentials_and_answers_in_prometheus_shape(
     ],
 )
 def test_too_many_samples_is_an_execution_error(
-    tmp_path: Path, interval_ms: int, query: str, at_s: int
+    tmp_path: Path, interval_ms: int, query: str, at_s: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """...and the worker hands what the refused query built back to the OS (malloc_trim)."""
+    trims: list[int] = []
+    monkeypatch.setattr(prometheus_api, "release_freed_memory", lambda: trims.append(1))
     settings = Settings.load(env={}, gateway_maintain=False, query_max_samples=10)
     vault = Vault.open_local(str(tmp_path / "v"), settings)
     with TestClient(create_app(vault, settings)) as test_client:
@@ -101,6 +105,7 @@ def test_too_many_samples_is_an_execution_error(
     assert reply.status_code == 422, reply.text
     assert reply.json()["errorType"] == "execution"
     assert "too many samples" in reply.json()["error"]
+    assert trims == [1]
 
 
 @pytest.mark.parametrize(

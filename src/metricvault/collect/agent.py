@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from metricvault import __version__
 from metricvault.collect.sources import FastReading, Source
 from metricvault.errors import ConfigError
+from metricvault.memory import release_freed_memory
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -190,7 +191,9 @@ class Agent:
         self.server.start()
         if self.opts.push_url:
             self._start_push()
-        _release_startup_memory()
+        # the pages freed after start-up (imports, the simulator's warm-up) go back to the
+        # OS: the agent lives for months on every GPU host within a small memory budget
+        release_freed_memory()
         log.info("metricvault agent: %s (GPU source: %s)", self.server.url, self.gpu_kind)
 
     def stop(self) -> None:
@@ -336,23 +339,6 @@ def _with_pod_labels(sources: list[Source], opts: AgentOptions) -> list[Source]:
         return with_pod_labels(sources, opts.kubernetes, socket=opts.pod_resources_socket)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-
-
-def _release_startup_memory() -> None:
-    """Hand the heap pages freed after start-up (imports, the simulator's warm-up) back to the
-    OS: the agent lives for months on every GPU host within a small memory budget."""
-    import ctypes
-    import ctypes.util
-    import gc
-
-    gc.collect()
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "malloc_trim"):
-            libc.malloc_trim(0)
-    except OSError:  # not glibc: nothing to trim with
-        pass
 
 
 def _host_load() -> float:

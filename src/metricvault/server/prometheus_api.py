@@ -38,6 +38,7 @@ from starlette.routing import Route
 from metricvault.credentials import Principal
 from metricvault.durations import parse_duration_ms
 from metricvault.errors import MetricVaultError, PromQLError, SelectorError
+from metricvault.memory import release_freed_memory
 from metricvault.model import is_label_name
 from metricvault.promql import Engine, EngineOptions, QueryResult
 from metricvault.promql import parse as parse_module
@@ -195,6 +196,17 @@ def _match_error(text: str, ours: str) -> PromQLError:
     return invalid_param("match[]", ours)
 
 
+def _trimmed_after_refusal(call: Callable[[], Any]) -> Any:
+    """``call()``; a query stopped by its budget or deadline built up to the limit before it
+    was refused, so its freed pages go back to the OS (else the worker keeps that peak)."""
+    try:
+        return call()
+    except PromQLError as exc:
+        if exc.kind in ("execution", "timeout"):
+            release_freed_memory()
+        raise
+
+
 # --------------------------------------------------------------------------- the routes
 class PrometheusQueryAPI(ServerAPI):
     name = "query"
@@ -308,7 +320,9 @@ class PrometheusAPI:
         deadline is what stops the work; this wait only answers a query stuck past it in a
         single read (which no deadline check can interrupt) a little later."""
         try:
-            return await asyncio.wait_for(run_in_threadpool(call), timeout_s + BACKSTOP_GRACE_S)
+            return await asyncio.wait_for(
+                run_in_threadpool(_trimmed_after_refusal, call), timeout_s + BACKSTOP_GRACE_S
+            )
         except TimeoutError:
             log.warning("a query ran %.1f s past its deadline in one read", BACKSTOP_GRACE_S)
             raise timed_out() from None
