@@ -381,7 +381,7 @@ def _read_env(env: Any) -> dict[str, Any]:
 # METRICVAULT_* variables that are not settings but are read elsewhere (keep in step)
 OTHER_ENV = frozenset(
     {
-        "METRICVAULT_GATEWAY_TOKEN",  # collect/remote.py: bearer token of track() and push
+        "METRICVAULT_GATEWAY_TOKEN",  # store/backends/gateway.py: track() and push bearer token
         "METRICVAULT_EXPERIMENT",  # collect/sources/nvml.py: the experiment label
         "METRICVAULT_GATEWAY_SETTINGS_JSON",  # server/app.py: settings handed to workers
         "METRICVAULT_INFLUX_USER",  # cli/influx.py
