@@ -13,7 +13,7 @@ protocols let mypy catch the same mistake where the backend is known statically 
 =============  ==========================================================================
 capability     protocol and methods
 =============  ==========================================================================
-``read``       :class:`Reading`: ``query``, ``series``, ``stats``, ``history``, and the
+``read``       :class:`Reading`: ``query``, ``series``, ``stats``, and the
                typed read seam :class:`SampleSource` the query engines read through:
                ``select``, ``select_buckets``, ``select_kept``, ``horizons``,
                ``samples_per_row``
@@ -230,8 +230,6 @@ class Reading(SampleSource, Store, Protocol):
     def series(self, selector: str | None = None, output: str = "pandas") -> Any: ...
 
     def stats(self, now: int | None = None) -> dict[str, Any]: ...
-
-    def history(self, experiment: Any, metrics: Sequence[str], **options: Any) -> Any: ...
 
 
 class Writing(Store, Protocol):

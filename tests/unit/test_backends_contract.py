@@ -195,7 +195,7 @@ def test_archive_export_through_a_gateway_url_is_refused_before_any_request(tmp_
     the gateway for the experiment."""
     gateway = open_store("http://127.0.0.1:9/")  # nothing listens: a request would fail
     with pytest.raises(UnsupportedError) as caught:
-        export_snapshot(gateway, suite.EXPERIMENT, tmp_path)
+        export_snapshot(gateway, suite.EXPERIMENT, tmp_path)  # type: ignore[arg-type]
     message = " ".join(str(caught.value).split())
     assert "http://127.0.0.1:9 is a gateway, which cannot do archive export" in message
     assert "pass that directory or s3:// URI (or influxdb:// URI) as --data" in message

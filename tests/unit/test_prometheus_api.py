@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -290,7 +291,8 @@ def test_query_range_past_the_raw_horizon_answers_from_rollups_with_a_warning(
 def _evaluating_threads() -> list[int]:
     """Threads now inside the engine's ``Engine.evaluate``."""
     found = []
-    for ident, frame in sys._current_frames().items():
+    for ident, top in sys._current_frames().items():
+        frame: FrameType | None = top
         while frame is not None:
             if frame.f_code.co_name == "evaluate" and frame.f_code.co_filename.endswith(
                 "promql/eval.py"

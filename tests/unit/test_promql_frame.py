@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -115,8 +116,9 @@ def test_vault_promql_and_the_command_line_hold_the_vault_query_limits(
     vault_dir: Path, setting: str, expr: str, message: str
 ) -> None:
     name, value = setting.split("=")
+    overrides: dict[str, Any] = {name: int(value)}
     with (
-        Vault.open_local(str(vault_dir), **{name: int(value)}) as vault,
+        Vault.open_local(str(vault_dir), Settings.load(env={}, **overrides)) as vault,
         pytest.raises(PromQLError, match=re.escape(message)) as info,
     ):
         vault.promql(expr, T0 + 600_000)

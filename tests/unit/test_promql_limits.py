@@ -8,6 +8,7 @@ import gc
 import tracemalloc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
@@ -68,7 +69,7 @@ class CountingSource:
         return self.inner.select(matchers, start_ms, end_ms)
 
 
-def _engine(source: object, clock: StepClock | None = None, **options: object) -> Engine:
+def _engine(source: object, clock: StepClock | None = None, **options: Any) -> Engine:
     return Engine(source, EngineOptions(**options), clock or StepClock())  # type: ignore[arg-type]
 
 
@@ -159,7 +160,7 @@ def test_no_timeout_means_no_deadline() -> None:
 # ------------------------------------------------------------------------ the sample budget
 def _refused(
     expr: str, source: object, start: int, end: int | None = None, step: int | None = None,
-    **options: object,
+    **options: Any,
 ) -> PromQLError:  # fmt: skip
     with pytest.raises(PromQLError) as info:
         _engine(source, **options).evaluate(expr, start, end, step)

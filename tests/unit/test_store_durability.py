@@ -28,7 +28,6 @@ from metricvault.store.catalog import DataFile, SeriesFile
 from metricvault.store.query import ContextReader
 from metricvault.store.vault import Vault
 
-
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 HOUR = 3_600_000
 DAY = 24 * HOUR

@@ -22,7 +22,7 @@ T0 = 1_767_225_600_000
 
 @pytest.fixture
 def vault(tmp_path: Path) -> Any:
-    store = metricvault.open(str(tmp_path / "v"), Settings.load(env={}), create=True)
+    store: Any = metricvault.open(str(tmp_path / "v"), Settings.load(env={}), create=True)
     store.write([("gpu_util", {"host": "n1"}, T0 + i * 5_000, float(i)) for i in range(100)])
     yield store
     store.close()
@@ -51,7 +51,12 @@ def test_a_one_off_round_waits_for_the_lock(vault: Any) -> None:
     done = threading.Event()
     with open(vault.state_dir / MAINTAIN_LOCK, "a+") as other:
         fcntl.flock(other, fcntl.LOCK_EX)
-        waiter = threading.Thread(target=lambda: (loop.round(wait=True), done.set()))
+
+        def wait_for_the_lock() -> None:
+            loop.round(wait=True)
+            done.set()
+
+        waiter = threading.Thread(target=wait_for_the_lock)
         waiter.start()
         assert not done.wait(0.5)  # still waiting: the other maintainer holds the lock
     waiter.join(timeout=60)
@@ -91,7 +96,7 @@ def test_the_loop_survives_a_failed_round_and_stops_when_told(vault: Any) -> Non
 def test_maintain_on_the_command_line_waits_for_a_gateway_round(tmp_path: Path) -> None:
     """``metricvault maintain`` waits, as documented, for the lock a gateway's round holds."""
     data = tmp_path / "v"
-    store = metricvault.open(str(data), Settings.load(env={}), create=True)
+    store: Any = metricvault.open(str(data), Settings.load(env={}), create=True)
     state_dir = store.state_dir
     store.close()
     with open(state_dir / MAINTAIN_LOCK, "a+") as other:

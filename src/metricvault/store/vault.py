@@ -145,7 +145,7 @@ class Vault:
                 self.index.load_table(_read_series(self.location, sf.path))
                 self._series_files.add(sf.path)
 
-    def __enter__(self) -> Vault:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -89,9 +89,7 @@ def catalog_versions(vault_dir: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------ corrupt buffer batch
-def test_corrupt_buffer_batch_is_quarantined_and_counted(
-    tmp_path: Path, gateway: Any
-) -> None:
+def test_corrupt_buffer_batch_is_quarantined_and_counted(tmp_path: Path, gateway: Any) -> None:
     vault_dir = tmp_path / "vault"
     vault = Vault.open_local(str(vault_dir))
     vault.write(frame("gpu_util", {"0": 50.0}, 100))
@@ -315,9 +313,7 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str,
         return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
 
 
-def test_full_disk_writes_answer_503_and_reads_keep_working(
-    small_disk: Path, gateway: Any
-) -> None:
+def test_full_disk_writes_answer_503_and_reads_keep_working(small_disk: Path, gateway: Any) -> None:
     vault_dir = small_disk / "vault"
     # the default 2 workers: their prometheus-client mmap files must not be on the full disk,
     # where a write into a sparse page is SIGBUS (docs/operations.md)

@@ -125,7 +125,7 @@ class InfluxVault:
         vault.refresh()
         return vault
 
-    def __enter__(self) -> InfluxVault:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
