@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from metricvault.collect.agent import AGENT_JOB  # pushed series carry the same job
 from metricvault.errors import ConfigError
 from metricvault.fsutil import write_atomically
-
-AGENT_JOB = "metricvault-agent"
 
 REMOTE_WRITE = """\
 remote_write:

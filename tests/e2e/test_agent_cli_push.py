@@ -59,7 +59,7 @@ def test_agent_push_mode_delivers_its_series(gateway, tmp_path):
         assert len(util) >= 6  # 2 GPUs x at least 3 pushes
         assert util["value"].min() >= 0 and util["value"].max() <= 100
         offset = vault.query(
-            'metricvault_agent_clock_offset_seconds{Hostname="node42"}', "-10m", "now"
+            f'metricvault_agent_clock_offset_seconds{{instance="node42:{port}"}}', "-10m", "now"
         )
         assert len(offset) and offset["value"].abs().max() < 3
 

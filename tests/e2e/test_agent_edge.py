@@ -68,11 +68,11 @@ def test_the_edge_agent_pushes_host_and_gpu_series_without_the_heavy_imports(gat
         assert len(per_gpu) >= 6
         steps = per_gpu["timestamp"].diff().dropna().dt.total_seconds()
         assert steps.median() == pytest.approx(0.3, abs=0.15)
-        load = vault.query('node_load1{Hostname="edge01"}', "-10m", "now")
+        load = vault.query('node_load1{instance="edge01:9400"}', "-10m", "now")
         assert len(load) >= 6
-        info = vault.query('metricvault_agent_info{Hostname="edge01"}', "-10m", "now")
+        info = vault.query('metricvault_agent_info{instance="edge01:9400"}', "-10m", "now")
         assert set(info["profile"]) == {"edge"} and set(info["gpu_source"]) == {"simulated"}
-        rss = vault.query('process_resident_memory_bytes{Hostname="edge01"}', "-10m", "now")
+        rss = vault.query('process_resident_memory_bytes{instance="edge01:9400"}', "-10m", "now")
         assert 5e6 < rss["value"].max() < 200e6
 
 

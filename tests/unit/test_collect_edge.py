@@ -16,8 +16,10 @@ from metricvault.collect.agent import AgentOptions
 from metricvault.collect.edge import EdgeAgent, edge_sources
 from metricvault.collect.sources._labels import METRICS
 from metricvault.collect.sources.host import HostSource
-from metricvault.collect.sources.simulated_light import LightSimulatedGpuSource
+from metricvault.collect.sources.simulated import SimulatedGpuSource
+from metricvault.collect.sources.simulated_light import LightSimulatedGpuSource, light_gpu_uuid
 from metricvault.errors import ConfigError
+from metricvault.sim.uuids import gpu_uuid
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -128,12 +130,17 @@ def test_a_too_short_interval_is_refused(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- collection
-def test_a_collection_labels_every_sample_with_the_host(tmp_path: Path) -> None:
+def test_a_collection_labels_every_sample_as_a_scrape_of_the_host_would(tmp_path: Path) -> None:
     sim = LightSimulatedGpuSource(gpus=2, hostname="edge01", clock=lambda: 1_000.0)
     agent = EdgeAgent(options(tmp_path, hostname="edge01"), sources=[sim])
     assert agent.collect_once() > 0
     samples = agent._pending
-    assert {s[1]["Hostname"] for s in samples} == {"edge01"}
+    assert {(s[1]["job"], s[1]["instance"]) for s in samples} == {
+        ("metricvault-agent", "edge01:9400")
+    }
+    gpu = [s[1] for s in samples if s[0] == "DCGM_FI_DEV_GPU_UTIL"]
+    assert gpu and all(labels["Hostname"] == "edge01" for labels in gpu)
+    assert not any(k.startswith("exported_") for s in samples for k in s[1])
     names = {s[0] for s in samples}
     assert {"DCGM_FI_DEV_GPU_UTIL", "metricvault_agent_info", "process_cpu_seconds_total"} <= names
     info = [s for s in samples if s[0] == "metricvault_agent_info"]
@@ -155,6 +162,22 @@ def test_the_light_simulator_uses_the_gpu_sources_names_and_labels() -> None:
     assert all(b > a for a, b in zip(energy0, energy1, strict=True))
     with pytest.raises(ConfigError):
         LightSimulatedGpuSource(gpus=0)
+
+
+@pytest.mark.parametrize(("seed", "gpus"), [(0, 1), (0, 8), (7, 10)])
+def test_both_simulators_label_one_hosts_gpus_alike(seed: int, gpus: int) -> None:
+    """The edge agent's light simulator and the full agent's label a host's GPUs the same
+    (UUID, PCI bus, model), so a host's series do not change with the profile."""
+    light = LightSimulatedGpuSource(gpus=gpus, hostname="h7", seed=seed, clock=lambda: 5e3)
+    full = SimulatedGpuSource(gpus=gpus, hostname="h7", seed=seed, clock=lambda: 5e3)
+
+    def labels(source: object) -> set[frozenset[tuple[str, str]]]:
+        families = source.collect()  # type: ignore[attr-defined]
+        util = next(f for f in families if f.name == "DCGM_FI_DEV_GPU_UTIL")
+        return {frozenset(s.labels.items()) for s in util.samples}
+
+    assert labels(light) == labels(full)
+    assert light_gpu_uuid(seed, 3, 1) == gpu_uuid(seed, 3, 1)
 
 
 # ---------------------------------------------------------------- light families

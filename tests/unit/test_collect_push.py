@@ -25,8 +25,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from metricvault import __version__
+from metricvault import __version__, prometheus_config
 from metricvault.collect import push
+from metricvault.collect.agent import AGENT_JOB, AgentOptions, target_labels
 from metricvault.collect.push import (
     SERVER_TIME_HEADER,
     PushClient,
@@ -314,6 +315,38 @@ def test_extra_labels_win_and_the_sample_label_is_kept_as_exported() -> None:
     Gauge("mv_g", "help", ["host"], registry=registry).labels("inner").set(1)
     [(_, labels, _, _)] = samples_from_registry(registry, 1, {"host": "outer"})
     assert dict(labels) == {"host": "outer", "exported_host": "inner"}
+
+
+@pytest.mark.parametrize(
+    ("listen", "instance", "expected"),
+    [
+        ("127.0.0.1:9400", "", "node01:9400"),
+        ("0.0.0.0:9500", "", "node01:9500"),
+        ("[::]:9401", "", "node01:9401"),
+        ("127.0.0.1:9400", "10.0.0.7:9400", "10.0.0.7:9400"),
+    ],
+)
+def test_pushed_series_get_the_labels_of_a_scrape_and_keep_their_own_hostname(
+    listen: str, instance: str, expected: str
+) -> None:
+    """A push adds what Prometheus adds to a scraped target (job, instance), so a GPU's own
+    Hostname is neither renamed to exported_Hostname nor added twice."""
+    opts = AgentOptions(listen=listen, hostname="node01", instance=instance)
+    registry = CollectorRegistry()
+    Gauge("DCGM_FI_DEV_GPU_UTIL", "u", ["gpu", "Hostname"], registry=registry).labels(
+        "0", "node01"
+    ).set(50)
+    [(_, labels, _, _)] = samples_from_registry(registry, 1, target_labels(opts))
+    assert dict(labels) == {
+        "gpu": "0",
+        "Hostname": "node01",
+        "job": AGENT_JOB,
+        "instance": expected,
+    }
+
+
+def test_the_pushed_job_is_the_scrape_job_prometheus_config_writes() -> None:
+    assert f"job_name: {AGENT_JOB}" in prometheus_config.fragment("http://gw:9201", ["n:9400"])
 
 
 # --------------------------------------------------------------------------- spool

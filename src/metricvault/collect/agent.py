@@ -33,6 +33,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("metricvault.agent")
 
+# The scrape job `metricvault prometheus-config --agent` writes. Pushed series carry it, and
+# the instance, exactly as Prometheus labels a scraped target: one GPU's series have the same
+# label set whichever way they reach the vault.
+AGENT_JOB = "metricvault-agent"
+DEFAULT_PORT = 9400
+
 
 @dataclass
 class AgentOptions:
@@ -64,6 +70,15 @@ class AgentOptions:
     sample_interval_s: float = 10.0  # the edge profile's collection interval
     kubernetes: str = "auto"  # auto | off: pod labels on GPU series (sources/kubernetes)
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    instance: str = ""  # the pushed instance label; "" is HOSTNAME:PORT of --listen
+
+
+def target_labels(opts: AgentOptions) -> dict[str, str]:
+    """The labels Prometheus adds to every series it scrapes from this agent (``job`` and
+    ``instance``, for a target listed as ``HOSTNAME:PORT``); a push adds the same ones, so a
+    series' own labels (``Hostname`` included) stay as they are."""
+    port = opts.listen.rpartition(":")[2] or str(DEFAULT_PORT)
+    return {"job": AGENT_JOB, "instance": opts.instance or f"{opts.hostname}:{port}"}
 
 
 def gpu_sources(opts: AgentOptions, light: bool = False) -> tuple[list[Source], str]:
@@ -228,7 +243,7 @@ class Agent:
     def _push_loop(self) -> None:
         from metricvault.collect.push import samples_from_registry
 
-        labels = {self.opts.hostname_label: self.opts.hostname}
+        labels = target_labels(self.opts)
         failing = False
         while not self._stop.wait(self.opts.push_interval_s):
             now_ms = time.time_ns() // 1_000_000

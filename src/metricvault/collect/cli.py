@@ -66,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="Hostname",
         help="Host label name: Hostname (dcgm-exporter 3+) or hostname.",
     )
+    add(
+        "--instance",
+        default="",
+        metavar="HOST:PORT",
+        help="With --push: the instance label of pushed series (default HOSTNAME:PORT of "
+        "--listen, as Prometheus labels the scraped target HOSTNAME:PORT).",
+    )
     add("--sample-hz", type=float, default=10.0, help="Internal GPU sampling rate.")
     add("--min-sample-hz", type=float, default=1.0, help="Lowest rate under host load.")
     add("--load-high", type=float, default=0.9, help="Back off above this 1-min load per CPU.")
@@ -248,6 +255,7 @@ def _make_agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ag
         host_metrics=not args.no_host,
         kubernetes=args.kubernetes,
         pod_resources_socket=args.pod_resources_socket,
+        instance=args.instance,
     )
     if args.hostname:
         opts.hostname = args.hostname

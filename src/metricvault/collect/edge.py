@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from metricvault import __version__
-from metricvault.collect.agent import AgentOptions, gpu_sources, push_auth, push_endpoint
+from metricvault.collect.agent import (
+    AgentOptions,
+    gpu_sources,
+    push_auth,
+    push_endpoint,
+    target_labels,
+)
 from metricvault.collect.families import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -108,7 +114,7 @@ class EdgeAgent:
         else:
             found, self.gpu_kind = list(sources), "given"
         self.sources: list[Source] = found
-        self._labels = {opts.hostname_label: opts.hostname}
+        self._labels = target_labels(opts)  # as if Prometheus scraped it
         self._clock = clock
         self._pending: list[SampleTuple] = []
         self._collections = 0

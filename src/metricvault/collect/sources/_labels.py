@@ -174,6 +174,16 @@ def label_pairs(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 # Simulated GPU sources (the numpy model and the edge agent's light one) share these.
 SIMULATED_LABEL = ("simulated", "true")
+
+# The PCI buses of an HGX board's eight GPUs: both simulated sources label GPU g alike.
+_HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+
+
+def simulated_bus_id(gpu: int) -> str:
+    bus = _HGX_BUSES[gpu] if gpu < len(_HGX_BUSES) else 0x100 + gpu
+    return f"00000000:{bus:02X}:00.0"
+
+
 # What a healthy GPU reports: no errors, not lost.
 HEALTHY_ZEROS = (
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",

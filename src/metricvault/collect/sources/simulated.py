@@ -33,6 +33,7 @@ from metricvault.collect.sources._labels import (
     FamilyBuilder,
     gpu_labels,
     label_pairs,
+    simulated_bus_id,
 )
 from metricvault.sim import noise
 from metricvault.sim.gpu import GPU_METRICS, NodeSimulator
@@ -49,7 +50,6 @@ MEM_CLOCK_MHZ = 2619.0  # an H100 SXM's HBM3 clock; it does not drop at idle
 _POWER_THROTTLE_W = 640.0  # where sim.gpu's clock model starts to pull the SM clock down
 _GPU_IDLE, _SW_POWER_CAP = 0x1, 0x4  # nvmlClocksThrottleReasonGpuIdle / ...SwPowerCap
 # PCI bus numbers of the eight GPUs of an HGX H100 board, for realistic pci_bus_id labels.
-_HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 _ROW = {name: row for row, name in enumerate(GPU_METRICS)}
 
 
@@ -155,5 +155,4 @@ def _throttle(values: NDArray[np.float64]) -> float:
 
 
 def _bus_id(gpu: int) -> str:
-    bus = _HGX_BUSES[gpu] if gpu < len(_HGX_BUSES) else 0x100 + gpu
-    return f"00000000:{bus:02X}:00.0"
+    return simulated_bus_id(gpu)

@@ -28,6 +28,7 @@ from metricvault.collect.sources._labels import (
     FamilyBuilder,
     gpu_labels,
     label_pairs,
+    simulated_bus_id,
 )
 from metricvault.errors import ConfigError
 
@@ -55,13 +56,14 @@ class LightSimulatedGpuSource:
             raise ConfigError(f"--simulate-gpus {gpus}: simulate 1 to 64 GPUs")
         host = hostname or socket.gethostname()
         node = zlib.crc32(f"{seed}:{host}".encode())
+        node_id = zlib.crc32(host.encode())  # as SimulatedGpuSource: the same GPU's labels
         self._clock = clock
         self._labels = [
             {
                 **gpu_labels(
                     index=g,
-                    uuid=_uuid(node, g),
-                    pci_bus_id=f"00000000:{0x18 + 0x10 * g:02X}:00.0",
+                    uuid=light_gpu_uuid(seed, node_id, g),
+                    pci_bus_id=simulated_bus_id(g),
                     model_name=MODEL_NAME,
                     hostname=host,
                     hostname_label=hostname_label,
@@ -124,6 +126,11 @@ class LightSimulatedGpuSource:
         return round(max(0.0, now - self._started) * mean_w * 1000.0)
 
 
-def _uuid(node: int, gpu: int) -> str:
-    digits = f"{zlib.crc32(f'{node}:{gpu}'.encode()):08x}{node:08x}".ljust(32, "0")
-    return f"GPU-{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:32]}"
+def light_gpu_uuid(seed: int, node: int, gpu: int) -> str:
+    """`metricvault.sim.uuids.gpu_uuid` without ``hashlib`` and ``uuid``: importing those
+    loads OpenSSL's libcrypto and libuuid, which the edge agent does without (blake2b is
+    built into CPython as ``_blake2``)."""
+    from _blake2 import blake2b
+
+    digits = blake2b(repr(("gpu-uuid", seed, node, gpu)).encode(), digest_size=16).hexdigest()
+    return f"GPU-{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
