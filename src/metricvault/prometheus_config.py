@@ -38,6 +38,14 @@ remote_write:
       send_interval: 1m
 """
 
+REMOTE_READ = """\
+remote_read:
+  - url: {url}/api/v1/read
+    # authorization: {{credentials: <token>}}   # if the gateway has auth_bearer_tokens
+    read_recent: false       # Prometheus answers its own retention; the vault what is older
+    remote_timeout: 1m
+"""
+
 SCRAPE = """\
 scrape_configs:
   - job_name: {job}        # GPU (dcgm-exporter names) and host metrics
@@ -55,12 +63,15 @@ HEADER = """\
 """
 
 
-def fragment(gateway: str, agents: list[str] | None = None) -> str:
-    """The YAML to add: ``remote_write`` to the gateway, and a scrape job for agents if any."""
+def fragment(gateway: str, agents: list[str] | None = None, remote_read: bool = False) -> str:
+    """The YAML to add: ``remote_write`` to the gateway, a scrape job for agents if any, and
+    ``remote_read`` from the gateway (queries past Prometheus's retention) if asked."""
     parts = [HEADER]
     if agents:
         parts.append(_scrape(agents) + "\n")
     parts.append(REMOTE_WRITE.format(url=gateway.rstrip("/")))
+    if remote_read:
+        parts.append("\n" + REMOTE_READ.format(url=gateway.rstrip("/")))
     return "".join(parts)
 
 
@@ -79,8 +90,11 @@ class Merged:
     added: tuple[str, ...]  # what was added, for the message
 
 
-def merge(path: str | Path, gateway: str, agents: list[str] | None = None) -> Merged:
-    """Add the gateway's ``remote_write`` (and the agents' scrape job) to ``path`` in place."""
+def merge(
+    path: str | Path, gateway: str, agents: list[str] | None = None, remote_read: bool = False
+) -> Merged:
+    """Add the gateway's ``remote_write`` (the agents' scrape job, the gateway's
+    ``remote_read``) to ``path`` in place."""
     from ruamel.yaml import YAML
     from ruamel.yaml.error import YAMLError
 
@@ -99,8 +113,10 @@ def merge(path: str | Path, gateway: str, agents: list[str] | None = None) -> Me
         raise ConfigError(f"{path} is not valid YAML, left unchanged: {exc}") from exc
     if not hasattr(doc, "keys"):
         raise ConfigError(f"{path} is not a Prometheus configuration (a YAML mapping)")
-    ours = yaml.load(fragment(gateway, agents))
-    added = _add_remote_write(doc, ours["remote_write"][0])
+    ours = yaml.load(fragment(gateway, agents, remote_read))
+    added = _add_remote(doc, "remote_write", ours["remote_write"][0])
+    if remote_read:
+        added += _add_remote(doc, "remote_read", ours["remote_read"][0])
     if agents:
         added += _add_scrape_job(doc, ours["scrape_configs"][0], agents)
     if not added:
@@ -108,7 +124,7 @@ def merge(path: str | Path, gateway: str, agents: list[str] | None = None) -> Me
     out = io.StringIO()
     yaml.dump(doc, out)
     text = out.getvalue()
-    _check_result(path, text, gateway, agents or [])
+    _check_result(path, text, gateway, agents or [], remote_read)
     backup = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
     shutil.copy2(path, backup)
     write_atomically(path, text.encode())
@@ -116,15 +132,16 @@ def merge(path: str | Path, gateway: str, agents: list[str] | None = None) -> Me
     return Merged(True, backup, tuple(added))
 
 
-def _add_remote_write(doc: Any, entry: Any) -> list[str]:
-    writes = doc.get("remote_write")
-    if writes is None:
-        doc["remote_write"] = [entry]
-        return [f"remote_write to {entry['url']}"]
-    if any(isinstance(w, dict) and w.get("url") == entry["url"] for w in writes):
+def _add_remote(doc: Any, key: str, entry: Any) -> list[str]:
+    """Add ``entry`` to the ``remote_write`` or ``remote_read`` list unless its URL is there."""
+    entries = doc.get(key)
+    if entries is None:
+        doc[key] = [entry]
+        return [f"{key} {'to' if key == 'remote_write' else 'from'} {entry['url']}"]
+    if any(isinstance(e, dict) and e.get("url") == entry["url"] for e in entries):
         return []  # already there (perhaps tuned by hand): leave it alone
-    writes.append(entry)
-    return [f"remote_write to {entry['url']}"]
+    entries.append(entry)
+    return [f"{key} {'to' if key == 'remote_write' else 'from'} {entry['url']}"]
 
 
 def _add_scrape_job(doc: Any, job: Any, agents: list[str]) -> list[str]:
@@ -145,13 +162,16 @@ def _add_scrape_job(doc: Any, job: Any, agents: list[str]) -> list[str]:
     return []
 
 
-def _check_result(path: Path, text: str, gateway: str, agents: list[str]) -> None:
+def _check_result(
+    path: Path, text: str, gateway: str, agents: list[str], remote_read: bool
+) -> None:
     """Parse the new text back with a second parser before anything is written."""
     import yaml
 
     try:
         doc = yaml.safe_load(text)
         urls = [w["url"] for w in doc["remote_write"]]
+        reads = [r["url"] for r in doc.get("remote_read") or []]
         jobs = [j["job_name"] for j in doc.get("scrape_configs") or []]
     except (yaml.YAMLError, KeyError, TypeError) as exc:
         raise ConfigError(f"merging into {path} would not parse, left unchanged: {exc}") from exc
@@ -161,5 +181,7 @@ def _check_result(path: Path, text: str, gateway: str, agents: list[str]) -> Non
             "left unchanged — edit it by hand with the fragment from 'metricvault "
             "prometheus-config'"
         )
+    if remote_read and f"{gateway.rstrip('/')}/api/v1/read" not in reads:
+        raise ConfigError(f"merging into {path} lost the remote_read entry; left unchanged")
     if agents and AGENT_JOB not in jobs:
         raise ConfigError(f"merging into {path} lost the {AGENT_JOB} job; left unchanged")

@@ -99,3 +99,35 @@ def test_issue11_merge_refuses_a_file_it_cannot_parse(tmp_path):
     assert done.returncode == 2 and "not valid YAML, left unchanged" in done.stderr
     assert broken.read_text() == "scrape_configs:\n  - job_name: [unclosed\n"
     assert not list(tmp_path.glob("prometheus.yml.bak-*"))
+
+
+def test_remote_read_fragment_and_merge_pass_promtool(prometheus_yml):
+    """--remote-read adds the gateway's /api/v1/read; the fragment alone, appended to Debian's
+    default and merged into it are all valid configurations, and merging twice adds it once."""
+    done = metricvault("prometheus-config", "--remote-read", cwd=prometheus_yml.parent)
+    assert done.returncode == 0, done.stderr
+    assert "url: http://127.0.0.1:9201/api/v1/read" in done.stdout
+    (prometheus_yml.parent / "alone.yml").write_text(done.stdout)
+    assert promtool_ok(prometheus_yml.parent / "alone.yml")
+
+    args = ("prometheus-config", "--merge", str(prometheus_yml), "--remote-read")
+    for _ in range(2):
+        merged = metricvault(*args, cwd=prometheus_yml.parent)
+        assert merged.returncode == 0, merged.stderr
+        assert promtool_ok(prometheus_yml)
+    text = prometheus_yml.read_text()
+    assert text.count("/api/v1/read") == 1 and text.count("/api/v1/write") == 1
+    assert "unchanged" in merged.stderr
+
+
+def test_remote_read_is_added_to_a_file_that_already_has_remote_write(prometheus_yml):
+    first = metricvault(
+        "prometheus-config", "--merge", str(prometheus_yml), cwd=prometheus_yml.parent
+    )
+    assert first.returncode == 0 and "remote_read" not in prometheus_yml.read_text()
+    later = metricvault(
+        "prometheus-config", "--merge", str(prometheus_yml), "--remote-read",
+        cwd=prometheus_yml.parent,
+    )  # fmt: skip
+    assert later.returncode == 0 and "added remote_read from" in later.stderr, later.stderr
+    assert promtool_ok(prometheus_yml)

@@ -461,9 +461,17 @@ def prometheus_config(
             show_default=False,
         ),
     ] = None,
+    remote_read: Annotated[
+        bool,
+        typer.Option(
+            "--remote-read",
+            help="Also add remote_read from the gateway: Prometheus's own queries (and its "
+            "UI) then reach the history past its retention.",
+        ),
+    ] = False,
 ) -> None:
-    """Point Prometheus at the gateway: print `remote_write` (and, with --agent, a scrape job),
-    or merge them into an existing file with --merge.
+    """Point Prometheus at the gateway: print `remote_write` (with --agent, a scrape job; with
+    --remote-read, `remote_read`), or merge them into an existing file with --merge.
 
     Example: `metricvault prometheus-config --merge /etc/prometheus/prometheus.yml --agent
     10.0.0.7:9400`, then `promtool check config` and reload Prometheus.
@@ -471,9 +479,9 @@ def prometheus_config(
     from metricvault import prometheus_config as pc
 
     if merge is None:
-        print(pc.fragment(gateway, agents), end="")
+        print(pc.fragment(gateway, agents, remote_read), end="")
         return
-    done = pc.merge(merge, gateway, agents)
+    done = pc.merge(merge, gateway, agents, remote_read)
     if done.changed:
         err.print(f"{merge}: added {'; '.join(done.added)} (backup: {done.backup})")
     else:
