@@ -254,3 +254,82 @@ def test_a_tier_no_coarser_than_the_scrape_interval_is_not_read(tmp_path: Path) 
         "1h"
     }
     vault.close()
+
+
+@pytest.fixture(scope="module")
+def past_horizon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engine, Engine, int]]:
+    """Three days of a 15 s gauge with one day of raw retention: the first two days are
+    rollup rows only."""
+    from metricvault.store.vault import Vault
+
+    day = 24 * HOUR
+    vault = Vault.open_local(str(tmp_path_factory.mktemp("horizon") / "v"), retention_raw="1d")
+    memory = MemorySource()
+    ts = T0 + np.arange(0, 3 * day, 15_000)
+    for gpu in range(2):
+        util = np.round(np.random.default_rng(gpu).uniform(0, 100, ts.size), 1)
+        memory.add({"__name__": "gpu_util", "gpu": str(gpu)}, ts.tolist(), util.tolist())
+        rows = zip(ts.tolist(), util.tolist(), strict=True)
+        vault.write([("gpu_util", {"gpu": str(gpu)}, t, v) for t, v in rows])
+    vault.maintain(now_ms=T0 + 3 * day)
+    horizon = vault.catalog_version().raw_horizon_ms
+    assert horizon == T0 + 2 * day
+    yield Engine(VaultSource(vault)), Engine(memory), horizon
+    vault.close()
+
+
+@pytest.mark.parametrize(
+    ("step", "tier", "lookback"),
+    [
+        (5 * MIN, "1m", None),  # every step's own minute holds its first sample
+        (HOUR, "1h", "60 minutes"),  # one row per step; the lookback widens to the bucket
+        (2 * HOUR, "1h", "60 minutes"),
+    ],
+)
+def test_plain_selectors_past_the_raw_horizon_answer_from_rows(
+    past_horizon, step, tier, lookback
+) -> None:
+    """Each step takes the latest of the buckets' first and last samples before it: a real
+    sample at its own time; on a bucket boundary it is exactly the raw sample there."""
+    rollups, raw, _ = past_horizon
+    start, end = T0 + 2 * HOUR, T0 + 3 * 24 * HOUR - 5 * MIN
+    got = rollups.evaluate("gpu_util", start, end, step)
+    want = raw.evaluate("gpu_util", start, end, step)
+    _agree(got, want)  # steps sit on whole minutes and hours: the bucket's first sample
+    assert got.served_by == {tier}
+    assert "answered from the " + tier in got.warnings[0]
+    assert (lookback in got.warnings[0]) if lookback else ("lookback" not in got.warnings[0])
+
+
+def test_plain_selectors_between_buckets_take_the_sample_before(past_horizon) -> None:
+    rollups, raw, _ = past_horizon
+    t = T0 + 5 * HOUR + 17 * MIN + 40_000  # neither a bucket's first nor last sample
+    got = rollups.evaluate("timestamp(gpu_util)", t)
+    stamps = [float(v[0]) for _, _, v in got.series]
+    assert stamps == [(T0 + 5 * HOUR + 17 * MIN) / 1000] * 2  # its minute's first sample
+    got = rollups.evaluate("gpu_util", t)
+    assert [v[0] for _, _, v in got.series] == [
+        v[0] for _, _, v in raw.evaluate("gpu_util", T0 + 5 * HOUR + 17 * MIN).series
+    ]
+    # An hour step off the hour: the first sample of the hour holding it (the 1h rows).
+    got = rollups.evaluate("timestamp(gpu_util)", t, t + 2 * HOUR, HOUR)
+    assert got.served_by == {"1h"}
+    assert got.series[0][2].tolist() == [(T0 + h * HOUR) / 1000 for h in (5, 6, 7)]
+
+
+def test_plain_selectors_within_raw_retention_are_unchanged(past_horizon) -> None:
+    rollups, raw, horizon = past_horizon
+    start = horizon + 5 * MIN + 7_000  # the lookback stays after the horizon
+    got = rollups.evaluate("gpu_util", start, start + 6 * HOUR, 61_000)
+    _agree(got, raw.evaluate("gpu_util", start, start + 6 * HOUR, 61_000))
+    assert got.served_by == set() and got.warnings == []
+
+
+def test_plain_selectors_across_the_horizon_join_rows_and_raw(past_horizon) -> None:
+    rollups, raw, horizon = past_horizon
+    got = rollups.evaluate("gpu_util", horizon - HOUR, horizon + HOUR, MIN)
+    _agree(got, raw.evaluate("gpu_util", horizon - HOUR, horizon + HOUR, MIN))
+    assert got.served_by == {"1m"}
+    no_rollups = Engine(rollups.source, EngineOptions(use_rollups=False))
+    blank = no_rollups.evaluate("gpu_util", horizon - HOUR, horizon + HOUR, MIN)
+    assert blank.series[0][1].min() >= horizon  # without rows the old part is blank

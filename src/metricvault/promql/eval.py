@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import promql_parser as pp
 
-from metricvault.errors import SelectorError
-from metricvault.promql import aggregate, binary, functions
-from metricvault.promql.errors import PromQLError
+from metricvault.errors import PromQLError, SelectorError
+from metricvault.promql import aggregate, binary, functions, tiers
 from metricvault.promql.limits import MAX_POINTS_PER_SERIES, Clock, Limits, check_resolution
 from metricvault.promql.parse import duration_ms, parse
 from metricvault.promql.source import SampleSource, hints_for, is_stale
@@ -363,8 +362,17 @@ class Evaluator:
     def vector_selector(self, vs: Any, steps: np.ndarray) -> tuple[StepVector, np.ndarray]:
         """The vector and, per cell, the timestamp of the sample it took (for timestamp())."""
         refs = self.reference_times(vs, steps)
-        lookback = self.options.lookback_delta_ms
-        series = self.select(vs, int(refs.min()) - lookback, int(refs.max()), hints_for(refs))
+        lookback: int | np.ndarray = self.options.lookback_delta_ms
+        lo = int(refs.min()) - self.options.lookback_delta_ms
+        # Before the raw horizon, each rollup bucket's first and last sample (tiers.py).
+        kept = tiers.selector_before_horizon(self, vs, refs, self.options.lookback_delta_ms)
+        if kept is not None:
+            old, horizon, widened = kept
+            lookback = np.where(refs - widened < horizon, widened, lookback)
+            lo = max(lo, horizon)  # raw samples: only after the horizon
+        series = self.select(vs, lo, int(refs.max()), hints_for(refs))
+        if kept is not None:
+            series = tiers.merge_before(old, series)
         n, t = len(series), steps.size
         self.limits.reserve(n * t)
         values = np.zeros((n, t))

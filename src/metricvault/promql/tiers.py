@@ -1,4 +1,4 @@
-"""Range functions answered from the rollup tiers (issue 13; docs/decisions/0003).
+"""Range functions answered from the rollup tiers (docs/decisions/0003).
 
 A rollup row summarises one series over one bucket ``[k, k + res)``: ``count, sum, min, max``,
 the first and last sample with their times, ``nonfinite`` (NaN/±Inf samples) and, for
@@ -38,8 +38,15 @@ import promql_parser as pp
 from metricvault.promql import rangefuncs as rf
 from metricvault.promql.parse import duration_ms
 from metricvault.promql.source import hints_for
-from metricvault.promql.values import RangeVector, StepVector, make_labels, per_series
-from metricvault.protocols import BUCKET_FUNCTIONS, BucketSelection
+from metricvault.promql.values import (
+    Labels,
+    RangeSeries,
+    RangeVector,
+    StepVector,
+    make_labels,
+    per_series,
+)
+from metricvault.protocols import BUCKET_FUNCTIONS, BucketSelection, SelectHints
 
 if TYPE_CHECKING:
     from metricvault.promql.eval import Evaluator
@@ -52,9 +59,14 @@ FUNCTIONS = BUCKET_FUNCTIONS  # what rollup rows can answer (the store plans whi
 
 
 OLD_ROWS_NOTE = (
-    "some rollup rows were written before rollups kept each bucket's first and last sample "
-    "(metricvault before issue 13): rate, increase and delta leave those series out where "
-    "only such rows remain"
+    "some rollup rows were written before rollups kept each bucket's first and last sample: "
+    "rate, increase and delta leave those series out where only such rows remain"
+)
+
+
+OLD_ROWS_SELECTOR_NOTE = (
+    "some rollup rows were written by a metricvault that kept no bucket's first and last "
+    "sample with its time: selectors leave those buckets out"
 )
 
 
@@ -94,12 +106,83 @@ def range_call(ev: Evaluator, name: str, ms: Any, steps: np.ndarray) -> StepVect
             continue  # only before the horizon (else _exact said no): rows have no increase
         cols = _finite_rows(s.columns)
         if name in ("rate", "increase", "delta") and (cols["first_ts"] < 0).any():
-            # only before the horizon: rows written before issue 13 keep no first sample
+            # only before the horizon: rows from older versions keep no first sample
             ev.notes.append(OLD_ROWS_NOTE)
             continue
         v, ok = _evaluate(name, cols, p, rv, selection.counter_lookback_ms, s.counter)
         rows.append((make_labels(s.labels.items()), v, ok))
     return per_series(rows, steps.size, keep_name=name == "last_over_time")
+
+
+def selector_before_horizon(
+    ev: Evaluator, vs: Any, refs: np.ndarray, lookback_ms: int
+) -> tuple[dict[Labels, RangeSeries], int, int] | None:
+    """A plain selector's samples before the raw horizon, from rollup rows: each bucket's
+    first and last sample at its own time (real samples, as remote_read returns them and
+    as Thanos answers from downsampled blocks), by label set; the horizon; and the lookback
+    the steps there use (at least one bucket, so every step finds its bucket's sample).
+    None where raw samples reach back far enough, or the store has no rows there."""
+    if not ev.options.use_rollups:
+        return None
+    horizon = ev.source.horizons().raw_start_ms
+    first = int(refs.min())
+    if not horizon or first - lookback_ms >= horizon:
+        return None
+    step = int(refs[1] - refs[0]) if refs.size > 1 else 0
+    last = min(int(refs.max()), horizon)  # rows past the horizon: raw samples answer there
+    hints = SelectHints(None, lookback_ms, step, first, last, ev.options.left_open_windows)
+    selection = ev.source.select_buckets(ev.matchers(vs), hints)
+    if selection is None:
+        return None
+    ev.count_buckets(selection, refs.size)
+    out: dict[Labels, RangeSeries] = {}
+    old_rows = False
+    for s in selection.series:
+        c = s.columns
+        held = c["count"] > 0
+        timed = held & (c["first_ts"] >= 0)
+        old_rows |= bool((held & ~timed).any())
+        ts = np.concatenate([c["first_ts"][timed], c["last_ts"][timed]])
+        values = np.concatenate([c["first"][timed], c["last"][timed]])
+        ts, pos = np.unique(ts, return_index=True)  # a one-sample bucket: once
+        keep = ts < horizon
+        if keep.any():
+            labels = make_labels(s.labels.items())
+            out[labels] = RangeSeries(labels, ts[keep], values[pos][keep])
+    if old_rows:
+        ev.notes.append(OLD_ROWS_SELECTOR_NOTE)
+    ev.served_by.update(t for t in selection.tiers if t != "raw")
+    width = selection.width_ms
+    ev.notes.append(
+        "raw samples before the raw horizon are gone (retention_raw): selectors there were "
+        f"answered from the {', '.join(t for t in selection.tiers if t != 'raw') or 'rollup'} "
+        "rollups, with each bucket's first and last sample at its own time (real samples; "
+        "NaN samples and staleness markers left out)"
+        + (
+            f" and a lookback of {width // 60_000} minutes, one bucket"
+            if width > lookback_ms
+            else ""
+        )
+    )
+    return out, horizon, max(lookback_ms, width)
+
+
+def merge_before(old: dict[Labels, RangeSeries], raw: list[RangeSeries]) -> list[RangeSeries]:
+    """The rows' samples before the horizon followed by the raw samples after it, per label
+    set, sorted by label set as the raw path returns them."""
+    merged = dict(old)
+    for s in raw:
+        before = merged.get(s.labels)
+        if before is None:
+            merged[s.labels] = s
+        else:
+            earlier = before.ts < (s.ts[0] if s.ts.size else np.iinfo(np.int64).max)
+            merged[s.labels] = RangeSeries(
+                s.labels,
+                np.concatenate([before.ts[earlier], s.ts]),
+                np.concatenate([before.values[earlier], s.values]),
+            )
+    return [merged[k] for k in sorted(merged)]
 
 
 def _exact(selection: BucketSelection, name: str) -> bool:

@@ -90,6 +90,8 @@ def plan_buckets(
     time whole multiples of its resolution, rollups done for most of the span, and its rows
     summarising at least two samples each. Where none can and raw samples are gone before
     the first window, the finest tier with windows moved to whole buckets; else None."""
+    if hints.func is None:
+        return _plan_selector(hints, horizons, samples_per_row)
     if hints.func not in BUCKET_FUNCTIONS or hints.range_ms <= 0:
         return None
     range_ms = hints.range_ms
@@ -108,11 +110,38 @@ def plan_buckets(
     return None
 
 
+def _plan_selector(
+    hints: SelectHints,
+    horizons: Horizons,
+    samples_per_row: Callable[[str, int, int], float | None],
+) -> BucketChoice | None:
+    """A plain selector (``hints.range_ms`` its lookback) reaching before the raw horizon:
+    the rows it is answered from there, whose first and last samples are real samples at
+    their own times (promql/tiers.py). The coarsest tier no wider than the step that holds
+    rows there, so each step has a row of its own; the finest that holds any, else None.
+    Within raw retention nothing changes: None."""
+    horizon = horizons.raw_start_ms
+    lo = hints.start_ms - max(hints.range_ms, 0)
+    if not horizon or lo >= horizon:
+        return None
+    hi = min(hints.end_ms, horizon)
+    held = [(t, res) for t, res in ROLLUP_TIERS if samples_per_row(t, lo, hi) is not None]
+    for _tier, res in held:  # coarsest first
+        if hints.step_ms >= res:
+            return BucketChoice(res, True, hints.range_ms)
+    return BucketChoice(held[-1][1], True, hints.range_ms) if held else None
+
+
 def bucket_span(hints: SelectHints, choice: BucketChoice, lookback_ms: int) -> tuple[int, int]:
     """``[start, end)`` of the buckets ``choice`` reads for ``hints``: from the row before each
     window's first (a counter's rise into it) to the bucket starting at the last evaluation
-    time (its first sample is the one at that time)."""
+    time (its first sample is the one at that time). A plain selector (``hints.func`` None)
+    reads from one bucket before its lookback (the lookback is widened to a bucket there) to
+    the bucket holding its last evaluation time."""
     res = choice.res
+    if hints.func is None:
+        first = (hints.start_ms - max(hints.range_ms, res)) // res * res
+        return first - res, hints.end_ms // res * res + res
     first, last = hints.start_ms, hints.end_ms
     if choice.shifted:
         first, last = first // res * res, last // res * res
