@@ -130,8 +130,8 @@ def register_jobs(vault: Vault, spec: ClusterSpec) -> list[str]:
 
 def _simulator_commit() -> dict[str, str]:
     """The git commit of the code that simulated the data; nothing outside a checkout."""
-    from metricvault.archive.git import head, repo_root
     from metricvault.errors import ArchiveError
+    from metricvault.gitinfo import head, repo_root
 
     try:
         sha, origin, _ = head(repo_root(Path(__file__).parent))

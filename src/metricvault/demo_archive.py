@@ -11,10 +11,11 @@ from pathlib import Path
 from rich.console import Console
 
 from metricvault.archive import dvc
-from metricvault.archive.git import git
 from metricvault.archive.repository import publish, restore, verify
-from metricvault.archive.snapshot import SnapshotInfo, export_snapshot
+from metricvault.archive.snapshot_export import export_snapshot
+from metricvault.archive.snapshot_format import SnapshotInfo
 from metricvault.errors import ArchiveError
+from metricvault.gitinfo import git
 from metricvault.store.vault import Vault
 
 ARCHIVE_MARKER = "demo-archive.txt"

@@ -107,8 +107,8 @@ class ArchiveError(MetricVaultError):
 
 
 class SpoolLockedError(MetricVaultError, RuntimeError):
-    """Another process (or another open Spool) holds the spool directory. Still a
-    RuntimeError, as it was before it moved here (issue 12)."""
+    """Another process (or another open Spool) holds the spool directory. Also a
+    RuntimeError, so ``except RuntimeError`` around opening a spool still catches it."""
 
     status = 409
 
@@ -135,7 +135,7 @@ class MissingDependencyError(MetricVaultError):
 
 class NvmlUnavailable(MetricVaultError, RuntimeError):
     """NVML could not be started: no NVIDIA driver, no NVML library, or mismatched versions.
-    Still a RuntimeError, as it was before it moved here (issue 12)."""
+    Also a RuntimeError, so ``except RuntimeError`` around starting NVML still catches it."""
 
 
 class SeriesCollisionError(MetricVaultError):

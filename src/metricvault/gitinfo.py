@@ -2,7 +2,7 @@
 commit), through the ``git`` command line.
 
 A leaf module: ``collect`` (the training API) records the commit a run came from without
-importing ``archive``; ``metricvault.archive.git`` re-exports these beside its tag operations.
+importing ``archive``; ``metricvault.archive.git`` adds the tag operations the archive needs.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 # The name rules below are the only copy: the decoders, ``normalize``, the agent's encoder and
-# the CLI import them (issue 12: four copies had drifted apart). This module imports no pyarrow
+# the CLI import them (separate copies drift apart, and then a name one accepts another refuses).
+# This module imports no pyarrow
 # (the Arrow schemas at the end are built on first use), so the agent can import the rules.
 METRIC_NAME_PATTERN = "[a-zA-Z_:][a-zA-Z0-9_:]*"
 LABEL_NAME_PATTERN = "[a-zA-Z_][a-zA-Z0-9_]*"

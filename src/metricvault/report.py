@@ -14,9 +14,8 @@ import matplotlib.pyplot as plt
 
 from metricvault import __version__
 from metricvault.archive.page import STYLE as _STYLE
-from metricvault.archive.page import figure_html as figure_html  # moved: issue 12
 from metricvault.archive.page import png as _png
-from metricvault.archive.page import records as records  # moved: issue 12
+from metricvault.archive.page import records
 from metricvault.archive.page import table_html as _table
 from metricvault.durations import ms_to_datetime, now_ms
 

@@ -28,7 +28,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from metricvault.archive.snapshot import content_hash, export_snapshot
+from metricvault.archive.snapshot import export_snapshot
+from metricvault.archive.snapshot_format import content_hash
 from metricvault.cli.influx import influx_app
 from metricvault.config import Settings
 from metricvault.errors import (

@@ -17,13 +17,12 @@ import pytest
 
 from metricvault import Vault
 from metricvault.archive.compare import compare, curves, plot, restrict
-from metricvault.archive.experiments import Experiment
 from metricvault.archive.opened import SnapshotVault
-from metricvault.archive.snapshot import (
+from metricvault.archive.snapshot import export_snapshot
+from metricvault.archive.snapshot_format import (
     RAW_SCHEMA,
     ROLLUP_SCHEMA,
     content_hash,
-    export_snapshot,
     read_metadata,
 )
 from metricvault.errors import (
@@ -34,6 +33,7 @@ from metricvault.errors import (
     SelectorError,
     TimeRangeError,
 )
+from metricvault.experiment import Experiment
 from metricvault.sim import ClusterSpec, generate
 
 SPEC = ClusterSpec(nodes=2, gpus_per_node=2, days=0.5, seed=11)
@@ -376,16 +376,15 @@ def test_export_bytes_do_not_depend_on_how_it_is_chunked(vault, tmp_path):
         export_snapshot(vault, "r3", tmp_path / "none", chunk_rows=0)
 
 
-def test_issue12_snapshot_format_and_export_are_separate_modules_old_names_kept():
+def test_snapshot_format_reads_without_loading_the_export_or_the_vault():
     """The format reads a snapshot without the export (nor the store's Vault) being loaded;
-    every name ``archive.snapshot`` had still imports from there."""
+    ``archive.snapshot`` offers only the documented ``export_snapshot`` (README.md)."""
     import subprocess
     import sys
 
-    from metricvault.archive import snapshot, snapshot_export, snapshot_format
+    from metricvault.archive import snapshot, snapshot_export
 
-    for name in ("RAW_SCHEMA", "content_hash", "read_metadata", "read_info", "SnapshotInfo"):
-        assert getattr(snapshot, name) is getattr(snapshot_format, name)
+    assert snapshot.__all__ == ["export_snapshot"]
     assert snapshot.export_snapshot is snapshot_export.export_snapshot
     probe = (
         "import sys; import metricvault.archive.snapshot_format; "
@@ -406,13 +405,14 @@ def test_time_slices_cover_the_window_at_bucket_boundaries():
     assert all(lo % 60_000 == 0 for lo, _ in slices[1:])
 
 
-def test_issue12_a_catalog_version_is_not_called_a_snapshot(tmp_path):
+def test_a_catalog_version_is_not_called_a_snapshot(tmp_path):
     """``Vault.catalog_version()`` is the vault's current catalog version (which files make it
-    up); ``Vault.snapshot()`` stays as its old name. Experiment snapshot files keep the word."""
+    up); ``Vault.snapshot()``, its documented old name (docs/storage-format.md), answers the
+    same. Experiment snapshot files keep the word."""
     with Vault.open_local(str(tmp_path / "v")) as v:
         empty = v.catalog_version()
         v.write([("gpu_util", {"gpu": "0"}, SPEC.start_ms, 1.0)])
         v.maintain(now_ms=SPEC.start_ms + HOUR)
         flushed = v.catalog_version()
         assert flushed.version > empty.version and flushed.files and not empty.files
-        assert v.snapshot() == flushed  # the old name, kept for compatibility
+        assert v.snapshot() == flushed  # the documented old name

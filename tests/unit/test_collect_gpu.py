@@ -24,8 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from metricvault.collect.sources import FastReading
 from metricvault.collect.sources._labels import METRICS
-from metricvault.collect.sources.nvml import NvmlSource, NvmlUnavailable
+from metricvault.collect.sources.nvml import NvmlSource
 from metricvault.collect.sources.simulated import SimulatedGpuSource
+from metricvault.errors import NvmlUnavailable
 from metricvault.model import DCGM_COUNTERS, kind_from_name
 from metricvault.sim.spec import FB_TOTAL_MIB
 
@@ -871,13 +872,12 @@ def test_simulated_fast_readings_match_the_exported_values() -> None:
 
 def test_nvml_is_split_by_job_and_keeps_its_names() -> None:
     """Discovery, readings, per-process attribution and XID events are modules of their own;
-    the old import path keeps its names, and their log lines stay under its logger."""
+    the package keeps its names, and their log lines stay under its logger."""
     import importlib
 
     from metricvault.collect.sources import nvml
-    from metricvault.errors import NvmlUnavailable as moved
 
-    assert nvml.NvmlUnavailable is moved and nvml.NvmlSource is NvmlSource
+    assert nvml.NvmlSource is NvmlSource
     assert nvml.DEFAULT_ENV_LABELS["SLURM_JOB_ID"] == "job" and nvml.XID_WAIT_MS > 0
     for part in ("calls", "devices", "fields", "processes", "xid"):
         module = importlib.import_module(f"{NVML_LOG}.{part}")

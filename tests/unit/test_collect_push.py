@@ -36,7 +36,8 @@ from metricvault.collect.push import (
     estimate_clock_offset,
     samples_from_registry,
 )
-from metricvault.collect.spool import Spool, SpoolLockedError
+from metricvault.collect.spool import Spool
+from metricvault.errors import SpoolLockedError
 from metricvault.ingest.protocols.remote_write import decode_remote_write
 from metricvault.wire.proto import messages
 

@@ -1,5 +1,6 @@
-"""Issue 12: every exception class lives in metricvault.errors, whose docstring draws the tree,
-and every error a client may retry is a RetryLater that the gateway answers with Retry-After."""
+"""Every exception class lives in metricvault.errors, whose docstring draws the tree, and is
+imported from there; every error a client may retry is a RetryLater that the gateway answers
+with Retry-After."""
 
 from __future__ import annotations
 
@@ -32,10 +33,9 @@ ERROR_CLASSES = {
     and not issubclass(obj, Warning)  # warning categories (ApproximateAnswer) are not raised
     and obj.__module__ == errors.__name__
 }
-# Where each class lived before issue 12: the old import path keeps working.
-MOVED = {
+# Where some classes were once defined: those modules use them but no longer offer them.
+FORMER_HOMES = {
     "ReadOnlyError": "metricvault.archive.opened",
-    "PromQLError": "metricvault.promql.errors",
     "SpoolLockedError": "metricvault.collect.spool",
     "NvmlUnavailable": "metricvault.collect.sources.nvml",
     "CorruptBatch": "metricvault.store.buffer",
@@ -60,13 +60,38 @@ def _exception_classes_outside_errors() -> list[str]:
     return found
 
 
-def test_issue12_every_public_exception_class_is_defined_in_errors_py():
+def _error_imports_from_elsewhere() -> list[str]:
+    """Imports of a metricvault error class from any module but metricvault.errors, by AST."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module != errors.__name__:
+                found += [
+                    f"{path.relative_to(SRC)}:{node.lineno} {alias.name} from {node.module}"
+                    for alias in node.names
+                    if alias.name in ERROR_CLASSES
+                ]
+    return found
+
+
+def test_every_public_exception_class_is_defined_in_errors_py():
     assert _exception_classes_outside_errors() == []
 
 
-@pytest.mark.parametrize("name", sorted(MOVED))
-def test_issue12_moved_exceptions_still_import_from_their_old_module(name):
-    assert getattr(importlib.import_module(MOVED[name]), name) is ERROR_CLASSES[name]
+def test_every_module_imports_error_classes_from_errors_py():
+    assert _error_imports_from_elsewhere() == []
+
+
+@pytest.mark.parametrize("name", sorted(FORMER_HOMES))
+def test_a_former_home_of_an_error_class_does_not_offer_it(name):
+    module = importlib.import_module(FORMER_HOMES[name])
+    assert name not in getattr(module, "__all__", ()), f"{module.__name__} re-exports {name}"
+    assert f"import {name} as {name}" not in Path(str(module.__file__)).read_text()
+
+
+def test_promql_has_no_errors_module_of_its_own():
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("metricvault.promql.errors")
 
 
 def _tree() -> list[tuple[int, str]]:
@@ -79,7 +104,7 @@ def _tree() -> list[tuple[int, str]]:
     return rows
 
 
-def test_issue12_the_errors_docstring_draws_every_class_under_its_base():
+def test_the_errors_docstring_draws_every_class_under_its_base():
     rows = _tree()
     assert {name for _, name in rows} == set(ERROR_CLASSES)
     parents: list[str] = []
@@ -90,7 +115,7 @@ def test_issue12_the_errors_docstring_draws_every_class_under_its_base():
             assert base in ERROR_CLASSES[name].__bases__, f"{name} is drawn under {base.__name__}"
 
 
-def test_issue12_every_metricvault_error_says_its_http_status():
+def test_every_metricvault_error_says_its_http_status():
     for name, cls in ERROR_CLASSES.items():
         assert issubclass(cls, errors.MetricVaultError), name
         status = cls("m").status
@@ -105,7 +130,7 @@ def test_issue12_every_metricvault_error_says_its_http_status():
         (errors.DiskFullError, 503, 30),
     ],
 )
-def test_issue12_rate_limit_backpressure_and_disk_full_are_retry_later(cls, status, default_wait):
+def test_rate_limit_backpressure_and_disk_full_are_retry_later(cls, status, default_wait):
     assert issubclass(cls, errors.RetryLater)
     assert (cls("m").status, cls("m").retry_after_s, cls("m", 7).retry_after_s) == (
         status,
@@ -115,13 +140,13 @@ def test_issue12_rate_limit_backpressure_and_disk_full_are_retry_later(cls, stat
     assert "retry_after_s" in inspect.signature(cls).parameters
 
 
-def test_issue12_only_retry_later_errors_carry_retry_after_s():
+def test_only_retry_later_errors_carry_retry_after_s():
     carriers = {n for n, c in ERROR_CLASSES.items() if hasattr(c("m"), "retry_after_s")}
     assert carriers == {n for n, c in ERROR_CLASSES.items() if issubclass(c, errors.RetryLater)}
     assert issubclass(errors.DiskFullError, errors.StorageError)  # still caught as one
 
 
-def test_issue12_moved_runtime_errors_are_still_runtime_errors():
+def test_moved_runtime_errors_are_still_runtime_errors():
     for cls in (errors.SpoolLockedError, errors.NvmlUnavailable):
         with pytest.raises(RuntimeError, match="held"):
             raise cls("held")
@@ -141,7 +166,7 @@ class _QuotaError(errors.RetryLater):
         (errors.TooLargeError("too big"), None),
     ],
 )
-def test_issue12_the_gateway_sets_retry_after_from_the_retry_later_base(tmp_path, exc, retry_after):
+def test_the_gateway_sets_retry_after_from_the_retry_later_base(tmp_path, exc, retry_after):
     settings = Settings.load(env={}, gateway_maintain=False)
     with Vault.open_local(str(tmp_path / "v"), settings) as vault:
         response = Gateway(vault, settings).refuse(exc)

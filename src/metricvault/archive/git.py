@@ -6,11 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from metricvault.errors import ArchiveError
-from metricvault.gitinfo import GIT_TIMEOUT_S as GIT_TIMEOUT_S  # moved: issue 12
-from metricvault.gitinfo import git as git  # moved: issue 12
-from metricvault.gitinfo import has_commits as has_commits  # moved: issue 12
-from metricvault.gitinfo import head as head  # moved: issue 12
-from metricvault.gitinfo import repo_root as repo_root  # moved: issue 12
+from metricvault.gitinfo import git, has_commits
 
 
 def tag_commit(repo: Path, tag: str) -> str | None:

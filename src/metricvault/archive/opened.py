@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from metricvault.archive.snapshot import (
+from metricvault.archive.snapshot_format import (
     ROLLUP_COLUMNS,
     TIER_MS,
     SnapshotInfo,

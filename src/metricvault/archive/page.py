@@ -2,7 +2,7 @@
 (``experiment compare --plot x.html``) and the full report (``metricvault report``).
 
 Its own module so that :mod:`metricvault.archive.compare` and :mod:`metricvault.report` need
-not import each other (issue 12: that was an import cycle); it sits in ``archive``, which the
+not import each other (that would be an import cycle); it sits in ``archive``, which the
 report may import.
 """
 

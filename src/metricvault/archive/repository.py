@@ -16,17 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metricvault.archive import dvc
-from metricvault.archive.experiments import validate_id
-from metricvault.archive.git import (
-    changed_paths,
-    check_ref_name,
-    git,
-    repo_root,
-    show_file,
-    tag_commit,
-)
-from metricvault.archive.snapshot import SnapshotInfo, content_hash, read_info
+from metricvault.archive.git import changed_paths, check_ref_name, show_file, tag_commit
+from metricvault.archive.snapshot_format import SnapshotInfo, content_hash, read_info
 from metricvault.errors import ArchiveError, ConflictError, MetricVaultError, NotFoundError
+from metricvault.experiment import validate_id
+from metricvault.gitinfo import git, repo_root
 
 DEFAULT_TAG_PREFIX = "metrics/"
 _INIT_FILES = (".dvc/config", ".dvc/.gitignore", ".dvcignore")

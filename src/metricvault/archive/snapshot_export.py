@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from metricvault.archive.experiments import Experiment
 from metricvault.archive.snapshot_format import (
     ROLLUP_COLUMNS,
     ROW_GROUP_ROWS,
@@ -35,6 +34,7 @@ from metricvault.archive.snapshot_format import (
 )
 from metricvault.durations import ms_to_datetime
 from metricvault.errors import InputError, NotFoundError, TimeRangeError
+from metricvault.experiment import Experiment
 from metricvault.model import TIERS
 from metricvault.protocols import Exporting, SampleReader, require
 from metricvault.store.series_index import SeriesInfo

@@ -32,8 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from metricvault.archive.experiments import Experiment
 from metricvault.errors import InputError, NotFoundError
+from metricvault.experiment import Experiment
 from metricvault.model import TIER_RESOLUTION_MS
 
 SCHEMA_VERSION = 1

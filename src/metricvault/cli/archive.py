@@ -1,7 +1,6 @@
 """``metricvault archive ...``: frozen, versioned snapshots of an experiment's metrics.
 
-The experiment commands (``metricvault experiment ...``) live in :mod:`metricvault.cli.experiments`
-since issue 12; their names are re-exported here for code that imported them from this module.
+The experiment commands (``metricvault experiment ...``) live in :mod:`metricvault.cli.experiments`.
 """
 
 from __future__ import annotations
@@ -26,17 +25,7 @@ from metricvault.cli.common import (
     err,
     load_settings,
 )
-
-# moved: issue 12 (the experiment commands have their own module; these names stay importable)
-from metricvault.cli.experiments import SelectorOpt as SelectorOpt
 from metricvault.cli.experiments import _when
-from metricvault.cli.experiments import experiment_app as experiment_app
-from metricvault.cli.experiments import experiment_compare as experiment_compare
-from metricvault.cli.experiments import experiment_create as experiment_create
-from metricvault.cli.experiments import experiment_end as experiment_end
-from metricvault.cli.experiments import experiment_list as experiment_list
-from metricvault.cli.experiments import experiment_show as experiment_show
-from metricvault.cli.experiments import experiment_update as experiment_update
 
 archive_app = typer.Typer(
     help="Freeze an experiment's metrics as a deterministic Parquet snapshot, version it with "
@@ -92,7 +81,7 @@ def archive_export(
     the commit tagged `metrics/<experiment-id>` — run it inside the git repository of the
     paper or project. Example: `metricvault archive export llama-70b-r3 --tier 1m --dvc`
     """
-    from metricvault.archive.snapshot import export_snapshot
+    from metricvault.archive.snapshot_export import export_snapshot
 
     names = [m.strip() for item in metrics or [] for m in item.split(",") if m.strip()]
     settings = load_settings(data, config, set_)
@@ -100,7 +89,7 @@ def archive_export(
     remote = remote or settings.archive_dvc_remote or None
     if use_dvc:
         from metricvault.archive.repository import check_ready
-        from metricvault.archive.snapshot import snapshot_path
+        from metricvault.archive.snapshot_format import snapshot_path
 
         check_ready(
             snapshot_path(out, experiment_id),

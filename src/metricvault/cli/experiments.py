@@ -27,7 +27,7 @@ from metricvault.cli.common import (
 from metricvault.durations import ms_to_datetime
 
 if TYPE_CHECKING:
-    from metricvault.archive.experiments import Experiment
+    from metricvault.experiment import Experiment
 
 experiment_app = typer.Typer(
     help="Register experiments (which series, when, which commit) and compare them.",
@@ -91,8 +91,8 @@ def _git_defaults(fields: dict[str, Any], no_git: bool) -> bool | None:
     a create that fails has recorded nothing."""
     if no_git or "git_sha" in fields:
         return None
-    from metricvault.archive.git import head, repo_root
     from metricvault.errors import ArchiveError
+    from metricvault.gitinfo import head, repo_root
 
     try:
         sha, origin, dirty = head(repo_root("."))
@@ -172,7 +172,7 @@ def experiment_update(
     set_: SetOpt = None,
 ) -> None:
     """Change fields of an experiment (the id never changes)."""
-    from metricvault.archive.experiments import EDITABLE
+    from metricvault.experiment import EDITABLE
 
     fields = _fields(selector, name, start, end, git_repo, git_sha, owner, tag, notes, param)
     if not fields:
@@ -247,7 +247,7 @@ def experiment_list(
     """
     import pandas as pd
 
-    from metricvault.archive.experiments import select
+    from metricvault.experiment import select
 
     wanted = dict(item.partition("=")[::2] for item in param or [])
     if any("=" not in item for item in param or []):

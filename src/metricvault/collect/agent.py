@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from metricvault import __version__
 from metricvault.collect.sources import FastReading, Source
-from metricvault.errors import ConfigError
+from metricvault.errors import ConfigError, NvmlUnavailable
 from metricvault.memory import release_freed_memory
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def gpu_sources(opts: AgentOptions, light: bool = False) -> tuple[list[Source], 
         return [sim], "simulated"
     if opts.gpu == "none":
         return [], "none"
-    from metricvault.collect.sources.nvml import NvmlSource, NvmlUnavailable
+    from metricvault.collect.sources.nvml import NvmlSource
 
     try:
         return [NvmlSource(hostname=opts.hostname, hostname_label=opts.hostname_label)], "nvml"

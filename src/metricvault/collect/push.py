@@ -37,7 +37,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from metricvault import __version__
 from metricvault.collect.spool import SPOOL_DROP_REASONS, Spool
 from metricvault.redact import redact_url
-from metricvault.wire.remote_write import (  # the encoder moved: issue 12
+from metricvault.wire.remote_write import (  # the encoder sits beside the decoder it mirrors
     SERVER_TIME_HEADER,
     SampleTuple,
     encode_write_request,

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from metricvault.errors import SpoolLockedError  # moved: issue 12
+from metricvault.errors import SpoolLockedError
 from metricvault.fsutil import write_atomically
 
-__all__ = ["SPOOL_DROP_REASONS", "Spool", "SpoolLockedError"]
+__all__ = ["SPOOL_DROP_REASONS", "Spool"]
 
 log = logging.getLogger("metricvault.agent.spool")
 

@@ -5,7 +5,7 @@ which every readable store implements (``Engine(vault)``; ``MemorySource`` for t
 evaluates with numpy; see docs/promql.md for what is implemented.
 """
 
-from metricvault.promql.errors import PromQLError
+from metricvault.errors import PromQLError
 from metricvault.promql.eval import Engine, EngineOptions
 from metricvault.promql.limits import (
     MAX_POINTS_PER_SERIES,

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import promql_parser as pp
 
+from metricvault.errors import PromQLError
 from metricvault.model import is_label_name
-from metricvault.promql.errors import PromQLError
 from metricvault.promql.values import NAME, Labels, StepVector, format_value, make_labels
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import promql_parser as pp
 
-from metricvault.promql.errors import PromQLError
+from metricvault.errors import PromQLError
 from metricvault.promql.values import (
     NAME,
     Labels,

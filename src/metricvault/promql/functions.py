@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import promql_parser as pp
 
-from metricvault.errors import SelectorError
+from metricvault.errors import PromQLError, SelectorError
 from metricvault.model import is_label_name
 from metricvault.promql import rangefuncs as rf
 from metricvault.promql import tiers
-from metricvault.promql.errors import PromQLError
 from metricvault.promql.values import (
     NAME,
     Labels,

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import promql_parser as pp
 
-from metricvault.promql.errors import PromQLError
+from metricvault.errors import PromQLError
 from metricvault.selector import explain_parse_error, rewrite_strings
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from metricvault.errors import PromQLError
 from metricvault.promql.aggregate import quantile_sorted, sort_nan_first
-from metricvault.promql.errors import PromQLError
 from metricvault.promql.values import RangeSeries, RangeVector
 
 GATHER_CELLS = 1 << 21  # cells per gathered chunk (16 MiB of float64)

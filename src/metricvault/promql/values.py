@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from metricvault.promql.errors import PromQLError
+from metricvault.errors import PromQLError
 
 Labels = tuple[tuple[str, str], ...]
 NAME = "__name__"

@@ -21,11 +21,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from metricvault.errors import CorruptBatch as CorruptBatch  # moved: issue 12
-from metricvault.errors import DiskFullError, StorageError
+from metricvault.errors import CorruptBatch, DiskFullError, StorageError
 from metricvault.fsutil import write_atomically
 from metricvault.model import SAMPLE_SCHEMA, SERIES_SCHEMA
-from metricvault.store.layout import QUARANTINE_DIR as QUARANTINE_DIR  # moved: issue 12
+from metricvault.store.layout import QUARANTINE_DIR
 
 log = logging.getLogger("metricvault")
 _FULL_BELOW_BYTES = 64 * 1024  # less free than a WAL file's first frames need

@@ -136,7 +136,7 @@ def _restore_derivable(columns: dict[str, pa.Array]) -> None:
     held = pc.greater(columns["count"], 0)
     columns["min"] = pc.if_else(held, pc.coalesce(columns["min"], columns["sum"]), None)
     for column in ("max", "first", "last"):
-        if column in columns:  # files written before issue 13 have no first
+        if column in columns:  # files older versions wrote have no first
             columns[column] = pc.if_else(held, pc.coalesce(columns[column], columns["min"]), None)
 
 
@@ -168,7 +168,7 @@ def decode(table: pa.Table, float_columns: Sequence[str]) -> pa.Table:
         if c != "scale" and not c.endswith(("_i", "_j", "_f"))
     }
     for c in float_columns:
-        if f"{c}_f" in table.column_names:  # rollup files before issue 13 have no first
+        if f"{c}_f" in table.column_names:  # rollup files older versions wrote have no first
             out[c] = decode_column(table, c)
     if "count" in out:
         _restore_derivable(out)

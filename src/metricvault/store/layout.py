@@ -14,8 +14,9 @@
 
 A local vault keeps ``<state>`` inside ``<root>``; an ``s3://`` vault keeps it in ``state_dir``.
 Every name above is defined once, below, and used from here by the store, the gateway and
-maintenance (issue 12). The agent's own state (spool, counters) is not a vault's: its names stay
-in ``metricvault.collect``, which must not import the store.
+maintenance, so that no two of them can disagree on where a file lives. The agent's own
+state (spool, counters) is not a vault's: its names stay in ``metricvault.collect``, which
+must not import the store.
 
 The catalog names files relative to ``<root>`` (so a vault still works after ``mv``, ``cp -a``,
 ``rsync``, a new mount point or a copy to another S3 prefix); ``<owner>`` is the first 16 hex

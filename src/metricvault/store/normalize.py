@@ -135,7 +135,7 @@ def _forget_ambiguous(found: list[Any], keys: pa.Array, label_columns: int) -> N
     """Treat as unseen every key with a NUL inside a cell, so validation refuses it.
 
     A key is unambiguous only if no cell holds the separator: the cache once took
-    ``mig="\\x00\\x1e"`` for an absent ``mig`` and stored two series as one (issue 10). A key
+    ``mig="\\x00\\x1e"`` for an absent ``mig`` and stored two series as one. A key
     of a clean row holds exactly one separator per label column; checked on every write, over
     the distinct keys only.
     """
@@ -234,7 +234,7 @@ def _check(
     series: list[tuple[int, str, str, str]],
     ids: np.ndarray,
 ) -> None:
-    # NaN, ±Inf and Prometheus staleness markers are stored as they are (issue 13): PromQL
+    # NaN, ±Inf and Prometheus staleness markers are stored as they are: PromQL
     # needs them, and rollups count finite samples only (store/rollup.py).
     bad = np.flatnonzero((ts < MIN_TS_MS) | (ts > MAX_TS_MS))
     if bad.size:

@@ -14,8 +14,8 @@ combine segments from different tiers by summing counts/sums/increases, taking m
 last samples (value and time) are what PromQL's ``rate`` extrapolation and its closed windows
 need to be answered exactly from rollups (promql/tiers.py; docs/decisions/0003).
 
-Non-finite samples (NaN, ±Inf and Prometheus staleness markers, all stored as values since
-issue 13) are left out of rollups: ``count`` counts finite samples, ``sum/min/max/last`` are
+Non-finite samples (NaN, ±Inf and Prometheus staleness markers, stored as values since PromQL
+needs them) are left out of rollups: ``count`` counts finite samples, ``sum/min/max/last`` are
 over them, and a counter's ``increase`` runs from one finite sample to the next finite one
 (a NaN between two samples neither resets nor adds). A bucket holding no finite sample has no
 rollup row for aggregate queries, exactly as if those samples had never been written. Raw reads
@@ -43,7 +43,7 @@ PARTIAL_COLUMNS = (
     "series_id", "ts", "count", "sum", "min", "max", "first", "first_ts", "last", "last_ts",
     "increase", "nonfinite",
 )  # fmt: skip
-ROLLUP_COLUMNS = PARTIAL_COLUMNS  # a stored row is a partial (since issue 13)
+ROLLUP_COLUMNS = PARTIAL_COLUMNS  # a stored row is a partial: buckets merge across files
 
 _local = threading.local()
 
@@ -190,7 +190,7 @@ def rollup_partials(rows: pa.Table, *, width: int, origin: int, res: int = 0) ->
 
 
 def conform(rows: pa.Table) -> pa.Table:
-    """Rollup rows in today's schema. Rows written before issue 13 have no ``first``,
+    """Rollup rows in today's schema. Rows older versions wrote have no ``first``,
     ``first_ts``, ``last_ts`` or ``nonfinite``: their first/last times are not known (null,
     which PromQL reads as "answer from raw"; aggregate queries merge them by the bucket start),
     and they counted no NaN samples (0)."""

@@ -399,7 +399,7 @@ class Vault:
         return self.catalog.current()
 
     def snapshot(self) -> Snapshot:
-        """The old name of :meth:`catalog_version`, kept for compatibility (issue 12)."""
+        """The old name of :meth:`catalog_version`: documented API (docs/storage-format.md)."""
         return self.catalog_version()
 
     def refresh(self) -> None:

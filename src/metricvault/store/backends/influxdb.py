@@ -377,7 +377,7 @@ class InfluxVault:
         )
 
     def snapshot(self) -> Any:
-        """The old name of :meth:`catalog_version`, kept for compatibility (issue 12)."""
+        """The old name of :meth:`catalog_version`: documented API (docs/influxdb.md)."""
         return self.catalog_version()
 
     def stats(self, now: int | None = None) -> dict[str, Any]:

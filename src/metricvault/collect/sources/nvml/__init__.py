@@ -14,10 +14,10 @@ version mismatch) the constructor raises `NvmlUnavailable`.
 XID errors arrive as NVML events; a background thread waits for them (with a timeout, so that
 `NvmlSource.close` returns promptly) and counts them.
 
-One job per module (issue 12): ``calls`` (calling NVML, logging a failure once), ``devices``
-(discovery, handles, constant labels), ``fields`` (the readings), ``processes`` (per-process
-attribution), ``xid`` (events). This module composes them into `NvmlSource` and keeps the
-names ``metricvault.collect.sources.nvml`` always had.
+One job per module, each testable alone: ``calls`` (calling NVML, logging a failure once),
+``devices`` (discovery, handles, constant labels), ``fields`` (the readings), ``processes``
+(per-process attribution), ``xid`` (events). This module composes them into `NvmlSource` and
+keeps the names ``metricvault.collect.sources.nvml`` always had.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from metricvault.collect.sources.nvml.devices import DeviceDiscovery
 from metricvault.collect.sources.nvml.fields import _PCIE, _SCALARS, FieldReadings
 from metricvault.collect.sources.nvml.processes import DEFAULT_ENV_LABELS, ProcessAttribution
 from metricvault.collect.sources.nvml.xid import XID_WAIT_MS, _XidWatcher
-from metricvault.errors import NvmlUnavailable as NvmlUnavailable  # moved: issue 12
+from metricvault.errors import NvmlUnavailable
 
-__all__ = ["DEFAULT_ENV_LABELS", "XID_WAIT_MS", "NvmlSource", "NvmlUnavailable"]
+__all__ = ["DEFAULT_ENV_LABELS", "XID_WAIT_MS", "NvmlSource"]
 
 
 class NvmlSource(DeviceDiscovery, FieldReadings, ProcessAttribution):
