@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any, Literal
@@ -154,6 +154,82 @@ def kind_from_name(metric: str) -> Kind:
     if metric in DCGM_COUNTERS or metric.endswith(COUNTER_SUFFIXES):
         return "counter"
     return "gauge"
+
+
+KindSource = Literal["metadata", "explicit", "repair"]
+
+
+@dataclass(frozen=True)
+class KindChange:
+    """A metric's kind changed (or a change was refused): from ``old`` to ``new`` at ``at_ms``,
+    because of exposition metadata, ``metricvault kind set`` or ``metricvault check
+    --repair``. Applied changes are kept in the catalog (``Snapshot.kind_changes``)."""
+
+    metric: str
+    old: str
+    new: str
+    at_ms: int
+    source: str  # a KindSource
+
+
+@dataclass(frozen=True)
+class KindUpdate:
+    """What exposition metadata did to the metrics' kinds: the changes made and refused."""
+
+    applied: tuple[KindChange, ...] = ()
+    refused: tuple[KindChange, ...] = ()
+
+
+def metadata_kind_update(
+    kinds: Mapping[str, str],
+    known: Mapping[str, str],
+    explicit: frozenset[str] | set[str],
+    at_ms: int,
+) -> KindUpdate:
+    """The changes exposition metadata (``kinds``: metric -> type) may make, given the kinds
+    ``known`` from earlier metadata or operators and the metrics an operator set (``explicit``).
+
+    Metadata only ever upgrades a gauge to a counter: a type that is not a kind (``unknown``,
+    missing) says nothing, and a ``gauge`` never downgrades a counter, whether the counter came
+    from earlier metadata or from its name (dcgm-exporter's counters, ``_total``): exporters
+    that cannot say ``counter`` (an OpenMetrics page without ``_total``) send ``unknown`` or
+    ``gauge``, and re-kinding the metric would stop ``rate`` from reading its rollups. A kind an
+    operator set is never changed by metadata. Refused changes are returned, not applied."""
+    applied, refused = [], []
+    for metric, proposed in kinds.items():
+        if proposed not in KINDS:
+            continue
+        current = known.get(metric) or kind_from_name(metric)
+        if proposed == current:
+            continue
+        change = KindChange(metric, current, proposed, at_ms, "metadata")
+        if metric in explicit or current == "counter":
+            refused.append(change)
+        else:
+            applied.append(change)
+    return KindUpdate(tuple(applied), tuple(refused))
+
+
+def explicit_metrics(changes: Iterable[KindChange]) -> frozenset[str]:
+    """The metrics whose latest kind change (of ``changes``, oldest first) an operator made
+    (``metricvault kind set``, ``check --repair``): metadata does not change those."""
+    latest = {c.metric: c.source for c in changes}
+    return frozenset(m for m, source in latest.items() if source != "metadata")
+
+
+def admissible_write_kinds(kinds: Mapping[str, str], known: Mapping[str, str]) -> dict[str, str]:
+    """``kinds`` (a write's, for the series it creates) without the ones metadata may not set
+    (see :func:`metadata_kind_update`): a known kind stays the new series' kind."""
+    out = {}
+    for metric, proposed in kinds.items():
+        current = known.get(metric)
+        if current is not None:
+            out[metric] = current
+        elif proposed == "gauge" and kind_from_name(metric) == "counter":
+            continue  # the name's counter stands
+        else:
+            out[metric] = proposed
+    return out
 
 
 def validate_metric_name(metric: str) -> None:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from metricvault.errors import UnsupportedError
 from metricvault.experiment import Experiment
+from metricvault.model import KindUpdate
 from metricvault.selector import Matcher
 
 if TYPE_CHECKING:  # numpy is imported where arrays are made: `import metricvault` stays light
@@ -243,7 +244,7 @@ class Writing(Store, Protocol):
         admit_new_series: Callable[[int], None] | None = None,
     ) -> int: ...
 
-    def set_metric_kinds(self, kinds: Mapping[str, str]) -> None: ...
+    def set_metric_kinds(self, kinds: Mapping[str, str]) -> KindUpdate: ...
 
     def flush(self) -> int: ...
 

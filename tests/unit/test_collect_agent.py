@@ -213,27 +213,59 @@ def test_agent_exports_window_statistics_and_self_metrics(tmp_path):
         agent.stop()
 
 
-def test_openmetrics_output_parses_with_dcgm_counter_names(tmp_path):
-    """dcgm-exporter's counters lack `_total`; OpenMetrics output types them `unknown`."""
-    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+DCGM_COUNTERS = (
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+)
 
+
+def _exposition_types(body: str) -> tuple[dict[str, str], set[str]]:
+    """``# TYPE`` lines and sample names of a text or OpenMetrics page, read line by line (the
+    Python OpenMetrics parser refuses counters without ``_total``; Prometheus does not)."""
+    types, names = {}, set()
+    for line in body.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            types[name] = kind
+        elif line and not line.startswith("#"):
+            names.add(line.split("{")[0].split(" ")[0])
+    return types, names
+
+
+@pytest.mark.parametrize("accept", ["", "text/plain; version=0.0.4", OPENMETRICS])
+def test_dcgm_counters_are_counters_under_their_own_names_in_every_format(accept):
+    """dcgm-exporter's counters lack `_total`: every format types them `counter` and keeps
+    the names (an `unknown` type made Prometheus forward metadata that stored them as gauges)."""
+    from metricvault.collect.sources._labels import METRICS
     from metricvault.collect.sources.simulated import SimulatedGpuSource
 
     registry = CollectorRegistry()
-    registry.register(SimulatedGpuSource(gpus=1, hostname="node01"))  # type: ignore[arg-type]
+    registry.register(SimulatedGpuSource(gpus=2, hostname="node01"))  # type: ignore[arg-type]
     server = MetricsServer(registry, "127.0.0.1", 0)
     server.start()
     try:
-        _, _, text = _get(server.url)
-        plain = {f.name: f for f in text_string_to_metric_families(text)}
-        assert plain["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].type == "counter"
-        _, _, body = _get(server.url, {"Accept": "application/openmetrics-text"})
-        families = {f.name: f for f in om_parse(body)}
-        energy = families["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
-        assert energy.type == "unknown" and energy.samples[0].value > 0
-        assert families["DCGM_FI_DEV_GPU_UTIL"].type == "gauge"
+        status, content_type, body = _get(server.url, {"Accept": accept} if accept else None)
     finally:
         server.stop()
+    assert status == 200
+    assert content_type.startswith("application/openmetrics-text") == (accept == OPENMETRICS)
+    types, names = _exposition_types(body)
+    exposed_counters = {n for n in DCGM_COUNTERS if n in names}
+    assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" in exposed_counters
+    for name in exposed_counters:
+        assert types[name] == "counter", (name, accept)
+        assert name + "_total" not in names, "the series keeps dcgm-exporter's name"
+    for name, info in METRICS.items():  # every family keeps its declared type
+        family = name.removesuffix("_total") if info.kind == "counter" else name
+        if family in types:
+            assert types[family] == info.kind, (name, accept)
+    assert "unknown" not in {types[n] for n in exposed_counters}
 
 
 @pytest.mark.parametrize(

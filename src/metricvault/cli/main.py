@@ -41,6 +41,7 @@ from metricvault.cli.common import (
 )
 from metricvault.cli.experiments import experiment_app
 from metricvault.cli.influx import influx_app
+from metricvault.cli.kinds import kind_app
 from metricvault.cli.light import COMMON_OPTS, HOT_OPTS, run_hot
 from metricvault.cli.output import print_table
 from metricvault.config import describe
@@ -63,6 +64,7 @@ app = typer.Typer(
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(archive_app, name="archive")
 app.add_typer(influx_app, name="influx")
+app.add_typer(kind_app, name="kind")
 
 
 def _print_version(value: bool) -> None:

@@ -11,12 +11,10 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
-from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
 from metricvault.config import Settings
@@ -66,24 +64,6 @@ class MetricsServer:
         self.server.server_close()
 
 
-class _OpenMetricsSafe:
-    """dcgm-exporter's counters have no ``_total`` suffix, which OpenMetrics forbids for the
-    counter type; in OpenMetrics output they are typed ``unknown`` (same names and values), so
-    OpenMetrics parsers accept the page and the names stay those dashboards query."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-
-    def collect(self) -> Iterable[Metric]:
-        for family in self.registry.collect():
-            if family.type == "counter" and any(s.name == family.name for s in family.samples):
-                retyped = Metric(str(family.name), family.documentation, "unknown", family.unit)
-                retyped.samples = family.samples
-                yield retyped
-            else:
-                yield family
-
-
 def _handler(
     registry: CollectorRegistry, settings: Settings | None
 ) -> type[BaseHTTPRequestHandler]:
@@ -108,10 +88,13 @@ def _handler(
                         {"WWW-Authenticate": 'Basic realm="metricvault agent"'},
                     )
                     return
+            # Both formats type dcgm-exporter's counters `counter` under their own names
+            # (no `_total`, see collect/sources/_labels.py): strict OpenMetrics wants
+            # `<name>_total` samples, but renaming would break every dashboard, and typing them
+            # `unknown` made Prometheus forward "unknown" metadata, which stored them as
+            # gauges. Prometheus's OpenMetrics parser takes the bare name with the type.
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            openmetrics = content_type.startswith("application/openmetrics-text")
-            source = _OpenMetricsSafe(registry) if openmetrics else registry
-            self._send(200, encoder(source), content_type)
+            self._send(200, encoder(registry), content_type)
 
         def _send(
             self, status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None

@@ -100,7 +100,11 @@ class Gateway:
         # staleness markers and NaN/±Inf samples are stored like any other
         self.metrics.received.labels(protocol).inc(decoded.samples)
         if decoded.kinds:  # metadata usually arrives in requests of its own
-            self.vault.set_metric_kinds(decoded.kinds)
+            update = self.vault.set_metric_kinds(decoded.kinds)
+            for change in update.applied:
+                self.metrics.kind_changes.labels(change.old, change.new, "applied").inc()
+            for change in update.refused:
+                self.metrics.kind_changes.labels(change.old, change.new, "refused").inc()
         if decoded.histograms:
             self.metrics.dropped.labels("histogram").inc(decoded.histograms)
         stored = 0

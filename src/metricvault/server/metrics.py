@@ -77,6 +77,17 @@ class GatewayMetrics:
         self.rejected: Counter = Counter(
             "metricvault_requests_rejected", "Requests refused, by reason", ["reason"], registry=r
         )
+        # Exposition metadata that changed a metric's kind (applied: the metric reads and rolls
+        # up as the new kind from then on) or was refused (it would have downgraded a counter,
+        # or overridden `metricvault kind set`); Prometheus re-sends metadata every minute, so
+        # a refusal counts again each time. `metricvault kind list` shows the applied ones.
+        self.kind_changes: Counter = Counter(
+            "metricvault_metric_kind_changes",
+            "Metric kind changes exposition metadata asked for, by old and new kind and result "
+            "(applied, refused)",
+            ["from_kind", "to_kind", "result"],
+            registry=r,
+        )
         self.duration: Histogram = Histogram(
             "metricvault_request_duration_seconds",
             "Write request latency",

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from metricvault.errors import CommitConflictError, StorageError
-from metricvault.model import TIER_RESOLUTION_MS
+from metricvault.model import TIER_RESOLUTION_MS, KindChange
 from metricvault.store.layout import CATALOG_DIR, Location
 
 FORMAT = 2
@@ -93,6 +93,7 @@ class Snapshot:
     metric_kinds: dict[str, str] = field(default_factory=dict)  # from exposition metadata
     vault_id: str = ""  # "" only before the first commit and in format-1 catalogs
     replaced: tuple[Replaced, ...] = ()  # removed files not deleted yet
+    kind_changes: tuple[KindChange, ...] = ()  # every change of metric_kinds, oldest first
 
     def tier_files(self, tier: str) -> list[DataFile]:
         return [f for f in self.files if f.tier == tier]
@@ -140,6 +141,7 @@ class Snapshot:
                 Replaced(loc.resolve(r["path"]), int(r["replaced_ms"]))
                 for r in body.get("replaced", [])
             ),
+            kind_changes=tuple(KindChange(**c) for c in body.get("kind_changes", [])),
         )
 
 
@@ -157,6 +159,7 @@ class Change:
     file_ids_used: int = 0
     raw_horizon_ms: int = 0
     metric_kinds: dict[str, str] = field(default_factory=dict)
+    kind_changes: list[KindChange] = field(default_factory=list)  # why metric_kinds changed
     forget: set[str] = field(default_factory=set)  # replaced files maintenance has deleted
     # The snapshot this change was computed from, when the caller has it: a commit that finds
     # a newer one rebases the change onto it (ids renumbered, void work refused).
@@ -223,6 +226,7 @@ class Change:
             dirty_hours=tuple(sorted(dirty)),
             raw_horizon_ms=max(base.raw_horizon_ms, self.raw_horizon_ms),
             metric_kinds={**base.metric_kinds, **self.metric_kinds},
+            kind_changes=base.kind_changes + tuple(self.kind_changes),
         )
 
 

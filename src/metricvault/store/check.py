@@ -14,6 +14,13 @@ lost. With ``repair`` the damaged files leave the catalog in one new commit:
   only series ids, not labels, so a series found nowhere else loses its labels: its samples
   stay in the data files and become visible again when the same series is written again.
 
+A metric stored as a gauge by exposition metadata although its name says counter
+(dcgm-exporter's counter fields, ``_total``) is a problem too: ``rate``/``increase`` no longer
+read its rollups. Earlier agents typed dcgm-exporter's counters ``unknown`` in OpenMetrics,
+and the gateway then stored them as gauges. ``repair`` sets such a metric back to counter from
+then on, recorded as a kind change with source ``repair`` (``metricvault kind list --changes``);
+a kind an operator set with ``metricvault kind set`` is left alone.
+
 Damaged files are left on disk (expiry deletes them once no snapshot names them).
 
 A catalog version newer than the one the vault reads that does not parse is a problem too
@@ -32,9 +39,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from metricvault.durations import HOUR_MS, ms_to_datetime
+from metricvault.durations import HOUR_MS, ms_to_datetime, now_ms
 from metricvault.errors import MetricVaultError
-from metricvault.model import SERIES_SCHEMA
+from metricvault.model import SERIES_SCHEMA, KindChange, explicit_metrics, kind_from_name
 from metricvault.store import files as fmt
 from metricvault.store.catalog import Catalog, Change, DataFile, SeriesFile, Snapshot
 from metricvault.store.layout import CATALOG_DIR, VAULT_LOCK, Location, buffer_files
@@ -99,7 +106,8 @@ def check(location: Location, repair: bool = False) -> CheckReport:
     if damaged_series:
         problem, recovered = _series_problem(location, snap, damaged_series, damaged_data, change)
         report.problems.append(problem)
-    if repair and (damaged_data or damaged_series):
+    kind_fixes = _kind_problems(snap, report, change)
+    if repair and (damaged_data or damaged_series or kind_fixes):
         with _writer_lock(location):
             if catalog.current().version != snap.version:
                 report.problems.append(
@@ -114,6 +122,31 @@ def check(location: Location, repair: bool = False) -> CheckReport:
             _write_recovered_series(location, catalog, recovered, change)
             report.repaired_version = catalog.commit(change).version
     return report
+
+
+def _kind_problems(snap: Snapshot, report: CheckReport, change: Change) -> int:
+    """Metrics metadata stored as gauges whose names say counter: the plan sets them back."""
+    pinned = explicit_metrics(snap.kind_changes)
+    when = {c.metric: c.at_ms for c in snap.kind_changes}
+    found = 0
+    for metric, kind in sorted(snap.metric_kinds.items()):
+        if kind != "gauge" or kind_from_name(metric) != "counter" or metric in pinned:
+            continue
+        since = f" since {_when(when[metric])}" if metric in when else ""
+        report.problems.append(
+            Problem(
+                f"(metric kinds) {metric}",
+                f"{metric} is stored as a gauge{since} (exposition metadata) although its name "
+                "says counter: rate and increase do not read its rollups",
+                "set it back to counter from now on, recorded as a kind change (source "
+                "repair); rollup rows written while it was a gauge keep their columns",
+                "nothing",
+            )
+        )
+        change.metric_kinds[metric] = "counter"
+        change.kind_changes.append(KindChange(metric, "gauge", "counter", now_ms(), "repair"))
+        found += 1
+    return found
 
 
 # ------------------------------------------------------------------ verifying

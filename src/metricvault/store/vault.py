@@ -6,7 +6,7 @@ import fcntl
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +23,7 @@ from metricvault.durations import (
     TimeLike,
     day_of,
     ms_to_datetime,
+    now_ms,
     parse_duration_ms,
 )
 from metricvault.errors import (
@@ -30,6 +31,16 @@ from metricvault.errors import (
     InputError,
     StorageError,
     TimeRangeError,
+)
+from metricvault.model import (
+    KINDS,
+    KindChange,
+    KindUpdate,
+    admissible_write_kinds,
+    explicit_metrics,
+    kind_from_name,
+    metadata_kind_update,
+    validate_metric_name,
 )
 from metricvault.protocols import BucketSelection, Horizons, SelectHints, SeriesSamples
 from metricvault.selector import Matcher, Selector, SelectorUnion, parse_selectors
@@ -80,6 +91,10 @@ class Vault:
         self._closed = threading.Event()
         self.last_flush_error: str | None = None  # shown by stats()
         self._pending_kinds: dict[str, str] = {}  # metadata to commit with the next flush
+        self._pending_kind_changes: list[KindChange] = []  # ... and why (Snapshot.kind_changes)
+        self._explicit_kinds: frozenset[str] = frozenset()  # set by an operator: metadata won't
+        self._kind_changes_seen = -1  # len(snapshot.kind_changes) the index has the kinds of
+        self._refused_logged: set[tuple[str, str]] = set()
         self._upgrade_catalog()
         self._load_series()
         self._pending_samples = self.buffer.depth()[0]
@@ -139,7 +154,7 @@ class Vault:
 
     def _load_new_series_files(self, snap: Snapshot) -> None:
         """Series that other writers (processes, buffers) registered and flushed."""
-        self.index.set_metric_kinds(snap.metric_kinds)
+        self._load_kinds(snap)
         for sf in snap.series_files:
             if sf.path not in self._series_files:
                 self.index.load_table(_read_series(self.location, sf.path))
@@ -147,6 +162,15 @@ class Vault:
 
     def __enter__(self) -> Self:
         return self
+    def _load_kinds(self, snap: Snapshot) -> None:
+        """The metric kinds of ``snap`` (another process's ``kind set`` included), with the
+        ones this process has applied but not committed yet on top."""
+        with self._write_lock:
+            self.index.set_metric_kinds(snap.metric_kinds)
+            self.index.set_metric_kinds(self._pending_kinds)
+            self._explicit_kinds = explicit_metrics(snap.kind_changes)
+            self._kind_changes_seen = len(snap.kind_changes)
+
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -182,6 +206,8 @@ class Vault:
         _refuse_unwritable(data)
         batch = normalize(data, kinds)
         if batch.samples.num_rows == 0:
+        if kinds:  # for the series this write creates; a known kind stands (model.py)
+            kinds = admissible_write_kinds(kinds, self._known_kinds(kinds))
             return 0
         self._check_horizon(batch.samples)
         self._check_backpressure()
@@ -199,16 +225,77 @@ class Vault:
             self._wake_flusher()
         return int(batch.samples.num_rows)
 
-    def set_metric_kinds(self, kinds: Mapping[str, str]) -> None:
-        """Record metric types from exposition metadata (e.g. remote_write metadata): they
-        decide how every series of the metric rolls up, including series written earlier.
-        Committed with the next flush; Prometheus re-sends metadata every minute anyway."""
-        changed = {m: k for m, k in kinds.items() if self.index.kind_of_metric(m) != k}
-        if not changed:
-            return
-        with self._write_lock:
-            self._pending_kinds.update(changed)
-            self.index.set_metric_kinds(changed)
+    def set_metric_kinds(self, kinds: Mapping[str, str]) -> KindUpdate:
+        """Apply metric types from exposition metadata (remote_write, OTLP) by the rules of
+        :func:`metricvault.model.metadata_kind_update`: ``unknown`` says nothing, and metadata
+        never downgrades a counter nor changes a kind an operator set. An applied change
+        decides how the metric's series roll up and are read from now on (rollup rows written
+        before keep their columns); it is recorded in the catalog with the next flush. Refused
+        changes are returned (the gateway counts them) and logged once per metric."""
+        update = metadata_kind_update(
+            kinds, self._known_kinds(kinds), self._explicit_kinds, now_ms()
+        )
+        for change in update.refused:
+            if (change.metric, change.new) not in self._refused_logged:
+                self._refused_logged.add((change.metric, change.new))
+                log.warning(
+                    "metadata says %s is a %s; it stays a %s (metadata never downgrades a "
+                    "counter nor overrides `metricvault kind set`; set it with `metricvault "
+                    "kind set %s %s` if the metric really changed)",
+                    change.metric, change.new, change.old, change.metric, change.new,
+                )  # fmt: skip
+        if update.applied:
+            with self._write_lock:
+                for change in update.applied:
+                    self._pending_kinds[change.metric] = change.new
+                self._pending_kind_changes.extend(update.applied)
+                self.index.set_metric_kinds({c.metric: c.new for c in update.applied})
+            for change in update.applied:
+                log.info("%s is a %s from now on (metadata; was %s)", *_shown(change))
+        return update
+
+    def _known_kinds(self, metrics: Iterable[str]) -> dict[str, str]:
+        known = {}
+        for metric in metrics:
+            kind = self.index.kind_of_metric(metric)
+            if kind is not None:
+                known[metric] = kind
+        return known
+
+    def set_kind(self, metric: str, kind: str, source: str = "explicit") -> KindChange | None:
+        """Set a metric's kind as an operator (``metricvault kind set``): it applies to every
+        read and rollup from now on, metadata never changes it afterwards, and the change is
+        committed (and recorded in ``Snapshot.kind_changes``) before this returns. Rollup rows
+        written before keep their columns. None when the kind was already set so."""
+        validate_metric_name(metric)
+        if kind not in KINDS:
+            raise InputError(
+                f"kind {kind!r} for {metric} is not one of {', '.join(KINDS)}: say "
+                f"`metricvault kind set {metric} counter` or `... gauge`"
+            )
+        with self.writer_lock():
+            snap = self.catalog.current()
+            old = snap.metric_kinds.get(metric) or self._stored_kind(metric)
+            if old == kind and metric in explicit_metrics(snap.kind_changes):
+                return None
+            change = KindChange(metric, old, kind, now_ms(), source)
+            self.catalog.commit(Change(metric_kinds={metric: kind}, kind_changes=[change]))
+            with self._write_lock:
+                self._pending_kinds.pop(metric, None)
+                self._pending_kind_changes = [
+                    c for c in self._pending_kind_changes if c.metric != metric
+                ]
+            self._load_kinds(self.catalog.current())
+        return change
+
+    def _stored_kind(self, metric: str) -> str:
+        """The kind a metric's series were written with (the first one's), else its name's."""
+        ids = self.index.match(Selector((Matcher("__name__", "=", metric),)))
+        return self.index.get(ids[0]).kind if ids else kind_from_name(metric)
+
+    def kind_changes(self) -> tuple[KindChange, ...]:
+        """Every recorded change of a metric's kind, oldest first (``metricvault kind list``)."""
+        return self.catalog.current().kind_changes
 
     def min_writable_ms(self) -> int:
         """The oldest timestamp a write may carry.
@@ -327,7 +414,13 @@ class Vault:
         with self._write_lock:
             kinds, self._pending_kinds = self._pending_kinds, {}
         if kinds:
-            self.catalog.commit(Change(metric_kinds=kinds))
+            self.catalog.commit(Change(metric_kinds=kinds, kind_changes=changes))
+            changes, self._pending_kind_changes = self._pending_kind_changes, []
+        if kinds:
+            # an operator may have set some meanwhile (kind set, in another process)
+            pinned = explicit_metrics(self.catalog.current().kind_changes)
+            kinds = {m: k for m, k in kinds.items() if m not in pinned}
+            changes = [c for c in changes if c.metric not in pinned]
 
     def _commit_flush(self, snap: Snapshot, pending: Any) -> None:
         samples = fmt.sort_dedup(pending.samples)  # batches come in sequence order
@@ -576,6 +669,8 @@ class Vault:
 
         self._context()  # picks up series other writers registered
         return series_frame(self, selector, output)
+        elif len(snap.kind_changes) != self._kind_changes_seen:
+            self._load_kinds(snap)
 
     def sql(self, statement: str, output: str = "pandas") -> Any:
         """Run DuckDB SQL over views ``raw``, ``rollup_1m``, ``rollup_1h``, ``series`` and
@@ -658,3 +753,7 @@ def _read_series(location: Location, path: str) -> pa.Table:
         return fmt.read_table(path, location.fs)
     except (OSError, pa.ArrowException) as exc:
         raise read_error(path, "series file", exc) from exc
+
+
+def _shown(change: KindChange) -> tuple[str, str, str]:
+    return change.metric, change.new, change.old

@@ -62,8 +62,10 @@ def kinds_v1(metadata: Iterable[MetricMetadata]) -> dict[str, str]:
             names = {f"{family}{suffix}": "gauge" for suffix in ("_bucket", "_gcount", "_gsum")}
         elif kind == "info":
             names = {family: "gauge", f"{family}_info": "gauge"}
-        else:  # gauge, stateset, unknown
+        elif kind in ("gauge", "stateset"):
             names = {family: "gauge"}
+        else:  # unknown: says nothing about the kind (the series' name decides, model.py)
+            continue
         for name, name_kind in names.items():
             kinds.setdefault(name, name_kind)  # the first description of a name wins
     return kinds
@@ -93,7 +95,7 @@ def metadata_v2(
         if entry.type == 0 and not help_text and not unit:
             continue  # "unspecified" and nothing else: no metadata was sent
         entries.setdefault(MetricMetadata(metric, kind, unit, help_text), None)
-        if entry.type:
+        if entry.type and kind != "unknown":  # unknown says nothing about the kind
             kinds.setdefault(metric, _kind_of_series(metric, kind))
     return tuple(entries), kinds
 

@@ -25,6 +25,7 @@ from metricvault.errors import (
     UnsupportedError,
 )
 from metricvault.experiment import Experiment, RegistryBase
+from metricvault.model import KindUpdate
 
 TIMEOUT_S = 30.0
 
@@ -105,7 +106,7 @@ class GatewayVault:
             raise StorageError(f"cannot reach the gateway at {self.base}: {exc}") from exc
         return json.loads(payload) if payload.strip().startswith((b"{", b"[")) else None
 
-    def set_metric_kinds(self, kinds: Mapping[str, str]) -> None:
+    def set_metric_kinds(self, kinds: Mapping[str, str]) -> KindUpdate:
         """Kinds follow the metric names at the gateway (``_total``: counter); there is no
         metadata channel through it, so a kind that differs from the name is refused."""
         from metricvault.model import kind_from_name
@@ -116,6 +117,7 @@ class GatewayVault:
                 f"a gateway takes metric kinds from the names only; {', '.join(sorted(odd))} "
                 "would need metadata: name counters *_total, or write to the vault directly"
             )
+        return KindUpdate()
 
     def flush(self) -> int:
         """Nothing to flush: every write was acknowledged by the gateway when it returned."""

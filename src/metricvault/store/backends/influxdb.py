@@ -39,7 +39,12 @@ from metricvault.errors import (
     NotFoundError,
     UnsupportedError,
 )
-from metricvault.model import kind_from_name
+from metricvault.model import (
+    KindUpdate,
+    admissible_write_kinds,
+    kind_from_name,
+    metadata_kind_update,
+)
 from metricvault.protocols import BucketSelection, Horizons, SelectHints, SeriesSamples
 from metricvault.selector import Matcher, Selector, SelectorUnion, parse_selectors
 from metricvault.store import rollup, selecting
@@ -169,6 +174,9 @@ class InfluxVault:
         Everything is validated before the first batch is sent; a write of more than
         ``BATCH_POINTS`` samples that fails midway leaves its earlier batches stored (InfluxDB
         has no transactions) and is safe to retry whole (the same points overwrite)."""
+        if kinds:  # a known kind stands for the series this write creates (model.py)
+            known = {m: k for m in kinds if (k := self.index.kind_of_metric(m)) is not None}
+            kinds = admissible_write_kinds(kinds, known)
         batch = normalize(data, kinds)
         samples = batch.samples
         if samples.num_rows and not pc.all(pc.is_finite(samples["value"])).as_py():
@@ -198,13 +206,17 @@ class InfluxVault:
             self.index.add(sid, metric, labels_json, self._kind_of(metric, kind))
         return int(samples.num_rows)
 
-    def set_metric_kinds(self, kinds: Mapping[str, str]) -> None:
-        """Record metric types from exposition metadata; they decide how every series of the
-        metric rolls up (stored in ``metricvault.kinds``)."""
-        changed = {m: k for m, k in kinds.items() if self.index.kind_of_metric(m) != k}
+    def set_metric_kinds(self, kinds: Mapping[str, str]) -> KindUpdate:
+        """Record metric types from exposition metadata by the embedded vault's rules
+        (:func:`metricvault.model.metadata_kind_update`: metadata never downgrades a counter);
+        they decide how every series of the metric rolls up (stored in ``metricvault.kinds``)."""
+        known = {m: k for m in kinds if (k := self.index.kind_of_metric(m)) is not None}
+        update = metadata_kind_update(kinds, known, frozenset(), now_ms())
+        changed = {c.metric: c.new for c in update.applied}
         if changed:
             meta.store_kinds(self.client, self.policies.meta, changed)
             self.index.set_metric_kinds(changed)
+        return update
 
     def min_writable_ms(self) -> int:
         """The oldest timestamp a write may carry: InfluxDB drops points older than the raw
