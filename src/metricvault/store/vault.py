@@ -160,8 +160,6 @@ class Vault:
                 self.index.load_table(_read_series(self.location, sf.path))
                 self._series_files.add(sf.path)
 
-    def __enter__(self) -> Self:
-        return self
     def _load_kinds(self, snap: Snapshot) -> None:
         """The metric kinds of ``snap`` (another process's ``kind set`` included), with the
         ones this process has applied but not committed yet on top."""
@@ -171,6 +169,8 @@ class Vault:
             self._explicit_kinds = explicit_metrics(snap.kind_changes)
             self._kind_changes_seen = len(snap.kind_changes)
 
+    def __enter__(self) -> Self:
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -204,10 +204,10 @@ class Vault:
         sample is invalid or the write is refused.
         """
         _refuse_unwritable(data)
-        batch = normalize(data, kinds)
-        if batch.samples.num_rows == 0:
         if kinds:  # for the series this write creates; a known kind stands (model.py)
             kinds = admissible_write_kinds(kinds, self._known_kinds(kinds))
+        batch = normalize(data, kinds)
+        if batch.samples.num_rows == 0:
             return 0
         self._check_horizon(batch.samples)
         self._check_backpressure()
@@ -413,14 +413,14 @@ class Vault:
     def _commit_kinds(self) -> None:
         with self._write_lock:
             kinds, self._pending_kinds = self._pending_kinds, {}
-        if kinds:
-            self.catalog.commit(Change(metric_kinds=kinds, kind_changes=changes))
             changes, self._pending_kind_changes = self._pending_kind_changes, []
         if kinds:
             # an operator may have set some meanwhile (kind set, in another process)
             pinned = explicit_metrics(self.catalog.current().kind_changes)
             kinds = {m: k for m, k in kinds.items() if m not in pinned}
             changes = [c for c in changes if c.metric not in pinned]
+        if kinds:
+            self.catalog.commit(Change(metric_kinds=kinds, kind_changes=changes))
 
     def _commit_flush(self, snap: Snapshot, pending: Any) -> None:
         samples = fmt.sort_dedup(pending.samples)  # batches come in sequence order
@@ -661,6 +661,8 @@ class Vault:
         snap = self.catalog.current()
         if len(snap.series_files) != len(self._series_files):
             self._load_new_series_files(snap)
+        elif len(snap.kind_changes) != self._kind_changes_seen:
+            self._load_kinds(snap)
         return q.QueryContext(snap, self.reader, self.index, self._lookback)
 
     def series(self, selector: str | None = None, output: str = "pandas") -> Any:
@@ -669,8 +671,6 @@ class Vault:
 
         self._context()  # picks up series other writers registered
         return series_frame(self, selector, output)
-        elif len(snap.kind_changes) != self._kind_changes_seen:
-            self._load_kinds(snap)
 
     def sql(self, statement: str, output: str = "pandas") -> Any:
         """Run DuckDB SQL over views ``raw``, ``rollup_1m``, ``rollup_1h``, ``series`` and
