@@ -45,13 +45,39 @@ MAY_IMPORT: dict[str, set[str]] = {
     # runs it, so collect may import it (sim.workload's pyarrow frames stay out of the agent:
     # test_collect_agent.py checks what the agent process loads)
     "sim": {"leaf"},
-    "server": {"leaf", "store", "decoders", "open", "promql"},  # read routes call the engine
+    "server": {"leaf", "store", "decoders", "open", "promql", "rules"},  # read routes: engine
+    # alert and recording rules: read through the engine, write through the store's write
+    # protocol (the leaf); store for the evaluator's lease (conditional writes on s3)
+    "rules": {"leaf", "store", "promql"},
     "collect": {"leaf", "open", "sim"},  # reaches a store only through metricvault.open
     # metricvault.open and metricvault.public: the dispatcher and the public classes, which
     # add the conveniences above the store (history, promql, progress bars, Vault.open)
     "open": {"leaf", "store", "archive", "promql"},
-    "app": {"leaf", "store", "promql", "archive", "decoders", "server", "collect", "open", "sim"},
-    "top": {"leaf", "store", "promql", "archive", "server", "collect", "open", "sim", "app", "cli"},
+    "app": {
+        "leaf",
+        "store",
+        "promql",
+        "archive",
+        "decoders",
+        "server",
+        "collect",
+        "open",
+        "sim",
+        "rules",
+    },
+    "top": {
+        "leaf",
+        "store",
+        "promql",
+        "archive",
+        "server",
+        "collect",
+        "open",
+        "sim",
+        "app",
+        "cli",
+        "rules",
+    },
     "cli": {
         "leaf",
         "store",
@@ -63,12 +89,15 @@ MAY_IMPORT: dict[str, set[str]] = {
         "open",
         "sim",
         "app",
+        "rules",
     },
 }
 
 # Package-level: a module of one package never imports (at run time, lazily or not) a module
 # of a package that imports it back.
-PACKAGES = ("store", "promql", "archive", "ingest", "server", "collect", "cli", "sim", "wire")
+PACKAGES = (
+    "store", "promql", "archive", "ingest", "server", "collect", "cli", "sim", "wire", "rules",
+)  # fmt: skip
 
 
 def layer(module: str) -> str:
@@ -84,7 +113,7 @@ def layer(module: str) -> str:
         return "decoders"
     if top in ("public", "public_influx", "conveniences"):  # the public classes
         return "open"
-    if top in ("store", "promql", "archive", "server", "collect", "cli", "open", "sim"):
+    if top in ("store", "promql", "archive", "server", "collect", "cli", "open", "sim", "rules"):
         return top
     return "app"  # report, demo, demo_archive, prometheus_config
 
