@@ -228,7 +228,18 @@ class Reading(SampleSource, Store, Protocol):
         stale_markers: bool = False,
     ) -> Any: ...
 
-    def series(self, selector: str | None = None, output: str = "pandas") -> Any: ...
+    def series(
+        self,
+        selector: str | None = None,
+        output: str = "pandas",
+        *,
+        start_ms: int | None = None,
+        end_ms: int | None = None,
+    ) -> Any:
+        """The series table; ``start_ms``/``end_ms`` narrow it to the series with samples
+        then, where the store keeps first/last-seen times (capability ``series_times``;
+        others list every series)."""
+        ...
 
     def stats(self, now: int | None = None) -> dict[str, Any]: ...
 

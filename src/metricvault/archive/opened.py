@@ -267,12 +267,20 @@ class SnapshotVault:
         return range(first // self._group_rows, (first + n - 1) // self._group_rows + 1)
 
     # ------------------------------------------------------------------ introspection
-    def series(self, selector: str | None = None, output: str = "pandas") -> Any:
+    def series(
+        self,
+        selector: str | None = None,
+        output: str = "pandas",
+        *,
+        start_ms: int | None = None,
+        end_ms: int | None = None,
+    ) -> Any:
         """The snapshot's series, optionally filtered: the vault's shape (series_id, metric,
-        kind, one column per label), so code reading a vault reads a snapshot alike."""
+        kind, one column per label), so code reading a vault reads a snapshot alike. A
+        snapshot keeps no first/last-seen times: ``start_ms``/``end_ms`` narrow nothing."""
         from metricvault.store.introspect import series_frame
 
-        return series_frame(self, selector, output)
+        return series_frame(self, selector, output, start_ms, end_ms)
 
     def sql(self, statement: str, output: str = "pandas") -> Any:
         """DuckDB SQL over the vault's views, so a query written against the vault runs here

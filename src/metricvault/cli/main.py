@@ -389,7 +389,8 @@ def serve(
     `POST /v1/metrics` (OpenTelemetry OTLP/HTTP). Reads: the Prometheus query API
     (`/api/v1/query`, `/api/v1/query_range`, `/api/v1/series`, `/api/v1/labels`,
     `/api/v1/label/<name>/values`, `/api/v1/metadata`, `/api/v1/query_exemplars`,
-    `/api/v1/status/buildinfo`) and `POST /api/v1/read` (remote_read). Experiments:
+    `/api/v1/status/buildinfo`; any other `/api/v1/<rest>` answers Prometheus's JSON
+    `not_found` error) and `POST /api/v1/read` (remote_read). Experiments:
     `/api/v1/experiments` and `/api/v1/experiments/<id>`. Health: `GET /-/healthy`,
     `GET /-/ready`, `GET /metrics` (the gateway's own metrics).
     A 204 means the samples are durable. SIGTERM drains requests and flushes. Point Prometheus

@@ -33,7 +33,7 @@ from urllib.parse import parse_qsl
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from metricvault.credentials import Principal
 from metricvault.durations import parse_duration_ms
@@ -44,7 +44,7 @@ from metricvault.promql import Engine, EngineOptions, QueryResult
 from metricvault.promql import parse as parse_module
 from metricvault.promql.limits import check_resolution, timed_out, too_many_series
 from metricvault.promql.source import TenantSource
-from metricvault.protocols import Reading
+from metricvault.protocols import Reading, has
 from metricvault.selector import Matcher, Selector, parse_selector
 from metricvault.server.api import ServerAPI
 from metricvault.server.prometheus_json import answer_body
@@ -213,7 +213,8 @@ class PrometheusQueryAPI(ServerAPI):
     summary = (
         "the Prometheus query API: `/api/v1/query`, `/api/v1/query_range`, `/api/v1/series`, "
         "`/api/v1/labels`, `/api/v1/label/<name>/values`, `/api/v1/metadata`, "
-        "`/api/v1/query_exemplars`, `/api/v1/status/buildinfo`"
+        "`/api/v1/query_exemplars`, `/api/v1/status/buildinfo`; any other `/api/v1/<rest>` "
+        "answers a Prometheus-shaped JSON not_found error"
     )
 
     def routes(self, gateway: Gateway) -> list[Route]:
@@ -248,6 +249,7 @@ class PrometheusAPI:
             Route("/api/v1/metadata", self.metadata, methods=["GET"]),
             Route("/api/v1/query_exemplars", self.exemplars, methods=both),
             Route("/api/v1/status/buildinfo", self.buildinfo, methods=["GET"]),
+            UnknownPathRoute("/api/v1/{rest:path}", self.unknown, methods=ANY_METHOD),
         ]
 
     # ------------------------------------------------------------------ plumbing
@@ -381,15 +383,25 @@ class PrometheusAPI:
         return await self.answer(request, "/api/v1/query_range", work)
 
     def matching_series(
-        self, selectors: list[list[Matcher]], who: Principal, with_kind: bool = False
+        self,
+        selectors: list[list[Matcher]],
+        who: Principal,
+        with_kind: bool = False,
+        span: tuple[int | None, int | None] = (None, None),
     ) -> list[dict[str, str]]:
         """Label sets (``__name__`` included) of the series any selector matches, sorted;
-        ``with_kind`` adds the metric kind under the key ``" kind"`` (not a label name)."""
+        ``with_kind`` adds the metric kind under the key ``" kind"`` (not a label name).
+        ``span`` (start, end ms) keeps the series with samples then (to the day)."""
         tenant = self.tenant_matchers(who)
         found: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+        start, end = span
+        if start is not None and end is not None and end < start:
+            return []  # no series has samples in an empty range (Prometheus lists none)
+        store = self.store()
+        times = {"start_ms": start, "end_ms": end} if has(store, "series_times") else {}
         for matchers in selectors or [[]]:
             text = str(Selector((*tenant, *matchers))) if (matchers or tenant) else None
-            table = self.store().series(text, output="arrow")
+            table = store.series(text, output="arrow", **times)
             names = [c for c in table.column_names if c != "series_id"]
             for row in table.select(names).to_pylist():
                 kind = row.pop("kind")
@@ -407,28 +419,36 @@ class PrometheusAPI:
         if selectors and len(found) > self.max_series:
             raise too_many_series(self.max_series)
 
+    def range_note(self, params: dict[str, list[str]]) -> list[str]:
+        """Where the store keeps no first/last-seen times, say that start/end were not applied."""
+        if has(self.store(), "series_times"):
+            return []
+        if _one(params, "start") or _one(params, "end"):
+            return ["start/end are not applied: every matching series the store holds is listed"]
+        return []
+
     async def series(self, request: Request) -> Response:
         async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
             if not params.get("match[]"):
                 raise PromQLError("no match[] parameter provided", "bad_data")
             selectors = parse_matchers(params["match[]"])
-            _check_range(params)
+            span = _check_range(params)
             limit = parse_limit(params)
-            found = await run_in_threadpool(self.matching_series, selectors, who)
+            found = await run_in_threadpool(self.matching_series, selectors, who, False, span)
             self.check_expansion(found, selectors)
-            return _truncate(found, limit, _range_note(params))
+            return _truncate(found, limit, self.range_note(params))
 
         return await self.answer(request, "/api/v1/series", work)
 
     async def labels(self, request: Request) -> Response:
         async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
             selectors = parse_matchers(params.get("match[]", []), wrapped=False)
-            _check_range(params)
+            span = _check_range(params)
             limit = parse_limit(params)
-            found = await run_in_threadpool(self.matching_series, selectors, who)
+            found = await run_in_threadpool(self.matching_series, selectors, who, False, span)
             self.check_expansion(found, selectors)
             names = sorted({name for labels in found for name in labels})
-            return _truncate(names, limit, _range_note(params))
+            return _truncate(names, limit, self.range_note(params))
 
         return await self.answer(request, "/api/v1/labels", work)
 
@@ -439,12 +459,12 @@ class PrometheusAPI:
             if not is_label_name(name):
                 raise PromQLError(f'invalid label name: "{name}"', "bad_data")
             selectors = parse_matchers(params.get("match[]", []), wrapped=False)
-            _check_range(params)
+            span = _check_range(params)
             limit = parse_limit(params)
-            found = await run_in_threadpool(self.matching_series, selectors, who)
+            found = await run_in_threadpool(self.matching_series, selectors, who, False, span)
             self.check_expansion(found, selectors)
             values = sorted({s[name] for s in found if name in s})
-            return _truncate(values, limit, _range_note(params))
+            return _truncate(values, limit, self.range_note(params))
 
         return await self.answer(request, "/api/v1/label/{name}/values", work)
 
@@ -486,15 +506,51 @@ class PrometheusAPI:
 
         return await self.answer(request, "/api/v1/status/buildinfo", work)
 
+    async def unknown(self, request: Request) -> Response:
+        """A path under /api/v1/ that no API serves: Prometheus's JSON error shape (clients
+        such as Grafana parse every /api/v1 answer as JSON), after auth like any route."""
+
+        async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
+            if request.method != "POST":  # POST bodies were read (and limited) by params()
+                await self.gateway.body(request)
+            raise _Worded(
+                f"unknown API endpoint {request.method} {request.url.path}: the query API "
+                f"serves {', '.join(sorted(SERVED_PATHS))} (docs/promql.md)",
+                kind="not_found",
+            )
+
+        return await self.answer(request, "/api/v1/*", work)
+
+
+ANY_METHOD = ["GET", "POST", "PUT", "DELETE", "PATCH"]
+SERVED_PATHS = ("/api/v1/query", "/api/v1/query_range", "/api/v1/series", "/api/v1/labels",
+                "/api/v1/label/<name>/values", "/api/v1/metadata", "/api/v1/query_exemplars",
+                "/api/v1/status/buildinfo")  # fmt: skip
+
+
+class UnknownPathRoute(Route):
+    """A catch-all that matches only as a last resort: its path match is reported PARTIAL,
+    and Starlette's router serves a partial match only when no route matched fully, so the
+    APIs mounted after this one (remote_read's /api/v1/read, rules) keep their paths."""
+
+    def matches(self, scope: Any) -> tuple[Match, Any]:
+        match, child = super().matches(scope)
+        return (Match.PARTIAL if match == Match.FULL else match), child
+
 
 def _one(params: dict[str, list[str]], name: str) -> str | None:
     values = params.get(name)
     return values[-1] if values else None
 
 
-def _check_range(params: dict[str, list[str]]) -> None:
-    parse_time_param(_one(params, "start"), 0, "start")
-    parse_time_param(_one(params, "end"), 0, "end")
+def _check_range(params: dict[str, list[str]]) -> tuple[int | None, int | None]:
+    """The metadata endpoints' ``start``/``end`` in ms (None where absent: all time)."""
+    start = parse_time_param(_one(params, "start"), MIN_TIME_MS, "start")
+    end = parse_time_param(_one(params, "end"), MAX_TIME_MS, "end")
+    return (
+        None if start <= MIN_TIME_MS else start,
+        None if end >= MAX_TIME_MS else end,
+    )
 
 
 def _truncate(items: list[Any], limit: int, warnings: list[str]) -> tuple[list[Any], list[str]]:
@@ -502,12 +558,6 @@ def _truncate(items: list[Any], limit: int, warnings: list[str]) -> tuple[list[A
     if limit and len(items) > limit:
         return items[:limit], [*warnings, TRUNCATED]
     return items, warnings
-
-
-def _range_note(params: dict[str, list[str]]) -> list[str]:
-    if _one(params, "start") or _one(params, "end"):
-        return ["start/end are not applied: every matching series the vault holds is listed"]
-    return []
 
 
 def _error(

@@ -21,12 +21,25 @@ if TYPE_CHECKING:
     from metricvault.store.vault import Vault
 
 
-def series_frame(vault: Any, selector: str | None, output: str) -> Any:
-    """The series table of anything holding a SeriesIndex (a vault, an opened snapshot)."""
-    infos = vault.index.all()
+def series_frame(
+    vault: Any,
+    selector: str | None,
+    output: str,
+    start_ms: int | None = None,
+    end_ms: int | None = None,
+) -> Any:
+    """The series table of anything holding a SeriesIndex (a vault, an opened snapshot),
+    narrowed to a selector and to the series seen on a day overlapping ``[start_ms, end_ms]``."""
+    index = vault.index
     if selector:
         sel = parse_selectors(selector)
-        infos = [i for i in infos if sel.matches(i.metric, i.labels)]
+        infos = [index.get(sid) for sid in index.match(sel)]
+    else:
+        infos = index.all()
+    if start_ms is not None or end_ms is not None:
+        lo = -(2**63) if start_ms is None else start_ms
+        hi = 2**63 - 1 if end_ms is None else end_ms
+        infos = [i for i in infos if index.seen_between(i.series_id, lo, hi)]
     infos.sort(key=lambda i: (i.metric, i.labels_json))
     names = sorted({k for i in infos for k in i.labels})
     cols: dict[str, pa.Array] = {

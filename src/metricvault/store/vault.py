@@ -53,7 +53,7 @@ from metricvault.store.layout import Location, open_location
 from metricvault.store.normalize import normalize
 from metricvault.store.reader import FileCache, Reader, read_error
 from metricvault.store.reading import SeriesArrays, check_horizon, run_query, select_series
-from metricvault.store.series_index import SeriesIndex
+from metricvault.store.series_index import SeriesIndex, series_spans
 
 if TYPE_CHECKING:
     from metricvault.store.experiments import Experiments
@@ -100,7 +100,9 @@ class Vault:
         self._pending_samples = self.buffer.depth()[0]
 
     # ------------------------------------------------------------------ opening
-    capabilities = frozenset({"read", "write", "maintain", "experiments", "sql", "serve", "export"})
+    capabilities = frozenset(
+        {"read", "write", "maintain", "experiments", "sql", "serve", "export", "series_times"}
+    )
     backend_name = "embedded vault"
 
     @classmethod
@@ -431,15 +433,21 @@ class Vault:
             part = samples.filter(pa.array(day_no == day))
             change.add.append(self.write_data_file(part, "raw", int(day), file_id))
             file_id += 1
-        if pending.series.num_rows:
+        # new series, and known ones whose first/last-seen day moved (series_index.py)
+        ids, first, last = series_spans(samples["series_id"].to_numpy(), samples["ts"].to_numpy())
+        save = self.index.spans_to_save(ids, first, last)
+        if pending.series.num_rows or save.any():
+            rows = self.index.flush_rows(ids[save], first[save], last[save], pending.series)
             path = self.location.new_series_path(file_id, self.catalog.owner())
-            data = fmt.write_plain_parquet(pending.series)
+            data = fmt.write_plain_parquet(rows)
             self.location.write_file(path, data)
-            change.add_series.append(SeriesFile(path, pending.series.num_rows, len(data)))
+            change.add_series.append(SeriesFile(path, rows.num_rows, len(data)))
             file_id += 1
+            save |= np.isin(ids, rows["series_id"].to_numpy())
         change.file_ids_used = file_id - snap.next_file_id
         change.dirty_add = self._dirty_hours_to_roll_up(samples["ts"].to_numpy(), snap)
         self.catalog.commit(change)
+        self.index.observe(ids, first, last, save)
 
     def _dirty_hours_to_roll_up(self, ts: np.ndarray, snap: Snapshot) -> set[int]:
         """Hours to re-roll for these samples, except those whose raw data (or counter
@@ -665,12 +673,24 @@ class Vault:
             self._load_kinds(snap)
         return q.QueryContext(snap, self.reader, self.index, self._lookback)
 
-    def series(self, selector: str | None = None, output: str = "pandas") -> Any:
-        """The series table (id, metric, labels as columns, kind), optionally filtered."""
+    def series(
+        self,
+        selector: str | None = None,
+        output: str = "pandas",
+        *,
+        start_ms: int | None = None,
+        end_ms: int | None = None,
+    ) -> Any:
+        """The series table (id, metric, labels as columns, kind), optionally filtered by a
+        selector and to the series with samples on a UTC day overlapping ``[start_ms,
+        end_ms]`` (the series index's first/last-seen times, to the day; series from files
+        older than those times count as always present)."""
         from metricvault.store.introspect import series_frame
 
+        if start_ms is not None or end_ms is not None:
+            self.flush_for_read()  # buffered series get their times
         self._context()  # picks up series other writers registered
-        return series_frame(self, selector, output)
+        return series_frame(self, selector, output, start_ms, end_ms)
 
     def sql(self, statement: str, output: str = "pandas") -> Any:
         """Run DuckDB SQL over views ``raw``, ``rollup_1m``, ``rollup_1h``, ``series`` and

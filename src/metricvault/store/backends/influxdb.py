@@ -372,12 +372,20 @@ class InfluxVault:
         raw_ms = self.policies.raw_ms
         return 0 if raw_ms is None else now_ms() - raw_ms
 
-    def series(self, selector: str | None = None, output: str = "pandas") -> Any:
-        """The series table (id, metric, kind, labels as columns), optionally filtered."""
+    def series(
+        self,
+        selector: str | None = None,
+        output: str = "pandas",
+        *,
+        start_ms: int | None = None,
+        end_ms: int | None = None,
+    ) -> Any:
+        """The series table (id, metric, kind, labels as columns), optionally filtered.
+        InfluxDB's series keys carry no times here: ``start_ms``/``end_ms`` narrow nothing."""
         from metricvault.store.introspect import series_frame
 
         self.refresh(parse_selectors(selector) if selector else None)
-        return series_frame(cast(Any, self), selector, output)
+        return series_frame(cast(Any, self), selector, output, start_ms, end_ms)
 
     def sql(self, statement: str, output: str = "pandas") -> Any:
         raise UnsupportedError(SQL_UNSUPPORTED)
