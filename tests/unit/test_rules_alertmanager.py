@@ -299,3 +299,16 @@ def test_more_than_one_credential_is_refused(tmp_path: Path) -> None:
 def test_duplicate_alertmanager_urls_count_once() -> None:
     urls = ["http://am:9093", "http://am:9093/", "http://am2:9093"]
     assert [t.url for t in targets_from_urls(urls)] == ["http://am:9093", "http://am2:9093"]
+
+
+def test_the_evaluators_outgoing_alerts_convert_from_milliseconds() -> None:
+    from metricvault.rules.group import OutgoingAlert
+
+    outgoing = OutgoingAlert(
+        {"alertname": "X"}, {"s": "1"}, 1_700_000_000_500, 1_700_000_240_000, "u"
+    )
+    assert Alert.from_outgoing(outgoing).payload() == {
+        **outgoing.to_alertmanager(),
+        "startsAt": "2023-11-14T22:13:20.500Z",
+        "endsAt": "2023-11-14T22:17:20.000Z",
+    }

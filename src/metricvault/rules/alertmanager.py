@@ -86,6 +86,17 @@ class Alert:
     ends_at: float
     generator_url: str = ""
 
+    @classmethod
+    def from_outgoing(cls, alert: OutgoingMs) -> Alert:
+        """The evaluator's ``rules.group.OutgoingAlert`` (times in ms) as sent here."""
+        return cls(
+            dict(alert.labels),
+            dict(alert.annotations),
+            alert.starts_at / 1000.0,
+            alert.ends_at / 1000.0,
+            alert.generator_url,
+        )
+
     @property
     def key(self) -> LabelKey:
         return label_key(self.labels)
@@ -103,6 +114,25 @@ class Alert:
         if self.generator_url:
             body["generatorURL"] = self.generator_url
         return body
+
+
+class OutgoingMs(Protocol):
+    """An alert due for sending with its times in epoch ms (``rules.group.OutgoingAlert``)."""
+
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+    @property
+    def annotations(self) -> Mapping[str, str]: ...
+
+    @property
+    def starts_at(self) -> int: ...
+
+    @property
+    def ends_at(self) -> int: ...
+
+    @property
+    def generator_url(self) -> str: ...
 
 
 class RuleAlert(Protocol):
