@@ -21,6 +21,7 @@ from :class:`RetryLater`, whose ``retry_after_s`` the gateway sends as ``Retry-A
     ├── UnsupportedError (415)       an encoding or content type we do not speak
     ├── ConfigError (400)            a settings file or override that is invalid
     ├── PromQLError (400/422)        a PromQL query that is bad (400) or fails on the data (422)
+    │   └── ResolutionError (400)    a range query over 11,000 points per series
     ├── MissingDependencyError (500) an optional extra (e.g. polars) is not installed
     ├── NvmlUnavailable (500)        NVML cannot start: no driver or library (a RuntimeError)
     ├── SeriesCollisionError (500)   two label sets hashed to one series id (never silently merged)
@@ -127,6 +128,29 @@ class PromQLError(MetricVaultError):
         super().__init__(message)
         self.kind = kind  # also "timeout" (503) and "internal" (500) from the HTTP API
         self.status = {"bad_data": 400, "timeout": 503, "internal": 500}.get(kind, 422)
+
+
+class ResolutionError(PromQLError):
+    """A range query with more than 11,000 points per series. The message is Prometheus's
+    (HTTP API clients match on it); callers with other words for the step (the CLI's
+    ``--step``) build theirs from ``range_ms`` and ``step_ms``."""
+
+    PROMETHEUS_MESSAGE = (
+        "exceeded maximum resolution of 11,000 points per timeseries. "
+        "Try decreasing the query resolution (?step=XX)"
+    )
+
+    def __init__(
+        self, message: str = PROMETHEUS_MESSAGE, *, range_ms: int = 0, step_ms: int = 1
+    ) -> None:
+        super().__init__(message, kind="bad_data")
+        self.range_ms = range_ms
+        self.step_ms = step_ms
+
+    @property
+    def smallest_step_s(self) -> int:
+        """The smallest whole-second step the range allows."""
+        return -(-self.range_ms // (11_000 * 1000))
 
 
 class MissingDependencyError(MetricVaultError):

@@ -49,7 +49,7 @@ from metricvault.durations import (
     parse_duration_ms,
     parse_time_ms,
 )
-from metricvault.errors import ApproximateAnswer, MetricVaultError
+from metricvault.errors import ApproximateAnswer, MetricVaultError, PromQLError, ResolutionError
 from metricvault.redact import redact, setting_for_display
 from metricvault.redact import remember as remember_secrets
 
@@ -161,7 +161,10 @@ def promql(
         with warnings.catch_warnings(record=True) as notes:
             warnings.simplefilter("always", ApproximateAnswer)
             # the vault's query limits hold here as on serve: a refusal is a clean error
-            table = promql_frame(vault, expr, start, end, step, "arrow", settings=settings)
+            try:
+                table = promql_frame(vault, expr, start, end, step, "arrow", settings=settings)
+            except ResolutionError as exc:
+                raise _resolution_in_cli_words(exc, step) from exc
         empty = table.num_rows == 0 and _promql_empty_note(vault, start, end)
     for note in notes:
         print(f"warning: {note.message}", file=sys.stderr)
@@ -170,6 +173,17 @@ def promql(
         if kind == "table" and output is None:
             return  # say so instead of drawing an empty table
     emit(to_arrow(table), kind, output, title=expr)
+
+
+def _resolution_in_cli_words(exc: ResolutionError, step: str | None) -> PromQLError:
+    """The engine's refusal in the CLI's words (``--step``, not the HTTP API's ``?step=``)."""
+    points = exc.range_ms // exc.step_ms
+    return PromQLError(
+        f"--step {step} gives {points:,} points per series over the range, more than the "
+        f"limit of 11,000 (Prometheus's): give --step {exc.smallest_step_s}s or more, or a "
+        "shorter range (--start/--end)",
+        kind="bad_data",
+    )
 
 
 def _promql_empty_note(vault: Any, start: str, end: str | None) -> str:

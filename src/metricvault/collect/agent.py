@@ -38,6 +38,11 @@ log = logging.getLogger("metricvault.agent")
 # label set whichever way they reach the vault.
 AGENT_JOB = "metricvault-agent"
 DEFAULT_PORT = 9400
+NVML_FIX = (
+    "Fix: on a GPU host, install the NVIDIA driver (it provides libnvidia-ml.so.1) and "
+    "nvidia-ml-py; else run with --gpu auto (host metrics only when NVML is missing) or "
+    '--simulate-gpus N (N simulated GPUs, labelled simulated="true")'
+)
 
 
 @dataclass
@@ -112,7 +117,7 @@ def gpu_sources(opts: AgentOptions, light: bool = False) -> tuple[list[Source], 
         return [NvmlSource(hostname=opts.hostname, hostname_label=opts.hostname_label)], "nvml"
     except NvmlUnavailable as exc:
         if opts.gpu == "nvml":
-            raise
+            raise NvmlUnavailable(f"--gpu nvml: {exc.message}. {NVML_FIX}") from exc
         log.warning("no GPU metrics: %s; running host-only (--simulate-gpus N to simulate)", exc)
         return [], "none"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from metricvault.errors import PromQLError
+from metricvault.errors import PromQLError, ResolutionError
 
 # Prometheus's API refuses (end - start) / step > 11000 (web/api/v1/api.go; Go Durations, so
 # the integer division of nanoseconds): 11,000 intervals, 11,001 points, is still accepted.
@@ -52,11 +52,7 @@ def too_many_series(limit: int) -> PromQLError:
 def check_resolution(start_ms: int, end_ms: int, step_ms: int) -> None:
     """Prometheus's guard on a range query's number of points per series (``step_ms > 0``)."""
     if (end_ms - start_ms) // step_ms > MAX_POINTS_PER_SERIES:
-        raise PromQLError(
-            "exceeded maximum resolution of 11,000 points per timeseries. "
-            "Try decreasing the query resolution (?step=XX)",
-            kind="bad_data",
-        )
+        raise ResolutionError(range_ms=end_ms - start_ms, step_ms=step_ms)
 
 
 class Limits:
