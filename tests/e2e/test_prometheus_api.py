@@ -11,6 +11,7 @@ the compliance tester compares them (values within 1e-5), and the metadata endpo
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -245,3 +246,131 @@ def test_remote_read_refuses_a_body_that_is_not_a_read_request(served: Any) -> N
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(request, timeout=10)
     assert info.value.code == 400 and b"snappy" in info.value.read()
+
+
+# ------------------------------------------------------------------ start/end of the metadata
+DAY_MS = 86_400_000
+HOST_DAYS = {  # host -> (first day, last day) before today, its extra label
+    "old": (-12, -10, {"rack": "r1"}),
+    "new": (-5, -3, {"zone": "z1"}),
+    "always": (-12, -3, {}),
+}
+
+
+def _host_samples() -> list[tuple[str, dict[str, str], int, float]]:
+    """Every 30 minutes on each whole UTC day of a host's span: day-aligned data, so block
+    bounds (Prometheus) and days (the series index) draw the same line."""
+    today = int(time.time() * 1000) // DAY_MS * DAY_MS
+    out = []
+    for host, (first, last, extra) in HOST_DAYS.items():
+        start, stop = today + first * DAY_MS, today + (last + 1) * DAY_MS
+        for ts in range(start, stop, 30 * 60_000):
+            out.append(("node_up", {"host": host, **extra}, ts, 1.0))
+    return out
+
+
+def _openmetrics(samples: list[tuple[str, dict[str, str], int, float]]) -> str:
+    lines = ["# TYPE node_up gauge"]
+    for metric, labels, ts, value in samples:
+        body = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        lines.append(f"{metric}{{{body}}} {value} {ts / 1000:.3f}")
+    return "\n".join([*lines, "# EOF", ""])
+
+
+@pytest.fixture(scope="module")
+def hosts_in_both(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The same day-aligned samples in a backfilled Debian Prometheus (2 h blocks, never
+    compacted) and in a vault flushed a day at a time, served by ``metricvault serve``."""
+    import shutil
+    import subprocess
+
+    from metricvault.store.vault import Vault
+
+    from .conftest import GATEWAY_DEFAULT_SETTINGS, free_port, stop_process, wait_http_ok
+
+    binary, promtool = shutil.which("prometheus"), shutil.which("promtool")
+    if binary is None or promtool is None:
+        pytest.skip("prometheus/promtool are missing: apt-get install -y prometheus")
+    directory = tmp_path_factory.mktemp("hosts")
+    samples = _host_samples()
+    (directory / "hosts.om").write_text(_openmetrics(samples))
+    subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", "hosts.om", "data"],
+        cwd=directory, check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    (directory / "prometheus.yml").write_text("{}")
+    port = free_port()
+    log_path = directory / "prometheus.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [binary, "--config.file=prometheus.yml", "--storage.tsdb.path=data",
+             "--storage.tsdb.retention.time=3650d", "--storage.tsdb.max-block-duration=2h",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=directory,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    gw = None
+    try:
+        wait_http_ok(f"{url}/-/ready", proc, log_path, "prometheus (backfilled)")
+        with Vault.open_local(str(directory / "vault")) as vault:
+            for day in sorted({ts // DAY_MS for _, _, ts, _ in samples}):
+                vault.write([s for s in samples if s[2] // DAY_MS == day])
+                vault.flush()
+        gw = GatewayProcess(
+            data_dir=directory / "vault",
+            port=free_port(),
+            log_path=directory / "gateway.log",
+            settings=GATEWAY_DEFAULT_SETTINGS,
+        )
+        gw.start()
+        yield url, gw.url
+    finally:
+        if gw is not None:
+            gw.stop_gracefully()
+        stop_process(proc, timeout=20)
+
+
+def _day_range(first: int, last: int) -> list[tuple[str, str]]:
+    """From 03:00 on day ``first`` to 21:00 on day ``last`` (days before today)."""
+    today = int(time.time()) // 86_400 * 86_400
+    start, end = today + first * 86_400 + 3 * 3600, today + last * 86_400 + 21 * 3600
+    return [("start", str(start)), ("end", f"{end}.5")]
+
+
+@pytest.mark.parametrize(
+    "span",
+    [(-12, -12), (-11, -6), (-9, -6), (-7, -5), (-3, -1), (-2, 0), (-30, -20), (-12, -3)],
+)
+def test_metadata_endpoints_list_what_prometheus_lists_between_start_and_end(
+    hosts_in_both: tuple[str, str], span: tuple[int, int]
+) -> None:
+    theirs_url, ours_url = hosts_in_both
+    when = _day_range(*span)
+    for path, params in (
+        ("/api/v1/series", [("match[]", "node_up"), *when]),
+        ("/api/v1/labels", when),
+        ("/api/v1/labels", [("match[]", "node_up"), *when]),
+        ("/api/v1/label/host/values", when),
+        ("/api/v1/label/rack/values", [("match[]", '{host=~".+"}'), *when]),
+    ):
+        status, theirs = get_json(theirs_url, path, params)
+        assert status == 200, theirs
+        status, ours = get_json(ours_url, path, params)
+        assert status == 200 and "warnings" not in ours, ours
+        key = json.dumps
+        assert sorted(map(key, ours["data"])) == sorted(map(key, theirs["data"])), (path, span)
+
+
+def test_unknown_api_paths_answer_json_404s_as_json_clients_expect(
+    hosts_in_both: tuple[str, str],
+) -> None:
+    _, ours_url = hosts_in_both
+    for method, path in (("GET", "/api/v1/targets/metadata/x"), ("POST", "/api/v1/nothing")):
+        data = b"" if method == "POST" else None
+        request = urllib.request.Request(f"{ours_url}{path}", data=data, method=method)
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(request, timeout=10)
+        assert info.value.code == 404
+        assert info.value.headers["Content-Type"].startswith("application/json")
+        body = json.loads(info.value.read())
+        assert body["status"] == "error" and body["errorType"] == "not_found", body
