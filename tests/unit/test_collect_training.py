@@ -133,28 +133,49 @@ def test_mfu_tokens_per_second_and_cumulative_tokens(vault: Vault, clocks: Clock
         ID, **clocks.kw, data=vault, flops_per_token=6 * 7e9, gpu="H100-SXM", gpus=8, git=False
     ) as run:
         clocks[0] += 2.0
-        run.log(0, loss=3.0, tokens=48_000)  # 24,000 tokens/s over 8 GPUs
+        run.log(0, loss=3.0, tokens=48_000)  # the first call: nothing to measure from
         clocks[0] += 1.0
         run.log(1, loss=2.9)  # no tokens: the rate's reference time stays at the last tokens=
         clocks[0] += 1.0
-        run.log(2, loss=2.8, tokens=96_000)  # 96,000 tokens in the 2 s since step 0
+        run.log(2, loss=2.8, tokens=48_000)  # 48,000 tokens in the 2 s since step 0
         clocks[0] += 0.5
         run.log(3, tokens=6_000)
     got = _series(vault)
-    assert got["train_tokens_total"] == [48_000, 144_000, 150_000]
-    assert got["tokens_per_second"] == [24_000, 48_000, 12_000]
+    assert got["train_tokens_total"] == [48_000, 96_000, 102_000]
+    assert got["tokens_per_second"] == [24_000, 12_000]
     # PaLM appendix B: 24,000 tokens/s x 42 GFLOP/token / (8 x 989.4 TFLOP/s) = 0.127350...
-    assert got["mfu"] == pytest.approx([0.12734990903, 0.25469981807, 0.06367495452], rel=1e-10)
+    assert got["mfu"] == pytest.approx([0.12734990903, 0.06367495452], rel=1e-10)
     assert got["mfu"][0] == 24_000 * 42e9 / (8 * 989.4e12)
     assert got["train_step"] == [0, 1, 2, 3]
     assert got["train_loss"] == [3.0, 2.9, 2.8]
 
 
-def test_first_tokens_rate_is_measured_from_the_start(vault: Vault, clocks: Clocks) -> None:
-    with track(ID, **clocks.kw, data=vault, git=False) as run:
-        clocks[0] += 4.0
-        run.log(0, tokens=1000)
-    assert _series(vault)["tokens_per_second"] == [250.0]
+@pytest.mark.parametrize(
+    ("calls", "rates"),
+    [
+        # a first step logged at once after a long start-up (loading, compiling): no rate,
+        # not 1,000 tokens over the start-up; the next one is measured from it
+        ([(60.0, 1000), (0.5, 1000), (0.5, 1000)], [2000.0, 2000.0]),
+        ([(60.0, 1000)], []),  # one call only: no rate at all
+        # a first tokens= after a log call without tokens: measured from that call
+        ([(60.0, None), (2.0, 1000), (1.0, 500)], [500.0, 500.0]),
+    ],
+)
+def test_throughput_is_measured_from_the_previous_log_call_never_from_track(
+    vault: Vault, clocks: Clocks, calls: list[tuple[float, int | None]], rates: list[float]
+) -> None:
+    with track(
+        ID, **clocks.kw, data=vault, flops_per_token=1e9, peak_flops=1e12, gpus=1, git=False
+    ) as run:
+        for step, (wait, tokens) in enumerate(calls):
+            clocks[0] += wait
+            if tokens is None:
+                run.log(step, loss=1.0)
+            else:
+                run.log(step, tokens=tokens)
+    got = _series(vault)
+    assert got.get("tokens_per_second", []) == rates
+    assert got.get("mfu", []) == [r * 1e9 / 1e12 for r in rates]  # no MFU sample without one
 
 
 def test_explicit_mfu_and_peak_override(vault: Vault, clocks: Clocks) -> None:
@@ -163,10 +184,11 @@ def test_explicit_mfu_and_peak_override(vault: Vault, clocks: Clocks) -> None:
         with track(
             ID, **clocks.kw, data=vault, flops_per_token=1e9, gpu="A10G", peak_flops=1e12
         ) as run:
+            run.log(0, tokens=100)  # the first: no rate
             clocks[0] += 1.0
-            run.log(0, tokens=100)  # 100 tokens/s x 1e9 / 1e12
+            run.log(1, tokens=100)  # 100 tokens/s x 1e9 / 1e12
             clocks[0] += 1.0
-            run.log(1, tokens=100, mfu=0.5)  # given explicitly: wins
+            run.log(2, tokens=100, mfu=0.5)  # given explicitly: wins
     assert not _messages(caught, "mfu will not be recorded")
     assert _series(vault)["mfu"] == [0.1, 0.5]
     assert run.experiment.params["peak_flops"] == 1e12
@@ -185,7 +207,7 @@ def test_unknown_gpu_warns_once_and_writes_no_mfu(
     assert len(_messages(caught, "mfu will not be recorded")) == 1
     got = _series(vault)
     assert "mfu" not in got
-    assert got["tokens_per_second"] == [1000.0] * 5
+    assert got["tokens_per_second"] == [1000.0] * 4  # the first call has none
     assert not run.mfu_enabled
 
 
@@ -241,8 +263,7 @@ def test_series_names_labels_values_and_kinds(vault: Vault, clocks: Clocks) -> N
         "train_loss": [2.5],
         "learning_rate": [0.5],
         "grad_norm": [1.25],
-        "train_tokens_total": [10.0],
-        "tokens_per_second": [10.0],
+        "train_tokens_total": [10.0],  # a first call: no tokens_per_second
         "train_accuracy": [0.75],
         "eval_loss": [3.0],
         "train_perplexity": [12.0],
@@ -552,13 +573,15 @@ def test_forwarded_logs_reach_the_vault(vault: Vault, clocks: Clocks) -> None:
         clocks[0] += 1.0
         forward_hf_logs(run, 3, {"loss": 2.0, "learning_rate": 0.1, "num_input_tokens_seen": 64})
         forward_lightning_metrics(run, {"train/acc": 0.5, "lr-SGD": 0.2, "epoch": 0.0}, 4)
+        clocks[0] += 2.0
+        forward_hf_logs(run, 5, {"loss": 1.5, "num_input_tokens_seen": 192}, tokens_seen=64)
     got = _series(vault)
-    assert got["train_loss"] == [2.0]
+    assert got["train_loss"] == [2.0, 1.5]
     assert got["learning_rate"] == [0.1, 0.2]
     assert got["train_acc"] == [0.5]
     assert got["train_epoch"] == [0.0]
-    assert got["tokens_per_second"] == [64.0]
-    assert got["train_step"] == [3.0, 4.0]
+    assert got["tokens_per_second"] == [64.0]  # 128 tokens in the 2 s since the first tokens=
+    assert got["train_step"] == [3.0, 4.0, 5.0]
 
 
 def test_json_params_and_metric_keys() -> None:

@@ -16,8 +16,9 @@ the labels ``experiment="<id>"`` and ``host="<hostname>"``:
     lr= / learning_rate=  learning_rate
     grad_norm=            grad_norm
     tokens=               train_tokens_total     cumulative in this process (a counter)
-                          tokens_per_second      tokens ÷ seconds since the previous ``tokens=``
-                                                 (the run's start, for the first)
+                          tokens_per_second      tokens ÷ seconds since the previous log call
+                                                 that gave ``tokens=`` (for the first one, the
+                                                 previous log call); none for a first call
                           mfu                    tokens_per_second * flops_per_token /
                                                  (gpus * peak FLOP/s), a fraction; only when
                                                  both are known
@@ -225,7 +226,10 @@ class Run:
         self._closed = False
         self._warned: set[str] = set()
         self._tokens_total = 0.0
-        self._tokens_mono = clock()
+        # when the previous log call with tokens= / of any kind happened: throughput is
+        # measured from there, never from track() (start-up before the first step is no step)
+        self._tokens_mono: float | None = None
+        self._log_mono: float | None = None
         self._last_ts = 0
         self._last_queued_ts = 0
         self._thread = threading.Thread(
@@ -262,6 +266,7 @@ class Run:
         if tokens is not None:
             for metric, number in self._throughput(eager_number("tokens", tokens), mono).items():
                 series.setdefault(metric, number)  # an explicit mfu= / tokens_per_second= wins
+        self._log_mono = mono
         self._check_mfu(series.get(MFU))
         if renamed and "names" not in self._warned:
             self._say_names(renamed)
@@ -299,7 +304,11 @@ class Run:
             raise ValueError(f"run.log: tokens must be a finite count >= 0, got {tokens}")
         self._tokens_total += tokens
         derived = {TOKENS_TOTAL: self._tokens_total}
-        elapsed, self._tokens_mono = mono - self._tokens_mono, mono
+        since = self._tokens_mono if self._tokens_mono is not None else self._log_mono
+        self._tokens_mono = mono
+        # A first call has nothing to measure from: no rate rather than tokens over the time
+        # since track() (model loading, compilation), which inflated the first MFU ~100x.
+        elapsed = mono - since if since is not None else 0.0
         if elapsed > 0:
             tokens_per_second = derived[TOKENS_PER_SECOND] = tokens / elapsed
             if self.flops_per_token and self.peak_flops_total:  # PaLM appendix B
