@@ -18,10 +18,10 @@ it reports the median of ``--runs`` warm runs (after one unmeasured run) of:
 - Prometheus, VictoriaMetrics and metricvault ``GET /api/v1/query_range`` (one keep-alive
   connection each, the body read, not parsed); VictoriaMetrics both as a dashboard gets it
   (its rollup-result cache on) and with ``nocache=1``;
-- the engine in this process (``Engine(VaultSource(vault))``, what the HTTP API runs, without
-  HTTP/JSON), and the same engine over the old long-shape read (``vault.query``), before/after;
-- the raw reads of the selector over the range: ``vault.select_series`` (what ``VaultSource``
-  reads) and ``vault.query(..., output="arrow")`` (the long shape);
+- the engine in this process (``Engine(vault)``, what the HTTP API runs, without HTTP/JSON),
+  and the same engine over the old long-shape read (``vault.query``), before/after;
+- the raw reads of the selector over the range: ``vault.select_series`` (what the vault's
+  ``select`` reads) and ``vault.query(..., output="arrow")`` (the long shape);
 
 with the number of series answered, whether metricvault's and VictoriaMetrics's answers agree
 with Prometheus's (same label sets and timestamps, values within a relative 1e-5, NaN equals
@@ -44,6 +44,7 @@ for _path in (REPO_ROOT, REPO_ROOT / "src"):
 
 import argparse
 import http.client
+import itertools
 import json
 import math
 import os
@@ -54,7 +55,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -69,7 +70,8 @@ import pyarrow.compute as pc
 from bench.ingest import SAMPLE_RECORD_BYTES, _label_bytes, _sample_records, _varint
 from bench.peers import VM_INSTALL_HINT, VictoriaMetrics, find_victoria_metrics
 from bench.peers import victoria_metrics_version as vm_version
-from metricvault.promql import Engine, MemorySource, VaultSource
+from metricvault.promql import Engine, MemorySource, SeriesSamples
+from metricvault.selector import Matcher, Selector
 from metricvault.sim import ClusterSpec, generate
 from metricvault.store.vault import Vault
 
@@ -500,18 +502,51 @@ def fmt(ms: float | None) -> str:
     return f"{ms:.1f} ms" if ms < 100 else f"{ms:,.0f} ms"
 
 
-class LongShapeOnly:
-    """The vault as a store without ``select_series`` (everything else, the rollup reads
-    included, passed through): VaultSource then reads raw samples as the long shape through
-    ``query``, the path before the typed read, for the before/after column."""
+class LongShapeSource:
+    """The vault's read seam with its raw reads through the long shape (``vault.query``: a row
+    per sample with its label columns, split back into series), the rollup reads passed
+    through: the path before the typed read, for the before/after column."""
 
     def __init__(self, vault: Vault) -> None:
         self._vault = vault
 
     def __getattr__(self, name: str) -> Any:
-        if name == "select_series":
-            raise AttributeError(name)
-        return getattr(self._vault, name)
+        return getattr(self._vault, name)  # select_buckets, horizons, samples_per_row, ...
+
+    def select(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: Any = None
+    ) -> list[SeriesSamples]:
+        selector = str(Selector(tuple(matchers)))
+        long = self._vault.query(selector, start_ms, end_ms + 1, output="arrow", stale_markers=True)
+        return split_long(long)
+
+    def select_kept(
+        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int
+    ) -> list[SeriesSamples]:
+        return self.select(matchers, start_ms, end_ms)
+
+
+def split_long(table: pa.Table) -> list[SeriesSamples]:
+    """A long-shape table (rows by series, then time) back into one series per run of equal
+    metric and labels."""
+    rows = table.num_rows
+    if rows == 0:
+        return []
+    names = [c for c in table.column_names if c not in ("timestamp", "value")]
+    cells = {c: table[c].to_numpy(zero_copy_only=False) for c in names}
+    change = np.zeros(rows, dtype=bool)
+    change[0] = True
+    for column in cells.values():
+        change[1:] |= column[1:] != column[:-1]
+    starts = [*np.flatnonzero(change).tolist(), rows]
+    ts = table["timestamp"].cast(pa.int64()).to_numpy()
+    values = np.asarray(table["value"].to_numpy(), dtype=np.float64)
+    out = []
+    for lo, hi in itertools.pairwise(starts):
+        labels = {("__name__" if c == "metric" else c): cells[c][lo] for c in names}
+        labels = {k: v for k, v in labels.items() if v}
+        out.append(SeriesSamples(labels, ts[lo:hi], values[lo:hi]))
+    return out
 
 
 # --------------------------------------------------------------------------- the run
@@ -624,8 +659,8 @@ def run_queries(
     mv_url: str,
     data_end: int,
 ) -> None:
-    engine = Engine(VaultSource(vault))
-    engine_long = Engine(VaultSource(LongShapeOnly(vault)))
+    engine = Engine(vault)
+    engine_long = Engine(LongShapeSource(vault))
     mv = Http(mv_url)
     prom = Http(prom_url) if prom_url else None
     vm = Http(vm_url) if vm_url else None

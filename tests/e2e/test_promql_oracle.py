@@ -2,8 +2,8 @@
 expression below must give the same answer from both.
 
 Samples go into Prometheus through its remote-write receiver (the project's own remote-write
-encoder), into a :class:`MemorySource`, and into a real vault read through
-:class:`VaultSource`. Each expression runs as instant queries at several times (on sample
+encoder), into a :class:`MemorySource`, and into a real vault the engine reads through its read seam
+(``Engine(vault)``). Each expression runs as instant queries at several times (on sample
 timestamps, between them, past the end of the data and past the lookback) and as range
 queries, through Prometheus's ``/api/v1/query`` and ``/api/v1/query_range`` and through the
 engine. Answers are compared as the upstream PromQL compliance tester compares them: same
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from metricvault.promql import STALE_NAN, Engine, MemorySource, PromQLError, VaultSource
+from metricvault.promql import STALE_NAN, Engine, MemorySource, PromQLError
 from metricvault.promql.values import QueryResult
 from metricvault.wire.remote_write import encode_write_request
 
@@ -519,7 +519,7 @@ def oracle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Oracle]:
         )
         vault.maintain()  # rolls every hour up: aligned windows are answered from rollups
         assert vault.catalog_version().rollup_watermark_ms() is None
-        yield Oracle(url, t0, Engine(memory), Engine(VaultSource(vault)))
+        yield Oracle(url, t0, Engine(memory), Engine(vault))
         vault.close()
     finally:
         stop_process(proc, timeout=20)
@@ -651,7 +651,7 @@ def test_engine_over_memory_agrees_with_prometheus(oracle: Oracle) -> None:
 
 def test_engine_over_vault_agrees_with_prometheus(oracle: Oracle) -> None:
     compared, disagreements = _run(oracle, oracle.vault, NOT_IN_VAULT)
-    print(f"{compared} queries compared through VaultSource, {len(disagreements)} disagree")
+    print(f"{compared} queries compared through the vault, {len(disagreements)} disagree")
     for line in disagreements:
         print(line)
     assert compared >= 400

@@ -10,10 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from metricvault.promql import Engine, MemorySource, SeriesSamples, VaultSource
+from metricvault.promql import Engine, MemorySource, SeriesSamples
 from metricvault.promql.source import STALE_NAN, TenantSource, is_stale
 from metricvault.protocols import SelectHints
 from metricvault.selector import Matcher
+from metricvault.store.vault import Vault
 
 T0 = 1_700_000_000_000
 
@@ -28,9 +29,7 @@ def _series() -> list[tuple[str, dict[str, str], list[int], list[float]]]:
 
 
 @pytest.fixture
-def sources(tmp_path: Path) -> Iterator[tuple[MemorySource, VaultSource]]:
-    from metricvault.store.vault import Vault
-
+def sources(tmp_path: Path) -> Iterator[tuple[MemorySource, Vault]]:
     memory = MemorySource()
     vault = Vault.open_local(str(tmp_path / "vault"))
     rows = []
@@ -39,12 +38,12 @@ def sources(tmp_path: Path) -> Iterator[tuple[MemorySource, VaultSource]]:
         rows += [(metric, labels, t, v) for t, v in zip(ts, values, strict=True)]
     vault.write(rows)
     vault.flush()
-    yield memory, VaultSource(vault)
+    yield memory, vault
     vault.close()
 
 
 def test_vault_source_selects_what_memory_source_holds(
-    sources: tuple[MemorySource, VaultSource],
+    sources: tuple[MemorySource, Vault],
 ) -> None:
     memory, vault = sources
     matchers = [Matcher("__name__", "=", "req_total"), Matcher("instance", "=~", "a|b")]
@@ -68,7 +67,7 @@ def test_vault_source_selects_what_memory_source_holds(
     ],
 )
 def test_the_engine_answers_the_same_through_both_sources(
-    sources: tuple[MemorySource, VaultSource], expr: str
+    sources: tuple[MemorySource, Vault], expr: str
 ) -> None:
     memory, vault = sources
     args = (T0 + 120_000, T0 + 600_000, 30_000)

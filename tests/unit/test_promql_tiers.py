@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from metricvault.promql import Engine, EngineOptions, MemorySource, VaultSource
+from metricvault.promql import Engine, EngineOptions, MemorySource
 from metricvault.promql.values import QueryResult
 from metricvault.protocols import BucketSelection, Horizons, SeriesBuckets
 
@@ -55,7 +55,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engine, 
     vault.write(rows)
     vault.maintain(now_ms=T0 + SPAN + 2 * HOUR)  # rolls up every hour
     assert vault.catalog_version().rollup_watermark_ms() is None
-    yield Engine(VaultSource(vault)), Engine(memory), vault
+    yield Engine(vault), Engine(memory), vault
     vault.close()
 
 
@@ -125,7 +125,7 @@ def test_what_rollups_cannot_answer_exactly_reads_raw_samples(engines, expr) -> 
 
 def test_rollups_can_be_turned_off(engines) -> None:
     _, _, vault = engines
-    engine = Engine(VaultSource(vault), EngineOptions(use_rollups=False))
+    engine = Engine(vault, EngineOptions(use_rollups=False))
     got = engine.evaluate("rate(energy_total[1h])", T0 + 2 * HOUR, T0 + SPAN, HOUR)
     assert got.served_by == set()
 
@@ -136,7 +136,7 @@ def test_prometheus_3_windows_read_raw_samples(engines) -> None:
     for metric, labels, ts, values in _workload():
         memory.add({"__name__": metric, **labels}, ts.tolist(), values.tolist())
     options = EngineOptions(left_open_windows=True)
-    got = Engine(VaultSource(vault), options).evaluate(
+    got = Engine(vault, options).evaluate(
         "max_over_time(gpu_util[1h])", T0 + 2 * HOUR, T0 + SPAN, HOUR
     )
     _agree(
@@ -160,7 +160,7 @@ def test_a_nan_sample_in_the_window_makes_the_engine_read_raw(tmp_path: Path) ->
     memory = MemorySource()
     memory.add({"__name__": "nan_gauge"}, ts.tolist(), values.tolist())
     for expr in ("avg_over_time(nan_gauge[1h])", "count_over_time(nan_gauge[1m])"):
-        got = Engine(VaultSource(vault)).evaluate(expr, T0 + HOUR, T0 + 2 * HOUR, MIN)
+        got = Engine(vault).evaluate(expr, T0 + HOUR, T0 + 2 * HOUR, MIN)
         _agree(got, Engine(memory).evaluate(expr, T0 + HOUR, T0 + 2 * HOUR, MIN))
         assert got.served_by == set()
     # A bucket holding only a NaN sample is no row to aggregate queries.
@@ -183,7 +183,7 @@ def test_before_the_raw_horizon_rollups_answer_and_say_so(tmp_path: Path) -> Non
     vault.maintain(now_ms=now)
     horizon = vault.catalog_version().raw_horizon_ms
     assert horizon and horizon > T0 + day  # the first day's raw samples are gone
-    engine = Engine(VaultSource(vault))
+    engine = Engine(vault)
     start, end = T0 + 2 * HOUR, T0 + 20 * HOUR
     # Whole hours: the 1h rows answer what the raw samples would have.
     got = engine.evaluate("rate(energy_total[1h])", start, end, HOUR)
@@ -245,7 +245,7 @@ def test_a_tier_no_coarser_than_the_scrape_interval_is_not_read(tmp_path: Path) 
     vault.write([("slow_total", {}, int(t), float(i)) for i, t in enumerate(ts)])
     vault.maintain(now_ms=T0 + 8 * HOUR)
     assert vault.samples_per_row("1m", T0, T0 + 6 * HOUR) == pytest.approx(1.0)
-    engine = Engine(VaultSource(vault))
+    engine = Engine(vault)
     assert (
         engine.evaluate("rate(slow_total[5m])", T0 + HOUR, T0 + 5 * HOUR, 5 * MIN).served_by
         == set()
@@ -274,7 +274,7 @@ def past_horizon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Eng
     vault.maintain(now_ms=T0 + 3 * day)
     horizon = vault.catalog_version().raw_horizon_ms
     assert horizon == T0 + 2 * day
-    yield Engine(VaultSource(vault)), Engine(memory), horizon
+    yield Engine(vault), Engine(memory), horizon
     vault.close()
 
 

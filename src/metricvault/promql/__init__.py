@@ -19,7 +19,6 @@ from metricvault.promql.source import (
     MemorySource,
     SampleSource,
     SeriesSamples,
-    VaultSource,
 )
 from metricvault.promql.values import QueryResult
 
@@ -33,7 +32,6 @@ __all__ = [
     "QueryResult",
     "SampleSource",
     "SeriesSamples",
-    "VaultSource",
     "check_resolution",
     "timed_out",
     "too_many_samples",

@@ -56,24 +56,20 @@ def promql_frame(
 
 
 def long_table(result: QueryResult) -> pa.Table:
+    """The result in the vault's long shape (:func:`metricvault.tables.long_table`): the
+    series in the engine's order, ``metric`` from ``__name__``."""
+    from metricvault.tables import long_table as build
+
     if result.result_type == "string":
         raise PromQLError("a string result has no samples to tabulate", kind="bad_data")
-    names = sorted({k for labels, _, _ in result.series for k in labels} - {"__name__"})
     ts_parts, value_parts, index = [], [], []
     for i, (_, ts, values) in enumerate(result.series):
         ts_parts.append(np.asarray(ts, dtype=np.int64))
         value_parts.append(np.asarray(values, dtype=np.float64))
         index.append(np.full(len(ts), i, dtype=np.int64))
     rows = np.concatenate(index) if index else np.zeros(0, dtype=np.int64)
-    columns: dict[str, pa.Array] = {
-        "timestamp": pa.array(
-            np.concatenate(ts_parts) if ts_parts else np.zeros(0, np.int64), pa.int64()
-        ).cast(pa.timestamp("ms", tz="UTC")),
-    }
-    for name in ["__name__", *names]:
-        per_series = pa.array([labels.get(name) for labels, _, _ in result.series], pa.string())
-        columns["metric" if name == "__name__" else name] = per_series.take(pa.array(rows))
-    columns["value"] = pa.array(
-        np.concatenate(value_parts) if value_parts else np.zeros(0), pa.float64()
-    )
-    return pa.table(columns)
+    timestamps = np.concatenate(ts_parts) if ts_parts else np.zeros(0, np.int64)
+    metrics = [labels.get("__name__") for labels, _, _ in result.series]
+    labels = [{k: v for k, v in one.items() if k != "__name__"} for one, _, _ in result.series]
+    value = pa.array(np.concatenate(value_parts) if value_parts else np.zeros(0), pa.float64())
+    return build(timestamps, rows, metrics, labels, {"value": value})

@@ -36,7 +36,6 @@ __all__ = [
     "SampleSource",
     "SeriesSamples",
     "TenantSource",
-    "VaultSource",
     "hints_for",
     "is_stale",
 ]
@@ -108,39 +107,6 @@ class MemorySource:
 
     def samples_per_row(self, tier: str, start_ms: int, end_ms: int) -> float | None:
         return None
-
-
-class VaultSource:
-    """A typed pass-through to a store's read seam (the store implements it; kept so
-    ``Engine(VaultSource(vault))`` reads as it always did)."""
-
-    def __init__(self, vault: SampleSource) -> None:
-        self.vault = vault
-
-    def select(
-        self,
-        matchers: Sequence[Matcher],
-        start_ms: int,
-        end_ms: int,
-        hints: SelectHints | None = None,
-    ) -> list[SeriesSamples]:
-        return self.vault.select(matchers, start_ms, end_ms, hints)
-
-    def select_buckets(
-        self, matchers: Sequence[Matcher], hints: SelectHints
-    ) -> BucketSelection | None:
-        return self.vault.select_buckets(matchers, hints)
-
-    def select_kept(
-        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int
-    ) -> list[SeriesSamples]:
-        return self.vault.select_kept(matchers, start_ms, end_ms)
-
-    def horizons(self) -> Horizons:
-        return self.vault.horizons()
-
-    def samples_per_row(self, tier: str, start_ms: int, end_ms: int) -> float | None:
-        return self.vault.samples_per_row(tier, start_ms, end_ms)
 
 
 class TenantSource:

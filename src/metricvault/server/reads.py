@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, cast
 
 from metricvault.credentials import Principal
 from metricvault.errors import PromQLError
-from metricvault.promql import VaultSource
 from metricvault.promql.source import TenantSource
 from metricvault.protocols import Reading, has
 from metricvault.selector import Matcher
@@ -36,6 +35,4 @@ def tenant_source(
     gateway: Gateway, who: Principal, raw_horizon_ms: int | None = None
 ) -> TenantSource:
     """What ``who`` may read, as the engine reads it (tenant matchers first in every select)."""
-    return TenantSource(
-        VaultSource(readable(gateway)), tenant_matchers(gateway, who), raw_horizon_ms
-    )
+    return TenantSource(readable(gateway), tenant_matchers(gateway, who), raw_horizon_ms)

@@ -31,7 +31,7 @@ from metricvault.store import rollup
 from metricvault.store.catalog import Snapshot
 from metricvault.store.reader import Reader
 from metricvault.store.series_index import SeriesIndex
-from metricvault.tables import convert
+from metricvault.tables import convert, long_table
 
 ROLLUP_TIERS: tuple[tuple[str, int], ...] = tuple(TIER_RESOLUTION_MS.items())  # model.py owns them
 
@@ -356,23 +356,10 @@ def shape(index: SeriesLookup, table: pa.Table, value_columns: dict[str, Any], o
     infos = [index.get(int(s)) for s in uniq]
     rank_of = np.argsort(np.argsort([i.metric + "\x00" + i.labels_json for i in infos]))
     order = np.lexsort((ts, rank_of[pos])) if len(sid) else np.empty(0, np.int64)
-    codes = pos[order]
-    label_names = sorted({k for i in infos for k in i.labels})
-    cols: dict[str, pa.Array] = {
-        "timestamp": pa.array(ts[order], pa.timestamp("ms", tz="UTC")),
-        "metric": _per_row(codes, [i.metric for i in infos]),
-    }
-    for name in label_names:
-        cols[name] = _per_row(codes, [i.labels.get(name) for i in infos])
     take = pa.array(order)
-    for name, values in value_columns.items():
-        cols[name] = _as_array(values).take(take)
-    return convert(pa.table(cols), output)
-
-
-def _per_row(series_pos: np.ndarray, per_series: list[str | None]) -> pa.Array:
-    """Each row's value from its series (absent label -> null)."""
-    return pa.array(per_series, pa.string()).take(pa.array(series_pos, pa.int64()))
+    values = {name: _as_array(v).take(take) for name, v in value_columns.items()}
+    metrics, labels = [i.metric for i in infos], [i.labels for i in infos]
+    return convert(long_table(ts[order], pos[order], metrics, labels, values), output)
 
 
 def _as_array(values: Any) -> pa.Array:
