@@ -90,19 +90,9 @@ class InfluxReader:
     # ------------------------------------------------------------------ SampleReader
     def raw_samples(self, series_ids: list[int], start: int, end: int) -> pa.Table:
         """``series_id, ts, value`` with ``start <= ts < end``, sorted by series and time."""
-        source = ident(self.raw_rp)
-
-        def statement(metric: str, tags: str) -> str:
-            return (
-                f'SELECT "value" FROM {source}.{ident(metric)} WHERE '
-                f"{_time_range(start, end)}{tags} GROUP BY *"
-            )
-
-        tables = [
-            self._fetch(metric, ids, partial(statement, metric), _samples)
-            for metric, ids in self._by_metric(series_ids).items()
-        ]
-        return _sorted(tables, SAMPLE_SCHEMA)
+        return self._select(
+            self.raw_rp, ident("value"), start, end, series_ids, _samples, SAMPLE_SCHEMA
+        )
 
     def partials(self, series_ids: list[int], start: int, end: int, step: int) -> pa.Table:
         if not series_ids:
@@ -165,20 +155,36 @@ class InfluxReader:
 
     def _rollup_rows(self, series_ids: list[int], seg: Segment) -> pa.Table:
         """Stored 1-minute rows as ``rollup.ROLLUP_SCHEMA``."""
-        source = ident(self.longterm_rp)
         fields = ", ".join(ident(f) for f in ROW_FIELDS)
+        return self._select(
+            self.longterm_rp, fields, seg.start, seg.end, series_ids, _rows, rollup.ROLLUP_SCHEMA
+        )
+
+    def _select(
+        self,
+        policy: str,
+        fields: str,
+        start: int,
+        end: int,
+        series_ids: list[int],
+        convert: Callable[[int, np.ndarray], pa.Table],
+        schema: pa.Schema,
+    ) -> pa.Table:
+        """``fields`` of the series in ``start <= time < end`` from retention policy
+        ``policy``, one statement per measurement, as one table sorted by series and time."""
+        source = ident(policy)
 
         def statement(metric: str, tags: str) -> str:
             return (
                 f"SELECT {fields} FROM {source}.{ident(metric)} "
-                f"WHERE {_time_range(seg.start, seg.end)}{tags} GROUP BY *"
+                f"WHERE {_time_range(start, end)}{tags} GROUP BY *"
             )
 
         tables = [
-            self._fetch(metric, ids, partial(statement, metric), _rows)
+            self._fetch(metric, ids, partial(statement, metric), convert)
             for metric, ids in self._by_metric(series_ids).items()
         ]
-        return _sorted(tables, rollup.ROLLUP_SCHEMA)
+        return _sorted(tables, schema)
 
     # ------------------------------------------------------------------ planning
     def _complete_until(self, series_ids: list[int]) -> int:
