@@ -18,24 +18,39 @@ from rich.table import Table
 
 from metricvault.archive.compare import compare, display_table
 from metricvault.demo_archive import archive_first_job
-from metricvault.durations import DAY_MS, now_ms
+from metricvault.durations import ms_to_datetime, now_ms
 from metricvault.progressbar import console_progress
 from metricvault.sim import ClusterSpec, generate, total_samples
 from metricvault.sim.workload import hostname
 from metricvault.store.vault import Vault
 
 
+def demo_spec(nodes: int, days: float, seed: int, end_ms: int | None = None) -> ClusterSpec:
+    """The demo's cluster: ``days`` of data ending now (or at ``end_ms``), so dashboards'
+    default ranges ("last 6 hours") and the docs' checks find data; with the seed and an
+    explicit end the samples are the same on every run."""
+    end = now_ms() if end_ms is None else end_ms
+    return ClusterSpec.ending_at(end, days, nodes=nodes, gpus_per_node=8, seed=seed)
+
+
 def run_demo(
-    data: str, nodes: int, days: float, seed: int, report: Path, fresh: bool, console: Console
+    data: str,
+    nodes: int,
+    days: float,
+    seed: int,
+    report: Path,
+    fresh: bool,
+    console: Console,
+    end_ms: int | None = None,
 ) -> None:
     path = Path(data)
     if fresh and path.exists():
         _remove_vault(path)
-    start = (now_ms() - int(days * DAY_MS)) // DAY_MS * DAY_MS
-    spec = ClusterSpec(nodes=nodes, gpus_per_node=8, days=days, seed=seed, start_ms=start)
+    spec = demo_spec(nodes, days, seed, end_ms)
+    window = f"{_utc(spec.start_ms)} to {_utc(spec.end_ms)} UTC"
     console.print(
-        f"[bold]metricvault demo[/]: simulating {nodes} nodes x 8 GPUs x {days:g} days at 5 s "
-        f'(seed {seed}; every series is labelled simulated="true") into {path}'
+        f"[bold]metricvault demo[/]: simulating {nodes} nodes x 8 GPUs x {days:g} days at 5 s, "
+        f'{window} (seed {seed}; every series is labelled simulated="true") into {path}'
     )
     began = time.monotonic()
     with Vault.open_local(str(path)) as vault:
@@ -68,6 +83,10 @@ def run_demo(
 
 
 DEMO_MARKER = "demo-vault.txt"
+
+
+def _utc(ms: int) -> str:
+    return f"{ms_to_datetime(ms):%Y-%m-%d %H:%M}"
 
 
 def _remove_vault(path: Path) -> None:

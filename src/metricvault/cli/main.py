@@ -366,16 +366,25 @@ def demo(
     seed: Annotated[int, typer.Option(help="Simulator seed.")] = 0,
     report: Annotated[Path, typer.Option(help="HTML report to write.")] = Path("demo-report.html"),
     fresh: Annotated[bool, typer.Option(help="Delete the demo vault first.")] = True,
+    end: Annotated[
+        str,
+        typer.Option(
+            help="Where the data ends: now, ISO time or epoch ms (with --seed, the same data "
+            "every run)."
+        ),
+    ] = "now",
 ) -> None:
     """Backfill a vault with a simulated GPU cluster, maintain it, and report.
 
-    Simulates NODES x 8 GPUs for DAYS at 5 s running two training jobs (all series are labelled
-    `simulated="true"`), runs maintenance, prints bytes/sample per tier and a side-by-side
-    table of the jobs, and writes an HTML report with plots.
+    Simulates NODES x 8 GPUs for the DAYS up to --end (now) at 5 s running two training jobs
+    (all series are labelled `simulated="true"`), runs maintenance, prints bytes/sample per
+    tier and a side-by-side table of the jobs, and writes an HTML report with plots.
     """
     from metricvault.demo import run_demo
+    from metricvault.durations import parse_time_ms
 
-    run_demo(data or "./metricvault-data", nodes, days, seed, report, fresh, console)
+    end_ms = parse_time_ms(end)
+    run_demo(data or "./metricvault-data", nodes, days, seed, report, fresh, console, end_ms)
 
 
 @app.command()

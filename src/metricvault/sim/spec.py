@@ -6,8 +6,10 @@ gaps, the node restart, job phases) and `metricvault.sim.workload` into samples.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from metricvault.durations import MAX_TS_MS, MIN_TS_MS
 from metricvault.errors import ConfigError
@@ -43,6 +45,21 @@ class ClusterSpec:
     start_ms: int = 1_767_225_600_000  # 2026-01-01T00:00:00Z
     jobs: tuple[JobSpec, ...] | None = None  # None -> default_jobs(nodes, days)
     model_name: str = "NVIDIA H100 80GB HBM3"
+
+    @classmethod
+    def ending_at(cls, end_ms: int, days: float, **fields: Any) -> ClusterSpec:
+        """The spec of ``days`` of data whose last scrape interval ends at ``end_ms`` (moved
+        down to a whole interval): the demo's data reaches "now", and a test that gives the
+        end and the seed gets the same samples every time."""
+        spec = cls(days=days, **fields)
+        interval_ms = spec.interval_s * 1000
+        end = end_ms // interval_ms * interval_ms
+        return dataclasses.replace(spec, start_ms=end - int(days * 86_400_000))
+
+    @property
+    def end_ms(self) -> int:
+        """Where the data ends (exclusive): ``start_ms`` plus ``days``."""
+        return self.start_ms + int(self.days * 86_400_000)
 
     def resolved_jobs(self) -> tuple[JobSpec, ...]:
         return default_jobs(self.nodes, self.days) if self.jobs is None else self.jobs
