@@ -180,6 +180,25 @@ def test_both_simulators_label_one_hosts_gpus_alike(seed: int, gpus: int) -> Non
     assert light_gpu_uuid(seed, 3, 1) == gpu_uuid(seed, 3, 1)
 
 
+def test_the_node_dashboards_metrics_come_from_the_edge_profile_or_it_says_why_not() -> None:
+    """Every DCGM metric the node dashboard plots is exported by the edge agent's simulated
+    GPUs, or its panel says which sources have it."""
+    import json
+    import re
+
+    sim = LightSimulatedGpuSource(gpus=2, hostname="h", clock=lambda: 5e3)
+    exported = {f.name for f in sim.collect()}
+    for name in ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"):
+        family = next(f for f in sim.collect() if f.name == name)
+        assert all(0.0 <= s.value <= 1.0 for s in family.samples), name
+    board = json.loads((SRC.parent / "deploy/grafana/dashboards/gpu-node.json").read_text())
+    for panel in board["panels"]:
+        for target in panel.get("targets", []):
+            for metric in re.findall(r"DCGM_FI_[A-Z_]+", target.get("expr", "")):
+                if metric not in exported:
+                    assert metric in panel.get("description", ""), (panel["title"], metric)
+
+
 # ---------------------------------------------------------------- light families
 class Families:
     def __init__(self, module: object) -> None:

@@ -329,3 +329,118 @@ def test_network_policies_let_the_agents_and_prometheus_in() -> None:
     assert one("NetworkPolicy", "metricvault-agent")["spec"]["ingress"][0]["ports"] == [
         {"port": 9400, "protocol": "TCP"}
     ]
+
+
+# --------------------------------------------------------------------------- the Dockerfile
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKER_INSTRUCTIONS = {
+    "FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME",
+    "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL", "MAINTAINER",
+}  # fmt: skip
+
+
+def dockerfile_instructions(text: str) -> list[tuple[int, str, str]]:
+    """(line, INSTRUCTION, arguments) of a Dockerfile: comments and blank lines dropped, a
+    trailing backslash continues the instruction on the next line (Docker's own rules for
+    the default escape character)."""
+    out: list[tuple[int, str, str]] = []
+    pending, start = "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue  # a comment inside a continued instruction is dropped
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        word, _, args = (pending + line).partition(" ")
+        pending = ""
+        out.append((start, word.upper(), " ".join(args.split())))
+    assert not pending, "the Dockerfile ends inside a continued instruction"
+    return out
+
+
+def stages(instructions: list[tuple[int, str, str]]) -> list[list[tuple[int, str, str]]]:
+    found: list[list[tuple[int, str, str]]] = []
+    for item in instructions:
+        if item[1] == "FROM":
+            found.append([])
+        if found:
+            found[-1].append(item)
+    return found
+
+
+def copy_sources(args: str) -> tuple[dict[str, str], list[str]]:
+    """A COPY's --flags and its sources (every word but the last, the destination)."""
+    words = args.split()
+    flags = dict(w[2:].partition("=")[::2] for w in words if w.startswith("--"))
+    paths = [w for w in words if not w.startswith("--")]
+    assert len(paths) >= 2, f"COPY {args}: needs a source and a destination"
+    return flags, paths[:-1]
+
+
+def test_the_dockerfile_parses_into_known_instructions_of_several_stages() -> None:
+    instructions = dockerfile_instructions(DOCKERFILE.read_text())
+    unknown = [(n, word) for n, word, _ in instructions if word not in DOCKER_INSTRUCTIONS]
+    assert not unknown
+    assert instructions[0][1] in ("ARG", "FROM")
+    built = stages(instructions)
+    assert len(built) >= 2, "multi-stage: build tools stay out of the image"
+    names = [stage[0][2].split()[-1] for stage in built if " AS " in stage[0][2].upper()]
+    assert len(names) == len(built) and len(set(names)) == len(names)
+
+
+def test_every_path_the_dockerfile_copies_exists() -> None:
+    instructions = dockerfile_instructions(DOCKERFILE.read_text())
+    earlier: list[str] = []
+    for stage in stages(instructions):
+        for line, word, args in stage:
+            if word == "ADD":
+                pytest.fail(f"Dockerfile:{line}: use COPY (ADD also fetches URLs and unpacks)")
+            if word != "COPY":
+                continue
+            flags, sources = copy_sources(args)
+            if "from" in flags:
+                assert flags["from"] in earlier, f"Dockerfile:{line}: no earlier stage"
+                continue
+            for source in sources:
+                assert (ROOT / source).exists(), f"Dockerfile:{line}: {source} is missing"
+                assert not source.startswith(("/", "..")), "outside the build context"
+        earlier.append(stage[0][2].split()[-1])
+
+
+def test_the_image_runs_as_the_manifests_user_and_serves_both_commands() -> None:
+    final = stages(dockerfile_instructions(DOCKERFILE.read_text()))[-1]
+    users = [args for _, word, args in final if word == "USER"]
+    assert users and users[-1].split(":")[0] not in ("0", "root"), "the image must not be root"
+    gateway = one("StatefulSet", "metricvault-gateway")["spec"]["template"]["spec"]
+    assert (
+        users[-1]
+        == f"{gateway['securityContext']['runAsUser']}:{gateway['securityContext']['runAsGroup']}"
+    )
+    entry = [json_args for _, word, json_args in final if word == "ENTRYPOINT"]
+    assert entry and yaml.safe_load(entry[-1]) == ["metricvault"]
+    installs = " ".join(args for _, word, args in final if word == "RUN")
+    assert "metricvault[kubernetes]" in installs  # the agent's pod-resources client
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    for pod in pod_specs():
+        for container in pod["containers"]:
+            assert container["image"] == f"metricvault:{version}"
+            assert container["command"] == ["metricvault"]
+
+
+def test_the_dockerfile_reader_follows_continuations_and_comments() -> None:
+    text = "# c\nARG X=1\n\nFROM a AS b\nRUN one \\\n    # dropped\n    two\ncopy --from=b /w /w\n"
+    assert dockerfile_instructions(text) == [
+        (2, "ARG", "X=1"),
+        (4, "FROM", "a AS b"),
+        (5, "RUN", "one two"),
+        (8, "COPY", "--from=b /w /w"),
+    ]
+    assert copy_sources("--from=b --chown=1:1 /w /x /dst") == (
+        {"from": "b", "chown": "1:1"},
+        ["/w", "/x"],
+    )

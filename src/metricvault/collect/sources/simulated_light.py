@@ -5,7 +5,9 @@ more than half the edge agent's budget). This source is a plain-Python stand-in 
 dcgm-exporter names, types and labels (`FamilyBuilder`, `gpu_labels`), every series labelled
 ``simulated="true"``: a training job's utilisation (~97 %, a checkpoint dip to ~6 % for one
 minute every 20 minutes), power following utilisation, temperatures following power, an
-energy counter that integrates the power, and the zeros of a healthy GPU's error counters.
+energy counter that integrates the power, DCGM's profiling ratios (SM, tensor pipe and DRAM
+active, which the node dashboard plots) following utilisation, and the zeros of a healthy
+GPU's error counters.
 The values depend only on the seed, the GPU and the clock second, so two agents with the same
 seed agree. It is a smoke-test and demo source, not a model: use ``SimulatedGpuSource`` (the
 full agent's ``--simulate-gpus``) for realistic data.
@@ -93,6 +95,11 @@ class LightSimulatedGpuSource:
             out.add("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", labels, self._energy_mj(g, now))
             out.add("DCGM_FI_DEV_SM_CLOCK", labels, 1980.0 if util else 345.0)
             out.add("DCGM_FI_DEV_MEM_CLOCK", labels, MEM_CLOCK_MHZ)
+            # DCGM's profiling ratios (0..1), as the node dashboard plots them: training keeps
+            # most SMs busy, the tensor pipe at ~MFU, device memory at the copy utilisation.
+            out.add("DCGM_FI_PROF_SM_ACTIVE", labels, round(util * 0.0092, 4))
+            out.add("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", labels, round(util * 0.0045, 4))
+            out.add("DCGM_FI_PROF_DRAM_ACTIVE", labels, round(util * 0.0038, 4))
             for name in HEALTHY_ZEROS:
                 out.add(name, labels, 0.0)
         return out.families()
