@@ -212,6 +212,42 @@ class Settings:
         "(Prometheus's --query.lookback-delta).",
     )
 
+    rules_files: tuple[str, ...] = _setting(
+        (),
+        "Prometheus rule files (paths or globs, comma-separated in the environment) that "
+        "metricvault serve evaluates (`serve --rules`); reloaded on SIGHUP and POST /-/reload.",
+    )
+    rules_evaluation_interval: str = _setting(
+        "1m",
+        "How often a rule group without its own `interval` is evaluated (Prometheus's global "
+        "evaluation_interval).",
+    )
+    rules_for_outage_tolerance: str = _setting(
+        "1h",
+        "How long the evaluator may have been down for an alert's `for` state to be restored "
+        "from ALERTS_FOR_STATE (Prometheus's --rules.alert.for-outage-tolerance).",
+    )
+    rules_for_grace_period: str = _setting(
+        "10m",
+        "After a restart, a restored alert fires no sooner than this; rules with a shorter "
+        "`for` are not restored (Prometheus's --rules.alert.for-grace-period).",
+    )
+    rules_resend_delay: str = _setting(
+        "1m",
+        "How often a firing alert is sent again to the Alertmanager "
+        "(Prometheus's --rules.alert.resend-delay).",
+    )
+    rules_external_url: str = _setting(
+        "",
+        "The URL alerts link back to (generatorURL, the templates' externalURL; Prometheus's "
+        "--web.external-url).",
+    )
+    rules_tenant: str = _setting(
+        "",
+        "Evaluate the rules over this tenant's series only (its tenant_label on everything "
+        "they write); empty: over the whole vault.",
+    )
+
     archive_dir: str = _setting(
         "artifacts/metrics",
         "Where `metricvault archive export` writes snapshots (keep it inside your git repository).",
@@ -237,8 +273,17 @@ class Settings:
             "decode_time_budget",
             "query_timeout",
             "lookback_delta",
+            "rules_evaluation_interval",
+            "rules_for_outage_tolerance",
+            "rules_for_grace_period",
+            "rules_resend_delay",
         ):
             _check(name, parse_duration_ms, getattr(self, name))
+        if parse_duration_ms(self.rules_evaluation_interval) < 1:
+            raise ConfigError(
+                f"setting rules_evaluation_interval={self.rules_evaluation_interval!r} must be "
+                "longer than 0 (how often rule groups are evaluated)"
+            )
         for name in (
             "max_body_bytes",
             "gateway_workers",
@@ -345,6 +390,10 @@ def _coerce(name: str, value: Any) -> Any:
         except TypeError as exc:
             raise ConfigError(f"{name}: {exc}") from exc
     kind = type(getattr(Settings(), name)) if name in setting_names() else str
+    if kind is tuple:  # a list of strings (rules_files): TOML list, or comma-separated text
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return tuple(str(v) for v in value)
     if kind is bool and isinstance(value, str):
         if value.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
             raise ConfigError(f"setting {name} must be true or false, got {value!r}")

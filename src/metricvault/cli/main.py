@@ -39,11 +39,13 @@ from metricvault.cli.common import (
     open_vault,
     typer_annotation,
 )
+from metricvault.cli.cost import cost
 from metricvault.cli.experiments import experiment_app
 from metricvault.cli.influx import influx_app
 from metricvault.cli.kinds import kind_app
 from metricvault.cli.light import COMMON_OPTS, HOT_OPTS, run_hot
 from metricvault.cli.output import print_table
+from metricvault.cli.rules import rules_app
 from metricvault.config import describe
 from metricvault.durations import (
     parse_duration_ms,
@@ -64,6 +66,7 @@ app = typer.Typer(
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(archive_app, name="archive")
 app.add_typer(influx_app, name="influx")
+app.add_typer(rules_app, name="rules")
 app.add_typer(kind_app, name="kind")
 
 
@@ -401,6 +404,15 @@ def serve(
             "(anyone who reaches the port can write).",
         ),
     ] = False,
+    rules: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rules",
+            help="Prometheus rule file or glob to evaluate (repeatable; the rules_files "
+            "setting). Invalid files stop serve with promtool's words.",
+            show_default=False,
+        ),
+    ] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -414,7 +426,8 @@ def serve(
     `/api/v1/label/<name>/values`, `/api/v1/metadata`, `/api/v1/query_exemplars`,
     `/api/v1/status/buildinfo`; any other `/api/v1/<rest>` answers Prometheus's JSON
     `not_found` error) and `POST /api/v1/read` (remote_read). Experiments:
-    `/api/v1/experiments` and `/api/v1/experiments/<id>`. Health: `GET /-/healthy`,
+    `/api/v1/experiments` and `/api/v1/experiments/<id>`. Rules (`--rules`): `GET
+    /api/v1/rules`, `GET /api/v1/alerts`, `POST /-/reload` (and SIGHUP). Health: `GET /-/healthy`,
     `GET /-/ready`, `GET /metrics` (the gateway's own metrics).
     A 204 means the samples are durable. SIGTERM drains requests and flushes. Point Prometheus
     at it with the fragment from `metricvault prometheus-config`. A non-loopback `--listen`
@@ -429,6 +442,12 @@ def serve(
     settings = load_settings(data, config, set_)
     if listen:
         settings = settings.with_overrides(listen=listen)
+    if rules:
+        settings = settings.with_overrides(rules_files=tuple(rules))
+    if settings.rules_files:
+        from metricvault.rules.files import read_rule_files
+
+        read_rule_files(settings.rules_files)  # refused before serving, as Prometheus does
     remember_secrets(settings)
     warning = check_listener(settings, insecure_no_auth)
     if warning:
@@ -524,6 +543,8 @@ def hash_secret_cmd(
 
     print(hash_secret(secret))
 
+
+app.command("cost")(cost)
 
 # listed after serve (the collector side); its options are the agent's own (argparse)
 app.command(context_settings=AGENT_CONTEXT, add_help_option=False)(agent)

@@ -346,3 +346,55 @@ def read_rule_files(patterns: Iterable[str]) -> list[GroupSpec]:
             raise RuleFileError(path, problems)
         groups.extend(specs)
     return groups
+
+
+def duplicate_recording_rules(
+    groups: Sequence[GroupSpec],
+) -> list[tuple[str, tuple[tuple[str, str], ...]]]:
+    """Recording rules that write the same series (name and labels), as ``promtool``'s
+    duplicate-rules lint finds them."""
+    seen: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+    for g in groups:
+        for r in g.rules:
+            if r.record:
+                key = (r.record, tuple(sorted(r.labels)))
+                seen[key] = seen.get(key, 0) + 1
+    return sorted(k for k, n in seen.items() if n > 1)
+
+
+def check_rule_files_report(
+    paths: Sequence[str], out: Any, err: Any, lint_fatal: bool = False
+) -> int:
+    """``promtool check rules`` over ``paths``: its report and exit status (1: a file is
+    invalid; a duplicate recording rule is a lint warning, an error only with ``lint_fatal``,
+    then status 3 as promtool's)."""
+    failed = has_errors = False
+    for path in paths:
+        print("Checking", path, file=out)
+        groups, problems = check_rule_file(path)
+        lint = False
+        if not problems:
+            dups = duplicate_recording_rules(groups)
+            if dups:
+                text = f"lint error {len(dups)} duplicate rule(s) found.\n"
+                for metric, labels in dups:
+                    text += f"Metric: {metric}\nLabel(s):\n"
+                    text += "".join(f"\t{k}: {v}\n" for k, v in labels)
+                problems = [text + "Might cause inconsistency while recording expressions"]
+                lint = True
+        if problems:
+            out.flush()
+            print("  FAILED:", file=err)
+            for p in problems:
+                print(p if lint else f"{path}: {p}", file=err)
+            err.flush()
+            failed = True
+            has_errors = has_errors or not lint
+        else:
+            print(f"  SUCCESS: {sum(len(g.rules) for g in groups)} rules found", file=out)
+        print(file=out)
+    if failed and has_errors:
+        return 1
+    if failed and lint_fatal:
+        return 3
+    return 0

@@ -109,13 +109,15 @@ class Alert:
     active_at: int
     fired_at: int = 0
     resolved_at: int = 0
-    last_sent_at: int = 0
+    last_sent_at: int | None = None  # never sent
     valid_until: int = 0
     keep_firing_since: int = 0
 
     def needs_sending(self, ts: int, resend_delay_ms: int) -> bool:
         if self.state == "pending":
             return False
+        if self.last_sent_at is None:
+            return True
         if self.resolved_at > self.last_sent_at:  # resolved since the last send
             return True
         return self.last_sent_at + resend_delay_ms < ts
@@ -279,8 +281,8 @@ class AlertingRule:
         for k, v in self.spec.labels:
             labels[k] = expand(v)
         labels["alertname"] = self.name
-        labels = {k: v for k, v in labels.items() if v != ""}
-        annotations = {k: expand(v) for k, v in self.spec.annotations}
+        labels = {k: labels[k] for k in sorted(labels) if labels[k] != ""}
+        annotations = {k: expand(v) for k, v in sorted(self.spec.annotations)}
         return Alert(labels, annotations, "pending", value, active_at=ts)
 
     def to_send(

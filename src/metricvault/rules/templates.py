@@ -656,8 +656,8 @@ class _Exec:
 
     def fields(self, value: Any, names: Sequence[str]) -> Any:
         for name in names:
-            if isinstance(value, Mapping):
-                value = value.get(name, MISSING)
+            if isinstance(value, Mapping):  # Prometheus runs templates with missingkey=zero
+                value = value.get(name, "")
             elif isinstance(value, Sample) and name in ("Labels", "Value"):
                 value = getattr(value, name)
             elif value is None or value is MISSING:

@@ -9,6 +9,7 @@ from metricvault.server import (
     otlp_api,
     prometheus_api,
     remote_read_api,
+    rules_api,
     upkeep,
     write_api,
 )
@@ -19,6 +20,7 @@ APIS: tuple[ServerAPI, ...] = (
     otlp_api.API,
     experiments_api.API,
     health_api.API,
+    rules_api.API,  # before prometheus_api, whose /api/v1/{rest} answers not_found
     prometheus_api.API,
     remote_read_api.API,
     upkeep.API,

@@ -127,6 +127,25 @@ class GatewayMetrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        # The rule evaluator (server/rules_api.py): one worker holds its lease and counts
+        self.rule_failures: Counter = Counter(
+            "metricvault_rule_evaluation_failures",
+            "Rule evaluations that failed, by group (file;name), as Prometheus's "
+            "prometheus_rule_evaluation_failures_total",
+            ["rule_group"],
+            registry=r,
+        )
+        self.rule_missed: Counter = Counter(
+            "metricvault_rule_group_iterations_missed",
+            "Rule group rounds skipped because the evaluator was late",
+            registry=r,
+        )
+        self.rule_leader: Gauge = Gauge(
+            "metricvault_rule_evaluator_leader",
+            "1 in the worker that holds the rule evaluator lease (the sum over workers is 1)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
 
     @classmethod
     def for_worker(cls, state_dir: Path) -> GatewayMetrics:
