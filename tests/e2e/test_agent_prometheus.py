@@ -20,7 +20,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
 from prometheus_client.parser import text_string_to_metric_families as text_parse
 
 from .conftest import free_port, stop_process, wait_http_ok
@@ -74,11 +73,19 @@ class RecordingHandler(http.server.BaseHTTPRequestHandler):
 
 
 def served_values(kind: str, body: str) -> dict[tuple[str, frozenset], float]:
-    parse = om_parse if kind.startswith("application/openmetrics-text") else text_parse
+    # prometheus-client's OpenMetrics parser refuses a counter family whose samples lack
+    # `_total` (dcgm-exporter's names, which the agent keeps, typed counter); Prometheus's own
+    # parser takes them. The sample lines read the same in both formats here (the agent
+    # writes no exemplars), so its text parser reads OpenMetrics pages too; it names every
+    # counter sample `<family>_total`, so a bare name on the page is given back.
+    if kind.startswith("application/openmetrics-text"):
+        assert body.endswith("# EOF\n"), "an OpenMetrics page ends with # EOF"
     values = {}
-    for family in parse(body):
+    for family in text_parse(body):
+        bare = family.type == "counter" and f"\n{family.name}{{" in body
         for sample in family.samples:
-            values[(sample.name, frozenset(sample.labels.items()))] = sample.value
+            name = family.name if bare and sample.name == family.name + "_total" else sample.name
+            values[(name, frozenset(sample.labels.items()))] = sample.value
     return values
 
 

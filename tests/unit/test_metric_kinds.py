@@ -174,17 +174,23 @@ def _counted(page: str, result: str, old: str, new: str) -> float:
 def test_gateway_keeps_counters_against_unknown_and_gauge_metadata_and_counts_it(make_client):
     client, vault = make_client()
     t = _now() - 60_000
-    r = client.post("/api/v1/write", content=_series_request(ENERGY, 5.0, t), headers=RW1)
-    assert r.status_code == 204, r.text
-    for entries in ([(UNKNOWN, ENERGY)], [(GAUGE, ENERGY)], [(COUNTER, "foo_bytes")]):
+    for metric in (ENERGY, "foo_bytes"):
+        r = client.post("/api/v1/write", content=_series_request(metric, 5.0, t), headers=RW1)
+        assert r.status_code == 204, r.text
+    for entries in (
+        [(UNKNOWN, ENERGY)],
+        [(GAUGE, ENERGY)],
+        [(COUNTER, "foo_bytes")],
+        [(COUNTER, "no_series_yet")],  # a family name without series: nothing to record
+    ):
         r = client.post("/api/v1/write", content=_metadata_request(*entries), headers=RW1)
         assert r.status_code == 204, r.text
-    r = client.post("/api/v1/write", content=_series_request("foo_bytes", 1.0, t), headers=RW1)
-    assert r.status_code == 204, r.text
     assert _kinds(vault) == {ENERGY: "counter", "foo_bytes": "counter"}
     page = client.get("/metrics").text
     assert _counted(page, "refused", "counter", "gauge") == 1  # unknown: not even asked
     assert _counted(page, "applied", "gauge", "counter") == 1
+    vault.flush()
+    assert [c.metric for c in vault.kind_changes()] == ["foo_bytes"]
 
 
 def test_check_repair_sets_metadata_gauges_named_counters_back(tmp_path):

@@ -234,8 +234,12 @@ class Vault:
         decides how the metric's series roll up and are read from now on (rollup rows written
         before keep their columns); it is recorded in the catalog with the next flush. Refused
         changes are returned (the gateway counts them) and logged once per metric."""
+        # Only metrics with stored series: metadata names families too (an OpenMetrics
+        # counter `foo` of samples `foo_total`), and Prometheus re-sends it every minute, so
+        # a metric whose series arrive later gets its kind from the next metadata.
+        stored = {m: k for m, k in kinds.items() if self.index.match(_metric_selector(m))}
         update = metadata_kind_update(
-            kinds, self._known_kinds(kinds), self._explicit_kinds, now_ms()
+            stored, self._known_kinds(stored), self._explicit_kinds, now_ms()
         )
         for change in update.refused:
             if (change.metric, change.new) not in self._refused_logged:
@@ -292,7 +296,7 @@ class Vault:
 
     def _stored_kind(self, metric: str) -> str:
         """The kind a metric's series were written with (the first one's), else its name's."""
-        ids = self.index.match(Selector((Matcher("__name__", "=", metric),)))
+        ids = self.index.match(_metric_selector(metric))
         return self.index.get(ids[0]).kind if ids else kind_from_name(metric)
 
     def kind_changes(self) -> tuple[KindChange, ...]:
@@ -773,6 +777,10 @@ def _read_series(location: Location, path: str) -> pa.Table:
         return fmt.read_table(path, location.fs)
     except (OSError, pa.ArrowException) as exc:
         raise read_error(path, "series file", exc) from exc
+
+
+def _metric_selector(metric: str) -> Selector:
+    return Selector((Matcher("__name__", "=", metric),))
 
 
 def _shown(change: KindChange) -> tuple[str, str, str]:
