@@ -101,7 +101,7 @@ def test_keep_firing_for_keeps_a_vanished_alert_firing(tmp_path: Path):
 
 def test_a_resolved_alert_is_sent_with_its_end_and_kept_fifteen_minutes(tmp_path: Path):
     group = _group(tmp_path, ALERT.replace("for: 2m", "for: 0s"))
-    source = _source({"temp{gpu=0}": [90, 90] + [50] * 20})
+    source = _source({"temp{gpu=0}": [90.0, 90.0] + [50.0] * 20})
     query = engine_query(Engine(source))
     sent = {}
     for t in range(0, 20 * M, M):

@@ -43,9 +43,14 @@ class EvaluatorLease:
         location: Location | None = None,
         term_ms: int = DEFAULT_TERM_MS,
         clock: Callable[[], float] = time.time,
+        shared: bool | None = None,
     ) -> None:
+        """``shared``: whether other machines may evaluate the same vault (term leases in
+        ``location``); by default, when the vault is remote (``s3://``)."""
         self.path = Path(state_dir) / RULES_LEASE_FILE
-        self.location = location if location is not None and location.remote else None
+        if shared is None:
+            shared = location is not None and location.remote
+        self.location = location if shared else None
         self.term_ms = term_ms
         self.clock = clock
         self.holder = f"{socket.gethostname()}:{os.getpid()}"
