@@ -20,7 +20,7 @@ to no group is reported as ``(none)``.
 
 The report reads through the vault's public API: ``buckets(selector, start, end, 1h)`` (the 1h
 rollup rows; raw samples only for hours not rolled up yet, which its warnings then say),
-``series(selector)`` and the experiment registry.
+and the experiment registry (selectors matched against the GPU series' labels).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from metricvault.durations import HOUR_MS, ms_to_datetime, now_ms
 from metricvault.errors import InputError, UnsupportedError
 from metricvault.experiment import Experiment
 from metricvault.model import is_label_name
+from metricvault.selector import parse_selectors
 from metricvault.store.vault import Vault
 
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
@@ -91,7 +92,7 @@ def cost_report(
     # shares first: an hour that two experiments cover is one row per experiment afterwards
     hours = dataclasses.replace(hours, rows=_with_shares(hours.rows, idle_below))
     experiments = vault.experiments.list() if by in ("experiment", "team") else []
-    grouped = _assign(vault, hours, by, team_label, experiments, now)
+    grouped = _assign(hours, by, team_label, experiments, now)
     table = _summarise(grouped, by)
     table.attrs["totals"] = _totals(hours.rows)
     notes = _warnings(start, end, hours)
@@ -115,6 +116,7 @@ def _check(by: str, team_label: str, idle_below: float) -> None:
 class _Hours:
     rows: pd.DataFrame  # series_id, ts, count, sum, energy_mj, gpu: one per (GPU series, hour)
     labels: dict[int, dict[str, str]]  # series_id -> labels (without __name__)
+    metrics: dict[int, str]  # series_id -> metric name
     tiers: tuple[str, ...]  # what answered: "1h", and "raw" for hours not rolled up yet
 
 
@@ -126,7 +128,8 @@ def _hourly_rows(vault: Any, start: int, end: int) -> _Hours:
     columns = found.table.select(["series_id", "ts", "count", "sum", "increase"])
     rows = columns.to_pandas()
     labels = {int(i): dict(d) for i, d in found.labels.items()}
-    is_util = {i for i, d in labels.items() if d.pop("__name__", None) == GPU_UTIL}
+    metrics = {i: d.pop("__name__", "") for i, d in labels.items()}
+    is_util = {i for i, name in metrics.items() if name == GPU_UTIL}
     gpu = {i: _gpu_key(d) for i, d in labels.items()}
     rows = rows.assign(gpu=rows["series_id"].map(gpu))
     util_rows = rows["series_id"].isin(is_util)
@@ -139,7 +142,7 @@ def _hourly_rows(vault: Any, start: int, end: int) -> _Hours:
         out.loc[orphans, "series_id"] = out.loc[orphans, "gpu"].map(energy_series)
         out.loc[orphans, ["count", "sum"]] = 0
     out = out.astype({"series_id": "int64", "count": "int64", "ts": "int64"})
-    return _Hours(out, labels, tuple(found.tiers))
+    return _Hours(out, labels, metrics, tuple(found.tiers))
 
 
 def _gpu_key(labels: dict[str, str]) -> str:
@@ -152,7 +155,6 @@ def _gpu_key(labels: dict[str, str]) -> str:
 
 # --------------------------------------------------------------------------- grouping
 def _assign(
-    vault: Any,
     hours: _Hours,
     by: str,
     team_label: str,
@@ -164,7 +166,7 @@ def _assign(
     if by not in ("experiment", "team"):
         values = {i: d.get(by, NONE) for i, d in hours.labels.items()}
         return rows.assign(group=rows["series_id"].map(values))
-    member = _experiment_rows(vault, rows, experiments, now)
+    member = _experiment_rows(hours, experiments, now)
     if by == "experiment":
         numbered = rows.rename_axis("row").reset_index()
         grouped = numbered.merge(member, on="row", how="left")
@@ -178,19 +180,15 @@ def _assign(
 
 
 def _experiment_rows(
-    vault: Any, rows: pd.DataFrame, experiments: Sequence[Experiment], now: int | None
+    hours: _Hours, experiments: Sequence[Experiment], now: int | None
 ) -> pd.DataFrame:
     """(row, experiment id, owner) for every row an experiment covers, earliest first."""
-    from metricvault.archive.compare import restrict
-
+    rows = hours.rows
     found = [pd.DataFrame({"row": pd.Series([], dtype="int64"), "experiment": [], "owner": []})]
     for exp in sorted(experiments, key=lambda e: (e.start_ms, e.id)):
         start, end = exp.window(now if now is not None else now_ms())
-        ids: set[int] = set()
-        for metric in (GPU_UTIL, GPU_ENERGY):
-            selector = restrict(exp.selector, metric)
-            if selector:
-                ids.update(int(i) for i in vault.series(selector)["series_id"])
+        selector = parse_selectors(exp.selector)
+        ids = [i for i, d in hours.labels.items() if selector.matches(hours.metrics[i], d)]
         covered = (
             rows["series_id"].isin(ids)
             & (rows["ts"] >= start // HOUR_MS * HOUR_MS)

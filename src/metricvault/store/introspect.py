@@ -15,6 +15,7 @@ from metricvault.store import files as fmt
 from metricvault.store.buffer import quarantined_batches
 from metricvault.store.layout import BUFFER_SUFFIX, CATALOG_DIR, DATA_DIR, SERIES_DIR
 from metricvault.store.rollup import ROLLUP_SCHEMA, fetch_arrow
+from metricvault.store.sql_pushdown import push_series_filters
 from metricvault.tables import convert
 
 if TYPE_CHECKING:
@@ -121,7 +122,9 @@ _VIEW_SQL = {
 }
 
 
-def run_sql(vault: Vault, statement: str, output: str) -> Any:
+def run_sql(vault: Vault, statement: str, output: str, pushdown: bool = True) -> Any:
+    """``statement`` over the views; ``pushdown``: series filters reach the data files' scans
+    (store/sql_pushdown.py; False runs it as written, the benchmark's baseline)."""
     # imported here: pyarrow.dataset pulls in pandas (~0.2 s), which stats and series never need
     import duckdb
 
@@ -143,6 +146,8 @@ def run_sql(vault: Vault, statement: str, output: str) -> Any:
             sql = f"SELECT * FROM {view}_src"
         con.execute(f"CREATE VIEW {view} AS {sql}")
     try:
+        if pushdown:
+            statement = push_series_filters(con, statement, _narrower(con, vault, snap))
         result = fetch_arrow(con, statement)
     except duckdb.Error as exc:
         if "checksum" in str(exc).lower():
@@ -155,6 +160,35 @@ def run_sql(vault: Vault, statement: str, output: str) -> Any:
     finally:
         con.close()
     return convert(result, output)
+
+
+def _narrower(con: Any, vault: Vault, snap: Any) -> Any:
+    """``narrow(view, ids)`` for push_series_filters: registers a view with the same columns
+    holding the rows of ``view``'s files whose series is in ``ids`` (read by row runs)."""
+    from metricvault.store.sql_pushdown import series_rows
+
+    made: list[str] = []
+
+    def narrow(view: str, ids: list[int]) -> str | None:
+        # raw only: rollup tiers are many small day files, where opening each costs more
+        # than the rows it saves (bench/sql_pushdown.py); they get the IN filter alone
+        tier = "raw"
+        files = snap.tier_files(tier)
+        if view != "raw" or not files or not ids:
+            return None
+        parts = [t for f in files if (t := series_rows(f.path, vault.location.fs, ids))]
+        name = f"{view}_pushed_{len(made)}"
+        made.append(name)
+        if parts:
+            con.register(f"{name}_src", pa.concat_tables(parts, promote_options="permissive"))
+            sql = _VIEW_SQL["raw"].format(src=f"{name}_src")
+        else:
+            con.register(f"{name}_src", empty_view(tier))
+            sql = f"SELECT * FROM {name}_src"
+        con.execute(f"CREATE VIEW {name} AS {sql}")
+        return name
+
+    return narrow
 
 
 SQL_VIEWS = ("raw", "rollup_1m", "rollup_1h", "series", "experiments")
