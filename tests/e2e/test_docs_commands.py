@@ -159,6 +159,10 @@ def _write_inputs(root: Path) -> None:
     text = yml.read_text() if yml.exists() else MINIMAL_PROMETHEUS_YML
     (root / "prometheus.yml").write_text(text)
     (root / "agent.toml").write_text("# settings of the agent (empty: the defaults)\n")
+    repo = Path(__file__).resolve().parents[2]
+    for shipped in ("deploy", "docs/examples"):  # rule files and examples the pages name
+        if (repo / shipped).is_dir():
+            shutil.copytree(repo / shipped, root / shipped, dirs_exist_ok=True)
     (root / "metricvault.toml").write_text('retention_raw = "30d"\n')
     if shutil.which("openssl"):
         subprocess.run(
