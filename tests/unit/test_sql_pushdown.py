@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
+import pyarrow.parquet as pq
 import pytest
 
 from metricvault.store.introspect import run_sql
@@ -128,3 +129,20 @@ def test_series_rows_reads_exactly_the_rows_of_those_series(tmp_path: Path, ids:
     got = series_rows(path, pafs.LocalFileSystem(), ids)
     want = table.filter(pa.compute.is_in(table["series_id"], pa.array(ids, pa.int64())))
     assert (got.to_pylist() if got is not None else []) == want.to_pylist()
+
+
+def test_a_damaged_data_file_answers_nothing_with_the_pushdown_too(tmp_path: Path) -> None:
+    from metricvault.errors import CorruptionError
+
+    with Vault.open_local(str(tmp_path / "v")) as v:
+        v.write([("m", {"h": str(h)}, T0 + i * 15_000, float(i)) for h in range(4)
+                 for i in range(2000)])  # fmt: skip
+        v.flush()
+        (raw,) = v.catalog_version().tier_files("raw")
+        data = bytearray(Path(raw.path).read_bytes())
+        chunk = pq.ParquetFile(raw.path).metadata.row_group(0).column(1)  # ts
+        at = chunk.data_page_offset + chunk.total_compressed_size // 2  # in its page's data
+        data[at : at + 16] = bytes(x ^ 0xFF for x in data[at : at + 16])
+        Path(raw.path).write_bytes(bytes(data))
+        with pytest.raises(CorruptionError, match="damaged"):
+            v.sql(STATEMENTS[0].replace("DCGM_FI_DEV_XID_ERRORS", "m"), output="arrow")

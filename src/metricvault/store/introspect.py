@@ -176,7 +176,11 @@ def _narrower(con: Any, vault: Vault, snap: Any) -> Any:
         files = snap.tier_files(tier)
         if view != "raw" or not files or not ids:
             return None
-        parts = [t for f in files if (t := series_rows(f.path, vault.location.fs, ids))]
+        try:
+            read = [series_rows(f.path, vault.location.fs, ids) for f in files]
+        except (OSError, pa.ArrowException):  # a damaged file: the statement as written says
+            return None  # so, through the checks of the scan it then runs
+        parts = [t for t in read if t is not None]
         name = f"{view}_pushed_{len(made)}"
         made.append(name)
         if parts:
