@@ -130,8 +130,9 @@ def _hourly_rows(vault: Any, start: int, end: int) -> _Hours:
     labels = {int(i): dict(d) for i, d in found.labels.items()}
     metrics = {i: d.pop("__name__", "") for i, d in labels.items()}
     is_util = {i for i, name in metrics.items() if name == GPU_UTIL}
-    gpu = {i: _gpu_key(d) for i, d in labels.items()}
-    rows = rows.assign(gpu=rows["series_id"].map(gpu))
+    codes: dict[str, int] = {}  # a GPU's key as a small int: cheaper to group by and join
+    gpu = {i: codes.setdefault(_gpu_key(d), len(codes)) for i, d in labels.items()}
+    rows = rows.assign(gpu=rows["series_id"].map(gpu).astype("int64"))
     util_rows = rows["series_id"].isin(is_util)
     util = rows[util_rows].drop(columns="increase")
     energy = rows[~util_rows].groupby(["gpu", "ts"])["increase"].sum(min_count=1)

@@ -74,7 +74,12 @@ def scrape_jobs(agent_target: str) -> dict[str, list[str]]:
 
 
 def test_pushed_and_scraped_series_of_one_gpu_have_the_same_labels(gateway, prometheus, tmp_path):
-    pushed_gw, edge_gw, scraped_gw = gateway(), gateway(), gateway()
+    one = ("gateway_workers=1",)  # three gateways on a 2-core machine
+    pushed_gw, edge_gw, scraped_gw = (
+        gateway(settings=one),
+        gateway(settings=one),
+        gateway(settings=one),
+    )
     port = free_port()
     full = agent_command(tmp_path, "full", "--listen", f"127.0.0.1:{port}", "--push", pushed_gw.url)
     edge = agent_command(
