@@ -211,6 +211,14 @@ class Settings:
         "How far back a PromQL instant selector looks for a series' latest sample "
         "(Prometheus's --query.lookback-delta).",
     )
+    promql_round_windows: bool = _setting(
+        False,
+        "Answer rate/increase/delta/*_over_time over windows that are not whole minutes "
+        "(Grafana's $__rate_interval) from the 1m rollups within raw retention too, each "
+        "window moved to whole minutes (end rounded down by under a minute, length to the "
+        "nearest minute; said in warnings). Off: answers within raw retention are exactly "
+        "Prometheus's; past it windows are always moved.",
+    )
 
     rules_files: tuple[str, ...] = _setting(
         (),

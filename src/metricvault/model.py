@@ -46,7 +46,16 @@ CONTROL_CHARACTERS_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 TIERS = ("raw", "1m", "1h")  # finest first; rollup tiers are named by their resolution
 # Bucket width of each rollup tier, coarsest first (the order the query layer tries them).
 TIER_RESOLUTION_MS: dict[str, int] = {"1h": 3_600_000, "1m": 60_000}
-AGGREGATES = ("mean", "min", "max", "count", "sum", "last", "increase")
+AGGREGATES = (
+    "mean", "min", "max", "count", "sum", "last", "increase", "stddev",
+    "p50", "p90", "p95", "p99",
+)  # fmt: skip
+# Range functions the rollup rows answer only past the raw horizon, where nothing else is left
+# (from each row's m2 and quantile sketch; within raw retention they read raw samples, so the
+# answers there stay exactly Prometheus's).
+PAST_HORIZON_FUNCTIONS = frozenset({"stddev_over_time", "stdvar_over_time", "quantile_over_time"})
+# The quantiles among them, answered from each rollup row's quantile sketch (store/rollup.py).
+QUANTILE_AGGREGATES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 # Label names that are column names of a table the store takes or hands back, beside the label
 # columns: the long shape (metric, timestamp or ts, value, and one column per aggregate when
 # queried with a step) and the series table (series_id, metric, kind). A label of such a name
@@ -359,3 +368,85 @@ def __getattr__(name: str) -> Any:
     if name in ("SAMPLE_SCHEMA", "SERIES_SCHEMA"):
         return _arrow_schemas()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# Each row keeps a DDSketch (Masson, Rim, Lee, VLDB 2019) of its finite samples: the
+# logarithmic key mapping of the ``ddsketch`` package at 1 % relative accuracy, stored as
+# sorted signed codes with their counts (``sketch_keys``, ``sketch_counts``): a positive
+# value's key plus SKETCH_BIAS, a negative value's negated, 0 for zero. Codes then sort as the
+# values do, sketches of disjoint buckets merge by adding the counts of equal codes, and a
+# quantile read from merged rows is within SKETCH_RELATIVE_ACCURACY of the sample at its rank.
+SKETCH_RELATIVE_ACCURACY = 0.01
+SKETCH_BIAS = 1 << 16  # above every key of a finite double at 1 % (about ±35,500)
+
+
+class SketchMapping:
+    """The ``ddsketch`` package's LogarithmicMapping, vectorised (its ``key``/``value`` take
+    one float at a time; tests check both agree)."""
+
+    def __init__(self, relative_accuracy: float = SKETCH_RELATIVE_ACCURACY) -> None:
+        from ddsketch.mapping import LogarithmicMapping
+
+        self.mapping = LogarithmicMapping(relative_accuracy)
+        self.multiplier = float(self.mapping._multiplier)  # key = ceil(log2(v) * multiplier)
+        self.gamma = float(self.mapping.gamma)
+        self.min_possible = float(self.mapping.min_possible)
+
+    def codes(self, values: Any) -> Any:
+        import numpy as np
+
+        v = np.asarray(values, dtype=np.float64)
+        mag = np.abs(v)
+        safe = np.where(mag > self.min_possible, mag, 1.0)
+        with np.errstate(all="ignore"):
+            keys = np.ceil(np.log2(safe) * self.multiplier).astype(np.int64) + SKETCH_BIAS
+        return np.asarray(np.where(mag > self.min_possible, np.sign(v) * keys, 0), np.int32)
+
+    def values(self, codes: Any) -> Any:
+        import numpy as np
+
+        c = np.asarray(codes, dtype=np.int64)
+        keys = np.abs(c) - SKETCH_BIAS
+        with np.errstate(all="ignore"):
+            mag = np.exp2(keys / self.multiplier) * (2.0 / (1.0 + self.gamma))
+        return np.asarray(np.where(c == 0, 0.0, np.sign(c) * mag))
+
+    def sql(self, column: str) -> str:
+        """The codes of ``column`` in DuckDB SQL (the same formula as :meth:`codes`)."""
+        m, lo = repr(self.multiplier), repr(self.min_possible)
+        key = f"(CAST(ceil(log2(abs({column})) * {m}) AS BIGINT) + {SKETCH_BIAS})"
+        return (
+            f"CAST(CASE WHEN {column} > {lo} THEN {key} WHEN {column} < -{lo} THEN -{key} "
+            "ELSE 0 END AS INTEGER)"
+        )
+
+
+_mapping: SketchMapping | None = None
+
+
+def sketch_mapping() -> SketchMapping:
+    """The one mapping every row's sketch uses (built on first use: ``ddsketch`` imported
+    only by what reads or writes sketches)."""
+    global _mapping
+    if _mapping is None:
+        _mapping = SketchMapping()
+    return _mapping
+
+
+def sketch_quantile(codes: Any, counts: Any, q: float) -> float:
+    """The value at quantile ``q`` of a sketch (DDSketch's ``get_quantile_value``: the
+    bucket holding rank ``q * (n - 1)``); NaN when empty, ±Inf for ``q`` outside [0, 1] as
+    Prometheus's ``quantile_over_time`` answers."""
+    import numpy as np
+
+    n = int(counts.sum())
+    if n == 0 or np.isnan(q):
+        return float("nan")
+    if q < 0:
+        return float("-inf")
+    if q > 1:
+        return float("inf")
+    order = np.argsort(codes, kind="stable")
+    cum = np.cumsum(counts[order])
+    at = int(np.searchsorted(cum, q * (n - 1), side="right"))
+    return float(sketch_mapping().values(codes[order][min(at, order.size - 1)]))

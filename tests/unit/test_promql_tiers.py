@@ -333,3 +333,31 @@ def test_plain_selectors_across_the_horizon_join_rows_and_raw(past_horizon) -> N
     no_rollups = Engine(rollups.source, EngineOptions(use_rollups=False))
     blank = no_rollups.evaluate("gpu_util", horizon - HOUR, horizon + HOUR, MIN)
     assert blank.series[0][1].min() >= horizon  # without rows the old part is blank
+
+
+@pytest.mark.parametrize("expr", ["rate(energy_total[75s])", "increase(energy_total[135s])"])
+def test_rate_interval_windows_read_raw_unless_rounding_is_opted_in(engines, expr) -> None:
+    """Grafana's $__rate_interval (step + scrape interval) is rarely whole minutes: within
+    raw retention the answer stays Prometheus's unless ``round_windows`` is on; then each
+    window moves to whole minutes, exactly the raw answer for the moved window, said so."""
+    rollups, raw, vault = engines
+    start, end = T0 + 2 * HOUR + 15_000, T0 + 4 * HOUR
+    plain = rollups.evaluate(expr, start, end, 5 * MIN)
+    _agree(plain, raw.evaluate(expr, start, end, 5 * MIN))
+    assert plain.served_by == set() and plain.warnings == []
+    rounding = Engine(vault, EngineOptions(round_windows=True))
+    got = rounding.evaluate(expr, start, end, 5 * MIN)
+    assert got.served_by == {"1m"} and "promql_round_windows is on" in got.warnings[0]
+    moved = expr.replace("75s", "1m").replace("135s", "2m")  # 135 s: the nearest minute is 2
+    want = raw.evaluate(moved, start - 15_000, end - 15_000, 5 * MIN)
+    assert got.series[0][1].tolist() == plain.series[0][1].tolist()  # the steps asked for
+    for (_, _, gv), (_, _, wv) in zip(got.series, want.series, strict=True):
+        assert np.allclose(gv, wv, rtol=1e-9)
+
+
+def test_round_windows_follows_the_setting() -> None:
+    from metricvault.config import Settings
+
+    settings = Settings.load(env={}, promql_round_windows=True)
+    assert EngineOptions.from_settings(settings).round_windows
+    assert not EngineOptions.from_settings(Settings.load(env={})).round_windows

@@ -230,7 +230,12 @@ HOT_OPTS: dict[str, tuple[Opt, ...]] = {
         Opt("start", ("--start", "-s"), "ISO time, epoch ms or -30d.", "-1h"),
         Opt("end", ("--end", "-e"), "ISO time, epoch ms, now or -1d.", "now"),
         Opt("step", ("--step",), "Bucket width (1m, 1h, 1d) or 'all'; omit for raw samples."),
-        Opt("agg", ("--agg",), "Aggregates: mean,min,max,count,sum,last,increase.", "mean"),
+        Opt(
+            "agg",
+            ("--agg",),
+            "Aggregates: mean,min,max,count,sum,last,increase,stddev,p50,p90,p95,p99.",
+            "mean",
+        ),
         FORMAT_OPT,
         OUTPUT_OPT,
     ),

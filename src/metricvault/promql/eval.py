@@ -71,6 +71,10 @@ class EngineOptions:
     left_open_windows: bool = False
     # Answer rate/increase/delta/*_over_time from rollup tiers where that is exact (tiers.py)
     use_rollups: bool = True
+    # Opt-in: windows that are not whole minutes (Grafana's $__rate_interval) answered from
+    # the 1m rollups within raw retention too, moved to whole minutes (tiers.py ROUNDED_NOTE);
+    # off, answers there are exactly Prometheus's
+    round_windows: bool = False
     # Points one query may hold at once (Prometheus's --query.max-samples), distinct series it
     # may select (0: no limit) and seconds it may run from evaluate()'s start (None: no
     # deadline); checked while it runs (limits.py).
@@ -90,6 +94,7 @@ class EngineOptions:
             "max_samples": settings.query_max_samples,
             "max_series": settings.query_max_series,
             "timeout_s": parse_duration_ms(settings.query_timeout) / 1000,
+            "round_windows": settings.promql_round_windows,
         }
         return cls(**{**given, **overrides})
 

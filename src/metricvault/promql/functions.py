@@ -90,9 +90,21 @@ def _range_call(ev: Evaluator, name: str, args: list[Any], steps: np.ndarray) ->
         for i, a in enumerate(args)
         if _unwrap(a).__class__ in (pp.MatrixSelector, pp.SubqueryExpr)
     )
-    from_rollups = tiers.range_call(ev, name, args[matrix_pos], steps)
+    from_rollups = tiers.range_call(
+        ev, name, args[matrix_pos], steps, args, lambda part: raw_range_call(ev, name, args, part)
+    )
     if from_rollups is not None:
         return from_rollups
+    return raw_range_call(ev, name, args, steps)
+
+
+def raw_range_call(ev: Evaluator, name: str, args: list[Any], steps: np.ndarray) -> StepVector:
+    """``name(args)`` from raw samples (tiers.py asks for the steps its rows do not answer)."""
+    matrix_pos = next(
+        i
+        for i, a in enumerate(args)
+        if _unwrap(a).__class__ in (pp.MatrixSelector, pp.SubqueryExpr)
+    )
     rv = ev.eval_range(args[matrix_pos], steps)
     scalars = [ev.eval_scalar(a, steps) for i, a in enumerate(args) if i != matrix_pos]
     if name == "absent_over_time":

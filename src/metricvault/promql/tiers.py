@@ -29,12 +29,14 @@ whose first sample sits on the window start, which rows do not keep: they read r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import promql_parser as pp
 
+from metricvault.model import PAST_HORIZON_FUNCTIONS
 from metricvault.promql import rangefuncs as rf
 from metricvault.promql.parse import duration_ms
 from metricvault.promql.source import hints_for
@@ -55,7 +57,7 @@ OVER_TIME = {
     "count_over_time", "sum_over_time", "avg_over_time", "min_over_time", "max_over_time",
     "last_over_time", "present_over_time",
 }  # fmt: skip
-FUNCTIONS = BUCKET_FUNCTIONS  # what rollup rows can answer (the store plans which tier)
+FUNCTIONS = BUCKET_FUNCTIONS | PAST_HORIZON_FUNCTIONS  # what rollup rows can answer
 
 
 OLD_ROWS_NOTE = (
@@ -78,25 +80,93 @@ class Plan:
     range_ms: int
 
 
-def range_call(ev: Evaluator, name: str, ms: Any, steps: np.ndarray) -> StepVector | None:
-    """``name(ms)`` at every step from rollup rows; None where they cannot answer exactly."""
+RawCall = Callable[[np.ndarray], StepVector]  # the function at some steps, from raw samples
+
+
+def range_call(
+    ev: Evaluator,
+    name: str,
+    ms: Any,
+    steps: np.ndarray,
+    args: list[Any] | None = None,
+    raw: RawCall | None = None,
+) -> StepVector | None:
+    """``name(ms)`` at every step from rollup rows; None where they cannot answer exactly.
+    ``args``: the call's arguments (``quantile_over_time``'s ``q``); ``raw``: the raw path,
+    for the steps the rows do not answer."""
     if not ev.options.use_rollups or name not in FUNCTIONS or not isinstance(ms, pp.MatrixSelector):
         return None
+    if name in PAST_HORIZON_FUNCTIONS:
+        if raw is None:
+            return None
+        return _past_horizon_call(ev, name, ms, steps, args or [], raw)
+    return _range_call(ev, name, ms, steps, None)
+
+
+def _past_horizon_call(
+    ev: Evaluator, name: str, ms: Any, steps: np.ndarray, args: list[Any], raw_call: RawCall
+) -> StepVector | None:
+    """``stddev``/``stdvar``/``quantile_over_time``: the steps whose window starts before
+    the raw horizon from the rows' m2 and sketches; the others (within raw retention) from
+    raw samples, exactly as Prometheus answers."""
+    horizon = ev.source.horizons().raw_start_ms
     refs = ev.reference_times(ms.vector_selector, steps)
-    hints = hints_for(refs, duration_ms(ms.range), name, ev.options.left_open_windows)
+    old = refs - duration_ms(ms.range) < horizon if horizon else np.zeros(steps.size, bool)
+    if not old.any():
+        return None
+    qs = ev.eval_scalar(args[0], steps) if name == "quantile_over_time" else None
+    if old.all():
+        return _range_call(ev, name, ms, steps, qs)
+    rolled = _range_call(ev, name, ms, steps[old], None if qs is None else qs[old])
+    raw = raw_call(steps[~old])
+    return _join_steps(rolled, raw, old)
+
+
+def _join_steps(first: StepVector | None, rest: StepVector, where: np.ndarray) -> StepVector:
+    """One vector over all steps from ``first`` (the steps ``where`` marks) and ``rest``."""
+    parts = [(first, where), (rest, ~where)] if first is not None else [(rest, ~where)]
+    labels: dict[Labels, int] = {}
+    for vec, _ in parts:
+        for lab in vec.labels:
+            labels.setdefault(lab, len(labels))
+    values = np.zeros((len(labels), where.size))
+    present = np.zeros((len(labels), where.size), dtype=bool)
+    for vec, cols in parts:
+        for i, lab in enumerate(vec.labels):
+            values[labels[lab], cols] = vec.values[i]
+            present[labels[lab], cols] = vec.present[i]
+    return StepVector(list(labels), values, present)
+
+
+def _range_call(
+    ev: Evaluator, name: str, ms: Any, steps: np.ndarray, qs: np.ndarray | None
+) -> StepVector | None:
+    refs = ev.reference_times(ms.vector_selector, steps)
+    range_ms = duration_ms(ms.range)
+    rounded = _rounds_windows(ev, name, refs, range_ms)
+    if rounded:  # opted in: windows moved to whole minutes within raw retention too
+        refs, range_ms = refs // MINUTE_MS * MINUTE_MS, round(range_ms / MINUTE_MS) * MINUTE_MS
+        step = MINUTE_MS if refs.size > 1 else 0  # every moved time is a whole minute
+        hints = SelectHints(name, range_ms, step, int(refs.min()), int(refs.max()))
+    else:
+        hints = hints_for(refs, range_ms, name, ev.options.left_open_windows)
     # The store chooses the tier (store/query.py plan_buckets); None: read raw samples.
     selection = ev.source.select_buckets(ev.matchers(ms.vector_selector), hints)
     if selection is None:
         return None
     ev.count_buckets(selection, steps.size)  # the query's series and sample limits
     res = selection.width_ms
-    p = Plan(res, selection.shifted, refs // res * res if selection.shifted else refs,
-             selection.range_ms)  # fmt: skip
+    p = Plan(res, selection.shifted or rounded,
+             refs // res * res if selection.shifted else refs, selection.range_ms)  # fmt: skip
     exact = int(p.refs.min()) - p.range_ms >= selection.raw_horizon_ms
-    if exact and (p.shifted or not _exact(selection, name)):
+    if exact and ((p.shifted and not rounded) or not _exact(selection, name)):
         return None
+    if exact and rounded:
+        ev.notes.append(ROUNDED_NOTE)
     if not exact:
         ev.notes.append(_approximation_note(p, selection))
+        if name == "quantile_over_time":
+            ev.notes.append(QUANTILE_NOTE)
     ev.served_by.update(selection.tiers)
     rv = RangeVector([], p.refs - p.range_ms, p.refs, p.range_ms)
     rows = []
@@ -108,6 +178,12 @@ def range_call(ev: Evaluator, name: str, ms: Any, steps: np.ndarray) -> StepVect
         if name in ("rate", "increase", "delta") and (cols["first_ts"] < 0).any():
             # only before the horizon: rows from older versions keep no first sample
             ev.notes.append(OLD_ROWS_NOTE)
+            continue
+        if name in PAST_HORIZON_FUNCTIONS:
+            v, ok, lacking = _spread(name, cols, p, qs)
+            if lacking:
+                ev.notes.append(SPREAD_NOTE)
+            rows.append((make_labels(s.labels.items()), v, ok))
             continue
         v, ok = _evaluate(name, cols, p, rv, selection.counter_lookback_ms, s.counter)
         rows.append((make_labels(s.labels.items()), v, ok))
@@ -185,6 +261,27 @@ def merge_before(old: dict[Labels, RangeSeries], raw: list[RangeSeries]) -> list
     return [merged[k] for k in sorted(merged)]
 
 
+MINUTE_MS = 60_000
+ROUNDED_NOTE = (
+    "promql_round_windows is on: range windows that are not whole minutes (Grafana's "
+    "$__rate_interval) were answered from the 1m rollups with each window moved to whole "
+    "minutes (its end rounded down, by less than a minute, its length to the nearest "
+    "minute), so each value is Prometheus's exact value for that moved window, not for the "
+    "window asked for"
+)
+
+
+def _rounds_windows(ev: Evaluator, name: str, refs: np.ndarray, range_ms: int) -> bool:
+    """Whether the user opted in to whole-minute windows (``EngineOptions.round_windows``,
+    setting ``promql_round_windows``) and this window needs moving: never for Prometheus 3's
+    left-open windows, windows under a minute, or the spread functions."""
+    if not ev.options.round_windows or ev.options.left_open_windows:
+        return False
+    if name not in BUCKET_FUNCTIONS or range_ms < MINUTE_MS:
+        return False
+    return bool(range_ms % MINUTE_MS or (refs % MINUTE_MS).any())
+
+
 def _exact(selection: BucketSelection, name: str) -> bool:
     for s in selection.series:
         c = s.columns
@@ -198,9 +295,121 @@ def _exact(selection: BucketSelection, name: str) -> bool:
     return True
 
 
+_FLAT = ("sketch_codes", "sketch_counts")  # indexed by sketch_start/sketch_end, not by row
+
+
 def _finite_rows(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     held = cols["count"] > 0
-    return cols if held.all() else {k: v[held] for k, v in cols.items()}
+    if held.all():
+        return cols
+    return {k: v if k in _FLAT else v[held] for k, v in cols.items()}
+
+
+QUANTILE_NOTE = (
+    "quantile_over_time before the raw horizon merges each rollup row's quantile sketch "
+    "(DDSketch, 1 % relative accuracy): each value is within 1 % of the window's sample at "
+    "rank q * (n - 1), where Prometheus interpolates between that sample and the next"
+)
+SPREAD_NOTE = (
+    "some rollup rows were written by a metricvault that kept no sum of squares or quantile "
+    "sketch per bucket: stddev_over_time, stdvar_over_time and quantile_over_time leave out "
+    "the steps whose windows hold such rows"
+)
+
+
+def _spread(
+    name: str, c: dict[str, np.ndarray], p: Plan, qs: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """stddev/stdvar/quantile_over_time over each window's rows (and the sample at ``t``):
+    values, presence, and whether some window met rows that keep no m2 or sketch."""
+    ts = c["ts"]
+    steps = p.refs.size
+    if ts.size == 0:
+        return np.zeros(steps), np.zeros(steps, dtype=bool), False
+    lo = np.searchsorted(ts, p.refs - p.range_ms, side="left")
+    hi = np.searchsorted(ts, p.refs, side="left")
+    at = np.minimum(hi, ts.size - 1)
+    edge = (hi < ts.size) & (ts[at] == p.refs) & (c["first_ts"][at] == p.refs)
+    edge_value = np.where(edge, c["first"][at], 0.0)
+    n = _sum(c["count"].astype(np.float64), lo, hi) * (hi > lo) + edge
+    if name == "quantile_over_time":
+        assert qs is not None
+        value, known = _window_quantiles(c, lo, hi, edge, edge_value, qs)
+    else:
+        var, known = _window_variance(c, lo, hi, edge, edge_value)
+        value = np.sqrt(var) if name == "stddev_over_time" else var
+    ok = (n >= 1) & known
+    return value, ok, bool(((n >= 1) & ~known).any())
+
+
+def _window_variance(
+    c: dict[str, np.ndarray], lo: np.ndarray, hi: np.ndarray, edge: np.ndarray, x_t: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Population variance per window by Chan's merge of the rows' ``(count, mean, m2)`` and
+    the sample at ``t``: ``(sum(m2_i) + sum(n_i (mean_i - mean)^2)) / n``, from deviations of
+    means (no large sums of squares cancelling). Windows are gathered as (steps, rows)
+    matrices in chunks, as the raw path gathers samples."""
+    count = c["count"].astype(np.float64)
+    sums, m2 = c["sum"], c["m2"]
+    out = np.full(lo.size, np.nan)
+    known = np.ones(lo.size, dtype=bool)
+    width = max(int((hi - lo).max()), 1)
+    cols = np.arange(width)
+    chunk = max(1, rf.GATHER_CELLS // width)
+    last = max(count.size - 1, 0)
+    for a in range(0, lo.size, chunk):
+        part = slice(a, min(a + chunk, lo.size))
+        idx = np.minimum(lo[part, None] + cols[None, :], last)
+        inside = cols[None, :] < (hi[part] - lo[part])[:, None]
+        n_i = np.where(inside, count[idx], 0.0)
+        s_i = np.where(inside, sums[idx], 0.0)
+        m_i = np.where(inside, m2[idx], 0.0)
+        e = edge[part].astype(np.float64)
+        with np.errstate(all="ignore"):
+            n = n_i.sum(axis=1) + e
+            mean = (s_i.sum(axis=1) + np.where(edge[part], x_t[part], 0.0)) / n
+            mean_i = np.where(n_i > 0, s_i / np.where(n_i > 0, n_i, 1.0), 0.0)
+            dev = np.where(inside, mean_i - mean[:, None], 0.0)
+            spread = m_i.sum(axis=1) + (n_i * dev * dev).sum(axis=1)
+            spread += e * (np.where(edge[part], x_t[part], 0.0) - mean) ** 2
+            out[part] = np.maximum(spread / n, 0.0)
+        known[part] = ~np.isnan(m_i).any(axis=1)
+    return out, known
+
+
+def _window_quantiles(
+    c: dict[str, np.ndarray],
+    lo: np.ndarray,
+    hi: np.ndarray,
+    edge: np.ndarray,
+    x_t: np.ndarray,
+    qs: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The quantile of each window from its rows' sketches merged (and the sample at ``t``):
+    within the sketch's relative accuracy (1 %) of the window's sample at rank
+    ``q * (n - 1)`` (model.sketch_quantile)."""
+    from metricvault.model import sketch_mapping, sketch_quantile
+
+    start, end, held = c["sketch_start"], c["sketch_end"], c["sketch_held"]
+    codes, counts = c["sketch_codes"], c["sketch_counts"]
+    edge_codes = sketch_mapping().codes(x_t)
+    out = np.full(lo.size, np.nan)
+    known = np.ones(lo.size, dtype=bool)
+    for j in range(lo.size):
+        a, b = int(lo[j]), int(hi[j])
+        if b > a and not held[a:b].all():
+            known[j] = False
+            continue
+        # rows of one series are contiguous in the flat arrays: the window's codes are a slice
+        lo_flat = int(start[a]) if b > a else 0
+        hi_flat = int(end[b - 1]) if b > a else 0
+        w_codes, w_counts = codes[lo_flat:hi_flat], counts[lo_flat:hi_flat]
+        if edge[j]:
+            w_codes = np.append(w_codes, edge_codes[j])
+            w_counts = np.append(w_counts, 1)
+        if w_counts.size:
+            out[j] = sketch_quantile(w_codes, w_counts, float(qs[j]))
+    return out, known
 
 
 def _evaluate(

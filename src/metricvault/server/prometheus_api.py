@@ -236,6 +236,7 @@ class PrometheusAPI:
             lookback_delta_ms=parse_duration_ms(settings.lookback_delta),
             max_samples=settings.query_max_samples,
             max_series=settings.query_max_series,
+            round_windows=settings.promql_round_windows,
         )
 
     def routes(self) -> list[Route]:

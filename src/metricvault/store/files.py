@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 MAX_SCALE = 9
 _EXACT_LIMIT = 2.0**53
-ROLLUP_FLOATS = ("sum", "min", "max", "first", "last", "increase")
+ROLLUP_FLOATS = ("sum", "min", "max", "first", "last", "increase", "m2")
 RAW_FLOATS = ("value",)
 ZSTD_LEVEL = 15  # a little smaller than 9 at small CPU cost: bench/encoding.py
 # Raw files: 256 Ki rows per row group; rollup rows are wider and read a few series at a time.
@@ -128,6 +128,8 @@ def _elide_derivable(arrays: dict[str, np.ndarray], count: np.ndarray) -> dict[s
     for column in ("max", "first", "last"):
         if column in out:
             out[column][single | constant] = np.nan
+    if "m2" in out:  # no spread in a one-sample or constant bucket
+        out["m2"][single | constant] = np.nan
     return out
 
 
@@ -138,6 +140,8 @@ def _restore_derivable(columns: dict[str, pa.Array]) -> None:
     for column in ("max", "first", "last"):
         if column in columns:  # files older versions wrote have no first
             columns[column] = pc.if_else(held, pc.coalesce(columns[column], columns["min"]), None)
+    if "m2" in columns:  # files older versions wrote have none: it stays unknown (null)
+        columns["m2"] = pc.if_else(held, pc.coalesce(columns["m2"], 0.0), None)
 
 
 def _split(vals: np.ndarray, scale: np.ndarray, optional: bool) -> tuple[pa.Array, pa.Array]:

@@ -151,7 +151,14 @@ def _roll_up_day(vault: Vault, day_no: int, hours: list[int]) -> None:
     )
     counters = pa.array(vault.index.counters(), pa.int64())
     partials = rollup.raw_partials(
-        samples, counters, width=MINUTE_MS, origin=0, since=since, until=until, lookback=lookback
+        samples,
+        counters,
+        width=MINUTE_MS,
+        origin=0,
+        since=since,
+        until=until,
+        lookback=lookback,
+        sketch=True,  # stored rows keep a quantile sketch; the 1h rows merge the 1m ones
     )
     hour_set = pa.array(hours, pa.int64())
     partials = partials.filter(pc.is_in(pc.divide(partials["ts"], HOUR_MS), value_set=hour_set))

@@ -24,8 +24,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metricvault.durations import parse_duration_ms
-from metricvault.errors import InputError, TimeRangeError
-from metricvault.model import AGGREGATES, TIER_RESOLUTION_MS
+from metricvault.errors import InputError, TimeRangeError, UnsupportedError
+from metricvault.model import (
+    AGGREGATES,
+    PAST_HORIZON_FUNCTIONS,
+    QUANTILE_AGGREGATES,
+    TIER_RESOLUTION_MS,
+)
 from metricvault.protocols import BUCKET_FUNCTIONS, Horizons, SelectHints, SeriesLookup
 from metricvault.store import rollup
 from metricvault.store.catalog import Snapshot
@@ -92,10 +97,13 @@ def plan_buckets(
     the first window, the finest tier with windows moved to whole buckets; else None."""
     if hints.func is None:
         return _plan_selector(hints, horizons, samples_per_row)
-    if hints.func not in BUCKET_FUNCTIONS or hints.range_ms <= 0:
+    past_only = hints.func in PAST_HORIZON_FUNCTIONS
+    if (hints.func not in BUCKET_FUNCTIONS and not past_only) or hints.range_ms <= 0:
         return None
     range_ms = hints.range_ms
     lo, hi = hints.start_ms - range_ms, hints.end_ms
+    if past_only and not (horizons.raw_start_ms and lo < horizons.raw_start_ms):
+        return None  # within raw retention these read raw samples: Prometheus's answer
     for tier, res in ROLLUP_TIERS:  # coarsest first
         aligned = not (hints.start_ms % res or hints.step_ms % res or range_ms % res)
         if aligned and not hints.left_open:
@@ -203,8 +211,12 @@ class ContextReader:
     def raw_samples(self, series_ids: list[int], start: int, end: int) -> pa.Table:
         return raw_samples(self.ctx, series_ids, start, end)
 
-    def partials(self, series_ids: list[int], start: int, end: int, step: int) -> pa.Table:
-        return aggregate(self.ctx, series_ids, start, end, step)[0]
+    quantile_sketches = True  # partials(..., sketch=True) holds them (query --agg p95)
+
+    def partials(
+        self, series_ids: list[int], start: int, end: int, step: int, sketch: bool = False
+    ) -> pa.Table:
+        return aggregate(self.ctx, series_ids, start, end, step, sketch)[0]
 
 
 def raw_samples(ctx: QueryContext, series_ids: list[int], start: int, end: int) -> pa.Table:
@@ -213,9 +225,12 @@ def raw_samples(ctx: QueryContext, series_ids: list[int], start: int, end: int) 
 
 
 def aggregate(
-    ctx: QueryContext, series_ids: list[int], start: int, end: int, step: int
-) -> tuple[pa.Table, list[Segment]]:
-    """Partials per (series, bucket) for a step query, and the segments that served it."""
+    ctx: QueryContext, series_ids: list[int], start: int, end: int, step: int,
+    sketch: bool = False,
+) -> tuple[pa.Table, list[Segment]]:  # fmt: skip
+    """Partials per (series, bucket) for a step query, and the segments that served it;
+    ``sketch``: with each bucket's quantile sketch where raw samples answer (rollup rows
+    hold theirs)."""
     if step == -1:
         lo, hi = _widen_to_empty_time(ctx.snapshot, start, end)
         width, origin = hi - lo, lo
@@ -239,6 +254,7 @@ def aggregate(
                     since=seg.start,
                     until=seg.end,
                     lookback=ctx.lookback_ms,
+                    sketch=sketch,
                 )
             )
         else:
@@ -335,11 +351,41 @@ def _sample_bounds(snapshot: Snapshot) -> tuple[int | None, int | None]:
     return min(firsts, default=None), max(lasts, default=None)
 
 
+SKETCH_AGGREGATES = frozenset({"stddev", *QUANTILE_AGGREGATES})
+
+
+def read_partials(
+    reader: Any, series_ids: list[int], start: int, end: int, step: int, aggs: Sequence[str]
+) -> pa.Table:
+    """``reader.partials``, with quantile sketches where ``aggs`` asks for a quantile. A
+    reader whose rows keep no m2 or sketches (InfluxDB's continuous queries, experiment
+    snapshots) refuses ``stddev`` and the quantiles, saying so, rather than answer nulls."""
+    wanted = [a for a in aggs if a in SKETCH_AGGREGATES]
+    if not wanted:
+        return reader.partials(series_ids, start, end, step)
+    if not getattr(reader, "quantile_sketches", False):
+        raise UnsupportedError(
+            f"this store keeps no variance or quantile sketch in its rollups, so it cannot "
+            f"answer {', '.join(wanted)}: query the raw samples (no --step) and aggregate "
+            "them yourself, or use a metricvault vault"
+        )
+    sketch = any(a in QUANTILE_AGGREGATES for a in aggs)
+    return reader.partials(series_ids, start, end, step, sketch=sketch)
+
+
 def finish_aggregates(partials: pa.Table, aggs: Sequence[str]) -> dict[str, pa.Array]:
     cols: dict[str, pa.Array] = {}
     for agg in aggs:
         if agg == "mean":
             cols[agg] = pc.divide(partials["sum"], pc.cast(partials["count"], pa.float64()))
+        elif agg == "stddev":  # population, as PromQL's stddev_over_time; null: no m2 kept
+            var = pc.divide(partials["m2"], pc.cast(partials["count"], pa.float64()))
+            cols[agg] = pc.sqrt(pc.max_element_wise(var, 0.0))
+        elif agg in QUANTILE_AGGREGATES:
+            count = partials["count"].to_numpy().astype(np.float64)
+            cols[agg] = rollup.row_quantiles(
+                partials["sketch_keys"], partials["sketch_counts"], QUANTILE_AGGREGATES[agg], count
+            )
         else:
             cols[agg] = partials[agg]
     return cols

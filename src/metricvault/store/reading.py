@@ -64,7 +64,11 @@ def answer(
         if not stale_markers:
             samples = drop_stale_markers(samples)
         return q.shape(reader.index, samples, {"value": samples["value"]}, output)
-    partials = finite_rows(reader.partials(ids, t0, t1, step_ms)) if ids else empty_partials()
+    partials = (
+        finite_rows(q.read_partials(reader, ids, t0, t1, step_ms, agg_names))
+        if ids
+        else empty_partials()
+    )
     return q.shape(reader.index, partials, q.finish_aggregates(partials, agg_names), output)
 
 

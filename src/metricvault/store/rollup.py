@@ -34,15 +34,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from metricvault.model import STALE_NAN_BITS
+from metricvault.model import STALE_NAN_BITS, sketch_mapping
 
 if TYPE_CHECKING:  # imported on first use: `metricvault stats` and `series` never need DuckDB
     import duckdb
 
 PARTIAL_COLUMNS = (
     "series_id", "ts", "count", "sum", "min", "max", "first", "first_ts", "last", "last_ts",
-    "increase", "nonfinite",
+    "increase", "nonfinite", "m2", "sketch_keys", "sketch_counts",
 )  # fmt: skip
+SKETCH_COLUMNS = ("sketch_keys", "sketch_counts")
 ROLLUP_COLUMNS = PARTIAL_COLUMNS  # a stored row is a partial: buckets merge across files
 
 _local = threading.local()
@@ -80,12 +81,14 @@ def raw_partials(
     since: int,
     until: int,
     lookback: int,
+    sketch: bool = False,
 ) -> pa.Table:
     """Partials per (series, bucket) from deduplicated raw samples.
 
     ``samples`` may start up to ``lookback`` before ``since`` so that counters find the sample
     before their first bucket; only samples in ``[since, until)`` are aggregated. Non-finite
-    samples are skipped (see the module docstring).
+    samples are skipped (see the module docstring). ``sketch``: also each bucket's quantile
+    sketch (stored rows have one; query-time partials only where a quantile is asked for).
     """
     value = samples.column("value")
     parts = []
@@ -102,7 +105,8 @@ def raw_partials(
     common = f"""SELECT series_id, {bucket} AS ts, count(*)::BIGINT AS count,
                     fsum(value) AS sum, min(value) AS min, max(value) AS max,
                     arg_min(value, ts) AS first, min(ts)::BIGINT AS first_ts,
-                    arg_max(value, ts) AS last, max(ts)::BIGINT AS last_ts"""
+                    arg_max(value, ts) AS last, max(ts)::BIGINT AS last_ts,
+                    var_pop(value) * count(*) AS m2"""
     if gauges.num_rows:
         con.register("g", gauges)
         parts.append(
@@ -131,7 +135,87 @@ def raw_partials(
         )
         con.unregister("c")
     # Gauges and counters are different series: only NaN rows can share a bucket with others.
-    return combine(parts) if nonfinite else _concat(parts)
+    out = combine(parts) if nonfinite else _concat(parts)
+    if sketch and samples.num_rows:
+        out = _with_sketches(out, _raw_sketches(con, samples, bucket, since, until))
+    return out
+
+
+# ---------------------------------------------------------------- quantile sketches
+def row_quantiles(keys: pa.Array | pa.ChunkedArray, counts: pa.Array | pa.ChunkedArray, q: float,
+                  expected: np.ndarray | None = None) -> pa.Array:  # fmt: skip
+    """:func:`sketch_quantile` of every row's sketch at once (codes sorted within each row,
+    as stored and merged); null where a row has no sketch, or (``expected``, the rows'
+    ``count``) one covering fewer samples than the row holds."""
+    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    counts = counts.combine_chunks() if isinstance(counts, pa.ChunkedArray) else counts
+    rows = len(keys)
+    codes = np.asarray(pc.list_flatten(keys).to_numpy(), dtype=np.int64)
+    weights = np.asarray(pc.list_flatten(counts).to_numpy(), dtype=np.float64)
+    parent = np.asarray(pc.list_parent_indices(keys).to_numpy(), dtype=np.int64)
+    per_row = np.bincount(parent, weights=weights, minlength=rows)
+    missing = np.asarray(keys.is_null().to_numpy(zero_copy_only=False)) | (per_row == 0)
+    if expected is not None:
+        missing |= per_row != expected
+    out = np.full(rows, np.nan)
+    if codes.size:
+        cum = np.cumsum(weights)
+        first = np.searchsorted(parent, np.arange(rows))  # each row's first entry
+        last = np.searchsorted(parent, np.arange(rows), side="right") - 1
+        before = np.where(first > 0, cum[np.maximum(first - 1, 0)], 0.0)
+        qq = min(max(q, 0.0), 1.0)
+        at = np.searchsorted(cum, before + qq * (per_row - 1), side="right")
+        at = np.clip(at, first, np.maximum(last, first))
+        ok = ~missing
+        out[ok] = sketch_mapping().values(codes[np.minimum(at[ok], codes.size - 1)])
+        if q < 0 or q > 1:
+            out[ok] = np.inf if q > 1 else -np.inf
+    return pa.array(out, mask=missing)
+
+
+def _raw_sketches(
+    con: duckdb.DuckDBPyConnection, samples: pa.Table, bucket: str, since: int, until: int
+) -> pa.Table:
+    """``series_id, ts, sketch_keys, sketch_counts`` per bucket of finite samples."""
+    con.register("k", samples.select(["series_id", "ts", "value"]))
+    code = sketch_mapping().sql("value")
+    table = fetch_arrow(
+        con,
+        f"""WITH c AS (
+            SELECT series_id, {bucket} AS ts, {code} AS code, count(*)::INTEGER AS n
+            FROM k WHERE ts >= {since} AND ts < {until} GROUP BY 1, 2, 3)
+        SELECT series_id, ts, list(code ORDER BY code) AS sketch_keys,
+            list(n ORDER BY code) AS sketch_counts
+        FROM c GROUP BY 1, 2""",
+    )
+    con.unregister("k")
+    return table
+
+
+def _with_sketches(partials: pa.Table, sketches: pa.Table) -> pa.Table:
+    """``partials`` with the sketch of each bucket ``sketches`` holds (others: null)."""
+    if sketches.num_rows == 0 or partials.num_rows == 0:
+        return partials
+    key = _row_keys(partials["series_id"], partials["ts"])
+    skey = _row_keys(sketches["series_id"], sketches["ts"])
+    order = np.argsort(skey, kind="stable")
+    pos = np.searchsorted(skey[order], key)
+    pos = np.minimum(pos, order.size - 1)
+    found = skey[order][pos] == key
+    take = pa.array(np.where(found, order[pos], 0), mask=~found)
+    for name in SKETCH_COLUMNS:
+        column = sketches[name].combine_chunks().cast(pa.list_(pa.int32())).take(take)
+        partials = partials.set_column(partials.schema.get_field_index(name), name, column)
+    return partials
+
+
+def _row_keys(series_id: pa.ChunkedArray | pa.Array, ts: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """One sortable key per (series, bucket): structured, so 64-bit ids never overflow."""
+    sid = np.asarray(series_id.to_numpy(), dtype=np.int64)
+    t = np.asarray(ts.to_numpy(), dtype=np.int64)
+    out = np.empty(sid.size, dtype=[("s", np.int64), ("t", np.int64)])
+    out["s"], out["t"] = sid, t
+    return out
 
 
 def _nonfinite_partials(
@@ -165,6 +249,9 @@ def _nonfinite_partials(
             "last_ts": pa.nulls(n, pa.int64()),
             "increase": nulls,
             "nonfinite": pa.array(counts.astype(np.int64)),
+            "m2": nulls,
+            "sketch_keys": pa.nulls(n, pa.list_(pa.int32())),
+            "sketch_counts": pa.nulls(n, pa.list_(pa.int32())),
         },
         schema=PARTIAL_SCHEMA,
     )
@@ -193,7 +280,8 @@ def conform(rows: pa.Table) -> pa.Table:
     """Rollup rows in today's schema. Rows older versions wrote have no ``first``,
     ``first_ts``, ``last_ts`` or ``nonfinite``: their first/last times are not known (null,
     which PromQL reads as "answer from raw"; aggregate queries merge them by the bucket start),
-    and they counted no NaN samples (0)."""
+    and they counted no NaN samples (0). Rows written before rollups kept ``m2`` and a
+    quantile sketch have them null: variance and quantiles are not known there."""
     if tuple(rows.column_names) == PARTIAL_COLUMNS and rows.schema.equals(PARTIAL_SCHEMA):
         return rows
     n = rows.num_rows
@@ -239,7 +327,7 @@ def _merge(partials: pa.Table) -> pa.Table:
             ("increase", "sum"),
             ("nonfinite", "sum"),
         ]
-    )
+    )  # m2 and the sketches merge below (group_by has no aggregate for them)
     names = {
         "count_sum": "count",
         "sum_sum": "sum",
@@ -253,7 +341,67 @@ def _merge(partials: pa.Table) -> pa.Table:
         "nonfinite_sum": "nonfinite",
     }
     grouped = grouped.rename_columns([names.get(c, c) for c in grouped.column_names])
+    # Groups in (series, bucket) order, as the sorted rows: the columns below line up.
+    grouped = grouped.sort_by([("series_id", "ascending"), ("ts", "ascending")])
+    sid, ts = table["series_id"].to_numpy(), table["ts"].to_numpy()
+    starts = np.flatnonzero(np.r_[True, (sid[1:] != sid[:-1]) | (ts[1:] != ts[:-1])])
+    grouped = grouped.append_column("m2", pa.array(_merged_m2(table, starts), pa.float64()))
+    keys, counts = _merged_sketches(table, starts)
+    grouped = grouped.append_column("sketch_keys", keys).append_column("sketch_counts", counts)
     return grouped.select(list(PARTIAL_COLUMNS)).cast(PARTIAL_SCHEMA)
+
+
+def _merged_m2(table: pa.Table, starts: np.ndarray) -> np.ndarray:
+    """Each group's sum of squared deviations from its mean, from its parts' (Chan, Golub
+    and LeVeque's pairwise update, all parts at once): ``sum(m2_i) + sum(n_i * (mean_i -
+    mean)**2)``. Deviations of the parts' means from the group's, never sums of squares, so
+    no cancellation where the values are large and their spread small. NaN where a part
+    holding samples has no ``m2`` (rows written before it was kept)."""
+    n = np.asarray(table["count"].to_numpy(zero_copy_only=False), dtype=np.float64)
+    total = np.asarray(table["sum"].fill_null(0.0).to_numpy(), dtype=np.float64)
+    m2 = np.asarray(table["m2"].to_numpy(zero_copy_only=False), dtype=np.float64)
+    held = n > 0
+    m2 = np.where(held, m2, 0.0)  # empty parts (NaN-only buckets) add nothing
+    with np.errstate(all="ignore"):
+        group_n = np.add.reduceat(n, starts)
+        group_mean = np.add.reduceat(total, starts) / group_n
+        mean = np.where(held, total / np.where(held, n, 1.0), 0.0)
+        dev = mean - np.repeat(group_mean, np.diff(np.r_[starts, n.size]))
+        spread = np.where(held, n * dev * dev, 0.0)
+        out = np.add.reduceat(m2, starts) + np.add.reduceat(spread, starts)
+    return np.asarray(np.where(group_n > 0, out, np.nan))
+
+
+def _merged_sketches(table: pa.Table, starts: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """Each group's sketch: its parts' counts added code by code (null where no part has
+    one; where some parts lack theirs, the merged sketch covers only the others — such a
+    group mixes rows written before sketches were kept with newer ones, and reads of it
+    check ``count`` against the sketch's total)."""
+    keys = table["sketch_keys"].combine_chunks()
+    counts = table["sketch_counts"].combine_chunks()
+    groups = starts.size
+    if keys.null_count == len(keys):
+        nulls = pa.nulls(groups, pa.list_(pa.int32()))
+        return nulls, nulls
+    row_group = np.repeat(np.arange(groups), np.diff(np.r_[starts, len(keys)]))
+    parent = np.asarray(pc.list_parent_indices(keys).to_numpy(), dtype=np.int64)
+    flat_keys = np.asarray(pc.list_flatten(keys).to_numpy(), dtype=np.int64)
+    flat_counts = np.asarray(pc.list_flatten(counts).to_numpy(), dtype=np.int64)
+    g = row_group[parent]
+    order = np.lexsort((flat_keys, g))
+    g, k, c = g[order], flat_keys[order], flat_counts[order]
+    if g.size:
+        first = np.flatnonzero(np.r_[True, (g[1:] != g[:-1]) | (k[1:] != k[:-1])])
+        g, k, c = g[first], k[first], np.add.reduceat(c, first)
+    offsets = np.searchsorted(g, np.arange(groups + 1))
+    has = np.zeros(groups, dtype=bool)
+    has[row_group[~np.asarray(keys.is_null().to_numpy(zero_copy_only=False))]] = True
+    mask = pa.array(~has)
+    off = pa.array(offsets.astype(np.int32))
+    return (
+        pa.ListArray.from_arrays(off, pa.array(k.astype(np.int32)), mask=mask),
+        pa.ListArray.from_arrays(off, pa.array(c.astype(np.int32)), mask=mask),
+    )
 
 
 def to_rollup_rows(partials: pa.Table) -> pa.Table:
@@ -278,6 +426,9 @@ ROLLUP_SCHEMA = pa.schema(
         ("last_ts", pa.int64()),
         ("increase", pa.float64()),
         ("nonfinite", pa.int64()),
+        ("m2", pa.float64()),
+        ("sketch_keys", pa.list_(pa.int32())),
+        ("sketch_counts", pa.list_(pa.int32())),
     ]
 )
 PARTIAL_SCHEMA = ROLLUP_SCHEMA

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import pyarrow.compute as pc
 
 from metricvault.protocols import (
     BUCKET_COLUMNS,
@@ -49,16 +50,29 @@ def to_selection(buckets: Buckets, choice: BucketChoice) -> BucketSelection:
                 cols[name] = column.fill_null(-1).to_numpy()
             else:
                 cols[name] = column.to_numpy(zero_copy_only=False).astype(np.float64)
+        # m2 and the quantile sketches (promql/tiers.py reads them past the raw horizon):
+        # m2 NaN where a row has none; each row's sketch as codes[sketch_start[i]:sketch_end[i]]
+        cols["m2"] = table["m2"].to_numpy(zero_copy_only=False).astype(np.float64)
+        keys = table["sketch_keys"].combine_chunks()
+        flat_codes = np.asarray(pc.list_flatten(keys).to_numpy(), dtype=np.int64)
+        flat_counts = np.asarray(
+            pc.list_flatten(table["sketch_counts"].combine_chunks()).to_numpy(), dtype=np.int64
+        )
+        lengths = np.asarray(pc.list_value_length(keys).fill_null(-1).to_numpy(), np.int64)
+        offsets = np.r_[0, np.cumsum(np.maximum(lengths, 0))]
         starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
         ends = np.r_[starts[1:], sid.size]
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
             series_id = int(sid[a])
+            columns = {name: values[a:b] for name, values in cols.items()}
+            lo, hi = int(offsets[a]), int(offsets[b])
+            columns["sketch_start"] = offsets[a:b] - lo
+            columns["sketch_end"] = offsets[a + 1 : b + 1] - lo
+            columns["sketch_held"] = lengths[a:b] >= 0
+            columns["sketch_codes"] = flat_codes[lo:hi]
+            columns["sketch_counts"] = flat_counts[lo:hi]
             out.append(
-                SeriesBuckets(
-                    buckets.labels[series_id],
-                    series_id in buckets.counters,
-                    {name: values[a:b] for name, values in cols.items()},
-                )
+                SeriesBuckets(buckets.labels[series_id], series_id in buckets.counters, columns)
             )
     return BucketSelection(
         out,
