@@ -196,3 +196,23 @@ def test_an_empty_table_of_times_is_read() -> None:
     )
     index.load_table(empty)
     assert len(index) == 0
+
+
+def test_series_files_are_merged_into_one_past_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from metricvault.store import vault as vault_module
+
+    monkeypatch.setattr(vault_module, "SERIES_FILES_MAX", 4)
+    path = str(tmp_path / "v")
+    with Vault.open_local(path) as writer:
+        for day in range(12):  # a new day each flush: a row for every host each time
+            writer.write([("node_up", {"host": h}, (DAY0 + day) * DAY_MS, 1.0) for h in "ab"])
+            writer.write([("node_up", {"host": f"only-{day}"}, (DAY0 + day) * DAY_MS, 1.0)])
+            writer.flush()
+            assert len(writer.catalog_version().series_files) <= 4
+        assert len(writer.series(output="arrow")) == 2 + 12
+    with Vault.open_local(path) as reader:
+        assert len(reader.index) == 14
+        assert _hosts(reader, 5.0, 5.5) == ["a", "b", "only-5"]
+        assert _hosts(reader, 11.0, None) == ["a", "b", "only-11"]

@@ -206,11 +206,17 @@ class SeriesIndex:
         return first // DAY_MS * DAY_MS <= end_ms and start_ms < (last // DAY_MS + 1) * DAY_MS
 
     def flush_rows(
-        self, ids: np.ndarray, first: np.ndarray, last: np.ndarray, new_series: pa.Table
+        self,
+        ids: np.ndarray,
+        first: np.ndarray,
+        last: np.ndarray,
+        new_series: pa.Table,
+        everything: bool = False,
     ) -> pa.Table:
         """The series file a flush writes: every row of ``new_series`` (the series its buffer
         registered) and the known series among ``ids`` (with this flush's ``first``/``last``),
-        each with the widest span known here; unknown times as nulls."""
+        each with the widest span known here; unknown times as nulls. ``everything`` adds
+        every series a series file already holds (a file that replaces them all)."""
         rows: dict[int, tuple[str, str, str]] = {}
         names = SERIES_SCHEMA.names
         cols = [new_series.column(n).to_pylist() for n in names]
@@ -224,6 +230,11 @@ class SeriesIndex:
             if sid not in rows:
                 info = self._by_id[sid]
                 rows[sid] = (info.metric, info.labels_json, info.kind)
+        if everything:  # one file to replace all series files: every series they hold
+            for sid in self._saved_days:
+                if sid not in rows:
+                    info = self._by_id[sid]
+                    rows[sid] = (info.metric, info.labels_json, info.kind)
         order = list(rows)
         known = [spans.get(sid, seen.get(sid)) for sid in order]
         return pa.table(

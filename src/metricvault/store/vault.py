@@ -441,7 +441,15 @@ class Vault:
         ids, first, last = series_spans(samples["series_id"].to_numpy(), samples["ts"].to_numpy())
         save = self.index.spans_to_save(ids, first, last)
         if pending.series.num_rows or save.any():
-            rows = self.index.flush_rows(ids[save], first[save], last[save], pending.series)
+            # a series file a day per writer would pile up (each is read on open): past
+            # SERIES_FILES_MAX, this flush's file holds every series and replaces them all
+            merge = len(snap.series_files) >= SERIES_FILES_MAX
+            if merge:
+                self._load_new_series_files(snap)
+                change.remove_series = {sf.path for sf in snap.series_files}
+            rows = self.index.flush_rows(
+                ids[save], first[save], last[save], pending.series, everything=merge
+            )
             path = self.location.new_series_path(file_id, self.catalog.owner())
             data = fmt.write_plain_parquet(rows)
             self.location.write_file(path, data)
@@ -671,7 +679,7 @@ class Vault:
 
     def _context(self) -> q.QueryContext:
         snap = self.catalog.current()
-        if len(snap.series_files) != len(self._series_files):
+        if any(sf.path not in self._series_files for sf in snap.series_files):
             self._load_new_series_files(snap)
         elif len(snap.kind_changes) != self._kind_changes_seen:
             self._load_kinds(snap)
@@ -727,6 +735,9 @@ class Vault:
                 "metricvault.Vault.open(...), or pass a callback progress(step, done, total)"
             )
         return maintain(self, now_ms, progress or None)
+
+
+SERIES_FILES_MAX = 64  # series files in a catalog version before a flush merges them
 
 
 def _owner_gone(buffer_name: str) -> bool:
