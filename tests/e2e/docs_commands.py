@@ -24,8 +24,6 @@ EXEMPT: tuple[tuple[str, str], ...] = (
     (r"^(\.venv/bin/)?python3? bench/", "benchmarks are measured in bench/, not in the suite"),
     (r"^pip install", "installs into the user's environment"),
     (r"^source \.venv/bin/activate", "the test already runs the venv's metricvault"),
-    (r"^amtool check-config deploy/alertmanager/alertmanager\.yml$", "tests/e2e/"
-     "test_alertmanager.py runs it on the shipped file (the docs workspace has no deploy/)"),
 )  # fmt: skip
 
 
