@@ -79,6 +79,7 @@ def run_demo(
         f"  metricvault query 'mfu' -d {path} --start=-{days:g}d --step 1d --agg mean,max\n"
         f'  metricvault sql "SELECT count(*) FROM raw" -d {path}\n'
         f"{archived.hint}"
+        f"Browse it in the web UI (read-only; docs/ui.md):\n  metricvault ui -d {path}\n"
     )
 
 

@@ -46,6 +46,7 @@ from metricvault.cli.kinds import kind_app
 from metricvault.cli.light import COMMON_OPTS, HOT_OPTS, run_hot
 from metricvault.cli.output import print_table
 from metricvault.cli.rules import rules_app
+from metricvault.cli.ui import ui
 from metricvault.config import describe
 from metricvault.durations import (
     parse_duration_ms,
@@ -428,7 +429,10 @@ def serve(
     `not_found` error) and `POST /api/v1/read` (remote_read). Experiments:
     `/api/v1/experiments` and `/api/v1/experiments/<id>`. Rules (`--rules`): `GET
     /api/v1/rules`, `GET /api/v1/alerts`, `POST /-/reload` (and SIGHUP). Health: `GET /-/healthy`,
-    `GET /-/ready`, `GET /metrics` (the gateway's own metrics).
+    `GET /-/ready`, `GET /metrics` (the gateway's own metrics). Web UI (docs/ui.md): `GET /`,
+    `/ui/experiments`, `/ui/experiments/<experiment_id>`, `/ui/compare`, `/ui/explore`,
+    `/ui/alerts`, `/ui/vault`, `/ui/static/<path>`, and its JSON `/api/v1/ui/experiments`,
+    `/api/v1/experiments/<experiment_id>/history`, `/api/v1/compare`, `/api/v1/vault/stats`.
     A 204 means the samples are durable. SIGTERM drains requests and flushes. Point Prometheus
     at it with the fragment from `metricvault prometheus-config`. A non-loopback `--listen`
     needs auth_bearer_tokens or auth_basic_users (or `--insecure-no-auth`).
@@ -545,6 +549,7 @@ def hash_secret_cmd(
 
 
 app.command("cost")(cost)
+app.command("ui")(ui)
 
 # listed after serve (the collector side); its options are the agent's own (argparse)
 app.command(context_settings=AGENT_CONTEXT, add_help_option=False)(agent)

@@ -10,6 +10,7 @@ from metricvault.server import (
     prometheus_api,
     remote_read_api,
     rules_api,
+    ui_api,
     upkeep,
     write_api,
 )
@@ -20,6 +21,7 @@ APIS: tuple[ServerAPI, ...] = (
     otlp_api.API,
     experiments_api.API,
     health_api.API,
+    ui_api.API,  # before prometheus_api, whose /api/v1/{rest} answers not_found
     rules_api.API,  # before prometheus_api, whose /api/v1/{rest} answers not_found
     prometheus_api.API,
     remote_read_api.API,

@@ -1,0 +1,329 @@
+// metricvault UI: one small script, no build step. Every number comes from the gateway's JSON
+// APIs; every text from data is set with textContent (never innerHTML), so nothing in a
+// record can become markup. window.mvCharts holds what each chart drew (tests read it back).
+"use strict";
+window.mvCharts = {};
+window.mvReady = false;
+const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+  "#7f7f7f", "#bcbd22", "#17becf"];
+const UNITS = { train_loss: "loss", learning_rate: "lr", grad_norm: "norm",
+  tokens_per_second: "tokens/s", mfu: "MFU (fraction)" };
+
+function $(id) { return document.getElementById(id); }
+function el(tag, text, attrs) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  return node;
+}
+function showError(message) {
+  const box = $("error");
+  box.textContent = message;
+  box.hidden = !message;
+}
+async function api(url) {
+  const answer = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+  const text = await answer.text();
+  if (!answer.ok) {
+    let words = text.trim();
+    try { const j = JSON.parse(text); words = j.error || words; } catch (e) { /* plain text */ }
+    throw new Error(`${url.split("?")[0]} answered ${answer.status}: ${words}`);
+  }
+  return JSON.parse(text);
+}
+function fmt(value, digits) {
+  if (value === null || value === undefined || value === "") return "";
+  if (typeof value === "number") {
+    if (Number.isInteger(value)) return value.toLocaleString("en-US");
+    return value.toFixed(digits === undefined ? 3 : digits);
+  }
+  if (Array.isArray(value)) return value.join(", ");
+  return String(value);
+}
+function empty(parent, message) {
+  parent.replaceChildren(el("p", message, { class: "empty" }));
+}
+function chartWidth(node) { return Math.max(320, Math.floor(node.clientWidth || 800)); }
+
+// One uPlot chart: xs shared, ys one array per line; the data is kept in window.mvCharts.
+function drawChart(node, key, xs, lines, opts) {
+  window.mvCharts[key] = { x: xs, lines: lines.map((l) => ({ label: l.label, y: l.y })) };
+  node.replaceChildren();
+  const series = [{ label: opts.xLabel }];
+  lines.forEach((l, i) => series.push({ label: l.label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true }));
+  const plot = new uPlot({
+    width: chartWidth(node), height: 300, title: opts.title,
+    scales: { x: { time: !!opts.time } },
+    axes: [{ label: opts.xLabel, stroke: "currentColor" }, { label: opts.yLabel, stroke: "currentColor" }],
+    series,
+  }, [xs, ...lines.map((l) => l.y)], node);
+  node.dataset.points = String(xs.length);
+  return plot;
+}
+
+// ------------------------------------------------------------------ experiments
+const SUMMARY_COLUMNS = ["gpus", "gpu_hours", "energy_kwh", "final_loss", "mfu_mean"];
+async function experimentsPage() {
+  const params = new URLSearchParams(location.search);
+  for (const name of ["q", "tag", "owner", "param"]) $(name).value = params.get(name) || "";
+  const state = { sort: params.get("sort") || "start", order: params.get("order") || "desc",
+    offset: Number(params.get("offset") || 0), limit: 50 };
+  const load = async () => {
+    const q = new URLSearchParams();
+    for (const name of ["q", "tag", "owner", "param"]) if ($(name).value) q.set(name, $(name).value);
+    q.set("sort", state.sort); q.set("order", state.order);
+    q.set("offset", state.offset); q.set("limit", state.limit);
+    history.replaceState(null, "", "?" + q.toString());
+    const data = await api("/api/v1/ui/experiments?" + q.toString());
+    const body = $("experiments").querySelector("tbody");
+    body.replaceChildren();
+    if (data.total === 0) {
+      const any = q.has("q") || q.has("tag") || q.has("owner") || q.has("param");
+      $("count").textContent = any ? "No experiment matches these filters: clear them to see all."
+        : "No experiments yet: `metricvault experiment create` or `metricvault.track()`.";
+      return;
+    }
+    $("count").textContent = `${data.total} experiment(s); showing ${data.offset + 1}–${data.offset + data.rows.length}`;
+    for (const row of data.rows) {
+      const tr = el("tr", null, { "data-id": row.id });
+      const box = el("input", null, { type: "checkbox", class: "pick", value: row.id, "aria-label": "select " + row.id });
+      const first = el("td"); first.append(box); tr.append(first);
+      const idCell = el("td"); idCell.append(el("a", row.id, { href: "/ui/experiments/" + encodeURIComponent(row.id) }));
+      tr.append(idCell);
+      const cells = [["owner", row.owner], ["team", row.team], ["start", row.start], ["end", row.end || "running"],
+        ["duration_h", fmt(row.duration_h, 1)]];
+      for (const c of SUMMARY_COLUMNS) cells.push([c, fmt(row[c], c === "gpus" ? 0 : (c === "final_loss" || c === "mfu_mean" ? 3 : 1))]);
+      cells.push(["git_sha", (row.git_sha || "").slice(0, 10)], ["tags", fmt(row.tags)]);
+      for (const [name, text] of cells) {
+        const numeric = ["duration_h", ...SUMMARY_COLUMNS].includes(name);
+        tr.append(el("td", text, { "data-col": name, class: numeric ? "num" : "" }));
+      }
+      body.append(tr);
+    }
+    $("prev").disabled = state.offset === 0;
+    $("next").disabled = state.offset + data.rows.length >= data.total;
+  };
+  const run = () => load().then(() => showError("")).catch((e) => showError(e.message)).finally(() => { window.mvReady = true; });
+  $("filters").addEventListener("submit", (ev) => { ev.preventDefault(); state.offset = 0; window.mvReady = false; run(); });
+  for (const button of document.querySelectorAll("button.sort")) {
+    button.addEventListener("click", () => {
+      const col = button.dataset.sort;
+      state.order = state.sort === col && state.order === "asc" ? "desc" : "asc";
+      state.sort = col; state.offset = 0; window.mvReady = false; run();
+    });
+  }
+  $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - state.limit); window.mvReady = false; run(); });
+  $("next").addEventListener("click", () => { state.offset += state.limit; window.mvReady = false; run(); });
+  $("compare-selected").addEventListener("click", () => {
+    const ids = [...document.querySelectorAll("input.pick:checked")].map((b) => b.value);
+    if (ids.length < 1) { showError("Select one or more experiments (the boxes in the first column) to compare."); return; }
+    location.href = "/ui/compare?ids=" + ids.map(encodeURIComponent).join(",");
+  });
+  await run();
+}
+
+// ------------------------------------------------------------------ one experiment
+async function experimentPage() {
+  const box = $("charts");
+  const id = box.dataset.experiment;
+  const data = await api(`/api/v1/experiments/${encodeURIComponent(id)}/history?width=${chartWidth(box) / 2 | 0}`);
+  const names = Object.keys(data.metrics);
+  if (!names.length) {
+    empty(box, data.why || "No training curves for this experiment: log them with metricvault.track() (run.log(step, loss=...)).");
+    return;
+  }
+  box.classList.add("charts-grid");
+  for (const name of names) {
+    const node = el("div", null, { class: "chart", id: "chart-" + name, role: "img", "aria-label": name + " by step" });
+    box.append(node);
+    const m = data.metrics[name];
+    drawChart(node, name, m.x, [{ label: name, y: m.y }], { title: name, xLabel: "step", yLabel: UNITS[name] || name });
+  }
+  if (data.missing.length) box.append(el("p", "Not logged by this run: " + data.missing.join(", "), { class: "empty" }));
+}
+
+// ------------------------------------------------------------------ compare
+function ema(values, weight) {
+  // TensorBoard's debiased exponential moving average; gaps stay gaps
+  if (!weight) return values;
+  let last = 0, n = 0;
+  return values.map((v) => {
+    if (v === null || !Number.isFinite(v)) return v;
+    last = last * weight + (1 - weight) * v; n += 1;
+    return last / (1 - Math.pow(weight, n));
+  });
+}
+async function comparePage() {
+  const params = new URLSearchParams(location.search);
+  $("ids").value = params.get("ids") || "";
+  $("metric").value = params.get("metric") || "train_loss";
+  $("smoothing").value = params.get("smoothing") || "0";
+  $("smoothing-value").textContent = $("smoothing").value;
+  let data = null;
+  const draw = () => {
+    const weight = Number($("smoothing").value);
+    $("smoothing-value").textContent = weight.toFixed(2);
+    const q = new URLSearchParams({ ids: $("ids").value, metric: $("metric").value, smoothing: String(weight) });
+    history.replaceState(null, "", "?" + q.toString());
+    $("share-link").href = location.href; $("share-link").textContent = location.href;
+    if (!data) return;
+    const xs = [...new Set(Object.values(data.curves).flatMap((c) => (c ? c.x : [])))].sort((a, b) => a - b);
+    const lines = data.ids.filter((id) => data.curves[id]).map((id) => {
+      const c = data.curves[id], at = new Map(c.x.map((x, i) => [x, c.y[i]]));
+      return { label: id, y: ema(xs.map((x) => (at.has(x) ? at.get(x) : null)), weight) };
+    });
+    const node = $("compare-chart");
+    if (!lines.length) { empty(node, `None of these experiments logged ${data.metric} by step.`); return; }
+    drawChart(node, "compare", xs, lines, { title: `${data.metric} by step`, xLabel: "step", yLabel: UNITS[data.metric] || data.metric });
+  };
+  const load = async () => {
+    const ids = $("ids").value.trim();
+    if (!ids) {
+      empty($("compare-chart"), "Pick experiments to compare: tick them on the Experiments page, or type ids separated by commas.");
+      return;
+    }
+    data = await api(`/api/v1/compare?ids=${encodeURIComponent(ids)}&metric=${encodeURIComponent($("metric").value)}&width=${chartWidth($("compare-chart"))}`);
+    const sums = $("summaries"); sums.replaceChildren();
+    const head = el("tr"); ["experiment", "GPUs", "GPU-h", "kWh", "final loss", "mean MFU"].forEach((h) => head.append(el("th", h)));
+    sums.append(head);
+    for (const s of data.summaries) {
+      const tr = el("tr", null, { "data-id": s.id }); tr.append(el("td", s.id));
+      for (const [c, d] of [["gpus", 0], ["gpu_hours", 1], ["energy_kwh", 1], ["final_loss", 3], ["mfu_mean", 3]]) tr.append(el("td", fmt(s[c], d), { class: "num", "data-col": c }));
+      sums.append(tr);
+    }
+    const table = $("param-table"); table.replaceChildren();
+    const ph = el("tr"); ph.append(el("th", "param")); data.ids.forEach((id) => ph.append(el("th", id))); table.append(ph);
+    if (!data.params.length) table.append(el("tr")).append(el("td", "These experiments record no params."));
+    for (const p of data.params) {
+      const tr = el("tr", null, { class: p.differs ? "differs" : "", "data-param": p.param }); tr.append(el("th", p.param));
+      data.ids.forEach((id) => tr.append(el("td", p.values[id])));
+      table.append(tr);
+    }
+    draw();
+  };
+  $("compare-form").addEventListener("submit", (ev) => { ev.preventDefault(); window.mvReady = false; load().then(() => showError("")).catch((e) => showError(e.message)).finally(() => { window.mvReady = true; }); });
+  $("smoothing").addEventListener("input", draw);
+  await load();
+}
+
+// ------------------------------------------------------------------ explore
+const RANGE_S = { "15m": 900, "1h": 3600, "6h": 21600, "1d": 86400, "7d": 604800, "30d": 2592000,
+  "90d": 7776000, "1y": 31536000, "3y": 94608000 };
+function seriesName(metric) {
+  const name = metric.__name__ || "";
+  const labels = Object.entries(metric).filter(([k]) => k !== "__name__").map(([k, v]) => `${k}="${v}"`);
+  return name + (labels.length ? `{${labels.join(", ")}}` : "");
+}
+async function explorePage() {
+  const params = new URLSearchParams(location.search);
+  $("expr").value = params.get("expr") || "";
+  $("range").value = params.get("range") || "1h";
+  api("/api/v1/label/__name__/values").then((names) => {
+    const list = $("metric-names");
+    for (const n of names.data || []) list.append(el("option", null, { value: n }));
+  }).catch(() => { /* completion is a convenience */ });
+  const run = async () => {
+    const expr = $("expr").value.trim();
+    const chart = $("explore-chart");
+    $("warnings").replaceChildren();
+    if (!expr) { empty(chart, "Type a PromQL expression (metric names complete as you type) and press Run."); return; }
+    const span = RANGE_S[$("range").value];
+    history.replaceState(null, "", "?" + new URLSearchParams({ expr, range: $("range").value }).toString());
+    const end = Math.floor(Date.now() / 1000), start = end - span;
+    const step = Math.max(1, Math.ceil(span / chartWidth(chart)));
+    const q = new URLSearchParams({ query: expr, start, end, step });
+    const [answer, stats] = await Promise.all([api("/api/v1/query_range?" + q), api("/api/v1/vault/stats").catch(() => ({}))]);
+    const horizon = stats.raw_horizon;
+    const tier = horizon && start * 1000 < horizon
+      ? `raw samples after ${new Date(horizon).toISOString()}, the 1m/1h rollup tiers before`
+      : "raw samples (within the raw retention)";
+    $("query-info").textContent = `step ${step}s over ${$("range").value}; answered from ${tier}`;
+    for (const w of answer.warnings || []) $("warnings").append(el("li", w));
+    const result = answer.data.result || [];
+    if (!result.length) { empty(chart, "The query returned no series in this range: try a longer range or check the metric name."); $("explore-table").replaceChildren(); return; }
+    const xs = [...new Set(result.flatMap((s) => s.values.map((v) => v[0])))].sort((a, b) => a - b);
+    const lines = result.slice(0, 50).map((s) => {
+      const at = new Map(s.values.map((v) => [v[0], Number(v[1])]));
+      return { label: seriesName(s.metric), y: xs.map((x) => (at.has(x) ? at.get(x) : null)) };
+    });
+    drawChart(chart, "explore", xs, lines, { title: expr, xLabel: "time (UTC)", yLabel: "value", time: true });
+    const table = $("explore-table"); table.replaceChildren();
+    const head = el("tr"); ["series", "last time", "last value", "points"].forEach((h) => head.append(el("th", h))); table.append(head);
+    const csv = ["series,timestamp,value"];
+    for (const s of result) {
+      const last = s.values[s.values.length - 1];
+      const tr = el("tr"); tr.append(el("td", seriesName(s.metric)), el("td", new Date(last[0] * 1000).toISOString()), el("td", last[1], { class: "num" }), el("td", s.values.length, { class: "num" }));
+      table.append(tr);
+      for (const [t, v] of s.values) csv.push(`"${seriesName(s.metric).replace(/"/g, '""')}",${t},${v}`);
+    }
+    $("csv").href = URL.createObjectURL(new Blob([csv.join("\n") + "\n"], { type: "text/csv" }));
+    window.mvCharts.exploreResult = result;
+  };
+  $("explore-form").addEventListener("submit", (ev) => { ev.preventDefault(); window.mvReady = false; run().then(() => showError("")).catch((e) => showError(e.message)).finally(() => { window.mvReady = true; }); });
+  await run();
+}
+
+// ------------------------------------------------------------------ alerts
+async function alertsPage() {
+  const alerts = $("alerts"), rules = $("rules");
+  let a, r;
+  try {
+    [a, r] = await Promise.all([api("/api/v1/alerts"), api("/api/v1/rules")]);
+  } catch (e) {
+    empty(alerts, "No rules are evaluated here: start `metricvault serve --rules rules.yml` to see alerts.");
+    rules.replaceChildren();
+    return;
+  }
+  const list = (a.data && a.data.alerts) || [];
+  if (!list.length) empty(alerts, "Nothing is firing or pending.");
+  else {
+    const head = el("tr"); ["state", "alert", "labels", "active since", "value"].forEach((h) => head.append(el("th", h))); alerts.replaceChildren(head);
+    for (const x of list) {
+      const tr = el("tr"); tr.append(el("td", x.state), el("td", x.labels.alertname), el("td", seriesName(x.labels)), el("td", x.activeAt), el("td", x.value)); alerts.append(tr);
+    }
+  }
+  const groups = (r.data && r.data.groups) || [];
+  if (!groups.length) { empty(rules, "No rule groups loaded: pass --rules to metricvault serve."); return; }
+  const head = el("tr"); ["group", "rule", "type", "health", "last error", "last evaluation"].forEach((h) => head.append(el("th", h))); rules.replaceChildren(head);
+  for (const g of groups) for (const x of g.rules) {
+    const tr = el("tr"); tr.append(el("td", g.name), el("td", x.name), el("td", x.type), el("td", x.health), el("td", x.lastError || ""), el("td", x.lastEvaluation || "")); rules.append(tr);
+  }
+}
+
+// ------------------------------------------------------------------ vault
+function bytes(n) {
+  if (n === null || n === undefined) return "";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"]; let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+  return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
+}
+async function vaultPage() {
+  const s = await api("/api/v1/vault/stats");
+  const storage = $("storage"); storage.replaceChildren();
+  if (s.tiers) {
+    storage.append(el("p", `${fmt(s.series)} series; stored ${bytes(s.stored_bytes)}; rollup lag ${fmt(Math.round((s.rollup.lag_ms || 0) / 1000))} s (${fmt(s.rollup.pending_hours)} hour(s) pending); buffer ${fmt(s.buffer.samples)} samples (${bytes(s.buffer.bytes)})`, { id: "summary" }));
+    const t = el("table", null, { class: "data", id: "tiers" });
+    const head = el("tr"); ["tier", "files", "rows", "bytes", "bytes/row", "first", "last"].forEach((h) => head.append(el("th", h))); t.append(head);
+    for (const [name, x] of Object.entries(s.tiers)) {
+      const tr = el("tr", null, { "data-tier": name });
+      tr.append(el("td", name), el("td", fmt(x.files), { class: "num" }), el("td", fmt(x.rows), { class: "num", "data-col": "rows" }), el("td", bytes(x.bytes), { class: "num" }),
+        el("td", fmt(x.bytes_per_row, 2), { class: "num" }), el("td", x.first ? new Date(x.first).toISOString() : ""), el("td", x.last ? new Date(x.last).toISOString() : ""));
+      t.append(tr);
+    }
+    storage.append(t);
+  } else {
+    storage.append(el("p", `${fmt(s.series)} series of tenant ${s.tenant}. The storage figures of the whole vault are shown to an administrator credential only.`, { id: "summary" }));
+  }
+  const card = $("cardinality"); card.replaceChildren();
+  if (!s.cardinality.length) { empty(card, "No series yet: point Prometheus or `metricvault agent` at this gateway."); return; }
+  const head = el("tr"); head.append(el("th", "metric"), el("th", "series")); card.append(head);
+  for (const c of s.cardinality) { const tr = el("tr", null, { "data-metric": c.metric }); tr.append(el("td", c.metric), el("td", fmt(c.series), { class: "num" })); card.append(tr); }
+}
+
+const PAGES = { experiments: experimentsPage, experiment: experimentPage, compare: comparePage,
+  explore: explorePage, alerts: alertsPage, vault: vaultPage };
+document.addEventListener("DOMContentLoaded", () => {
+  const run = PAGES[document.body.dataset.page];
+  if (!run) { window.mvReady = true; return; }
+  run().catch((e) => showError(e.message)).finally(() => { window.mvReady = true; });
+});

@@ -1,0 +1,626 @@
+"""The web UI: ``GET /`` and the pages under ``/ui/``, and the JSON endpoints they read.
+
+Pages are server-rendered HTML shells (everything taken from data is ``html.escape``d) plus one
+small script (``static/ui.js``) and uPlot (``static/vendor/uplot``, vendored from its npm
+release); nothing is fetched from elsewhere. The script reads data only through HTTP JSON APIs:
+the Prometheus API, ``/api/v1/experiments``, ``/api/v1/alerts``/``/api/v1/rules`` and the
+endpoints below (docs/ui.md documents them):
+
+- ``GET /api/v1/ui/experiments``: the experiments table, filtered, sorted and paged on the
+  server (``q``, ``tag``, ``owner``, ``param=key=value``, ``sort``, ``order``, ``offset``,
+  ``limit``), with the summary figures of the rows of the page.
+- ``GET /api/v1/experiments/{id}/history``: metrics by training step (``metrics``, ``width``).
+- ``GET /api/v1/compare``: summaries, params side by side, one metric's curves by step.
+- ``GET /api/v1/vault/stats``: tiers, rollup lag, buffer depth, series per metric.
+
+Every page and endpoint goes through :meth:`Gateway.handle` (the same credentials as every
+route) and sees only the caller's tenant: experiments are those of the tenant, the curves are
+read through the experiment's selector confined to the tenant, and the storage figures of the
+whole vault are shown only to a tenant-less (administrator) credential. Long series are
+downsampled on the server to the chart's pixel width, keeping each pixel column's minimum and
+maximum so spikes survive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import itertools
+import json
+import math
+import mimetypes
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from metricvault.credentials import Principal
+from metricvault.errors import InputError, NotFoundError
+from metricvault.experiment import Experiment
+from metricvault.server.api import ServerAPI
+from metricvault.server.experiments_api import Experiments, confine, visible
+
+if TYPE_CHECKING:
+    from metricvault.server.app import Gateway
+
+STATIC_DIR = Path(__file__).parent / "static"
+DEFAULT_WIDTH = 800
+MAX_WIDTH = 4000
+MAX_PAGE = 500
+MAX_COMPARE = 100
+HISTORY_METRICS = ("train_loss", "learning_rate", "grad_norm", "tokens_per_second", "mfu")
+# (name, sortable on the server); the summary figures are computed for the page's rows only,
+# so they cannot order 10,000 experiments without computing all of them
+COLUMNS = ("id", "name", "owner", "team", "start", "end", "duration_h", "git_sha", "tags")
+SORTABLE = ("id", "name", "owner", "team", "start", "end", "duration_h", "git_sha")
+SUMMARY_FIELDS = ("gpus", "gpu_hours", "energy_kwh", "final_loss", "mfu_mean", "gpu_util_mean")
+PAGES = (
+    ("experiments", "Experiments"),
+    ("compare", "Compare"),
+    ("explore", "Explore"),
+    ("alerts", "Alerts"),
+    ("vault", "Vault"),
+)
+
+
+class UIAPI(ServerAPI):
+    name = "ui"
+    summary = (
+        "the web UI at `/` (`/ui/...`) and its JSON: `GET /api/v1/ui/experiments`, "
+        "`/api/v1/experiments/{id}/history`, `/api/v1/compare`, `/api/v1/vault/stats`"
+    )
+
+    def routes(self, gateway: Gateway) -> list[Route]:
+        ui = UI(gateway)
+        get = ["GET", "HEAD"]
+        return [
+            Route("/", ui.endpoint(ui.root), methods=get),
+            Route("/ui/static/{path:path}", ui.endpoint(ui.static), methods=get),
+            Route("/ui/experiments", ui.endpoint(ui.experiments_page), methods=get),
+            Route("/ui/experiments/{experiment_id}", ui.endpoint(ui.experiment_page), methods=get),
+            Route("/ui/compare", ui.endpoint(ui.compare_page), methods=get),
+            Route("/ui/explore", ui.endpoint(ui.explore_page), methods=get),
+            Route("/ui/alerts", ui.endpoint(ui.alerts_page), methods=get),
+            Route("/ui/vault", ui.endpoint(ui.vault_page), methods=get),
+            Route("/api/v1/ui/experiments", ui.endpoint(ui.table), methods=get),
+            Route(
+                "/api/v1/experiments/{experiment_id}/history",
+                ui.endpoint(ui.history),
+                methods=get,
+            ),
+            Route("/api/v1/compare", ui.endpoint(ui.compare), methods=get),
+            Route("/api/v1/vault/stats", ui.endpoint(ui.vault_stats), methods=get),
+        ]
+
+
+API = UIAPI()
+
+Work = Callable[[Request, Principal], Any]
+
+
+# --------------------------------------------------------------------------- pure helpers
+def esc(value: Any) -> str:
+    """Text from data as HTML text or attribute value (quotes too)."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def finite(value: Any) -> Any:
+    """JSON has no NaN: a missing figure is null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, np.floating):
+        return finite(float(value))
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def downsample(x: np.ndarray, y: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``2 * width`` points: per pixel column of the x range, the points holding the
+    column's minimum and maximum (in x order), so a one-sample spike still shows. NaN values
+    are left out of the extremes; ``x`` must be ascending."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    keep = np.isfinite(y)
+    x, y = x[keep], y[keep]
+    if width < 1:
+        raise InputError(f"width must be a positive number of pixels, got {width}")
+    if x.size <= 2 * width:
+        return x, y
+    span = x[-1] - x[0]
+    column = np.minimum(((x - x[0]) / span * width).astype(np.int64), width - 1)
+    # the first index of each column, then argmin/argmax within each run of equal columns
+    starts = np.flatnonzero(np.r_[True, column[1:] != column[:-1]])
+    chosen: list[int] = []
+    bounds = [*starts.tolist(), x.size]
+    for a, b in itertools.pairwise(bounds):
+        lo, hi = a + int(np.argmin(y[a:b])), a + int(np.argmax(y[a:b]))
+        chosen.extend(sorted({lo, hi}))
+    idx = np.asarray(chosen, dtype=np.int64)
+    return x[idx], y[idx]
+
+
+def parse_width(raw: str | None) -> int:
+    if raw is None or raw == "":
+        return DEFAULT_WIDTH
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_WIDTH:
+        raise InputError(
+            f"width={raw!r} is not a number of pixels from 1 to {MAX_WIDTH}: pass the chart's "
+            "width in CSS pixels"
+        )
+    return int(raw)
+
+
+def parse_int(raw: str | None, name: str, default: int, limit: int) -> int:
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or int(raw) > limit:
+        raise InputError(f"{name}={raw!r} must be a whole number from 0 to {limit}")
+    return int(raw)
+
+
+def team_of(exp: Experiment) -> str:
+    """The team: the ``team`` param, else the ``team:<name>`` tag, else none."""
+    team = exp.params.get("team")
+    if team:
+        return str(team)
+    return next((t.split(":", 1)[1] for t in exp.tags if t.startswith("team:")), "")
+
+
+def row_of(exp: Experiment, now: int) -> dict[str, Any]:
+    start, end = exp.window(now)
+    return {
+        "id": exp.id,
+        "name": exp.name,
+        "owner": exp.owner,
+        "team": team_of(exp),
+        "start": exp.to_record()["start"],
+        "end": exp.to_record()["end"],
+        "start_ms": exp.start_ms,
+        "end_ms": exp.end_ms,
+        "duration_h": (end - start) / 3_600_000,
+        "git_sha": exp.git_sha,
+        "git_repo": exp.git_repo,
+        "tags": list(exp.tags),
+        "params": {k: finite(v) for k, v in exp.params.items()},
+    }
+
+
+def matches(
+    exp: Experiment, q: str, tags: Sequence[str], owner: str, params: dict[str, str]
+) -> bool:
+    """The filters of the experiments table: ``q`` a case-insensitive substring of the id,
+    name, owner, git SHA or a tag; every ``tag`` present; ``owner`` exact; each param equal
+    (compared as text)."""
+    if q:
+        text = " ".join((exp.id, exp.name, exp.owner, exp.git_sha, team_of(exp), *exp.tags))
+        if q.lower() not in text.lower():
+            return False
+    if any(t not in exp.tags for t in tags):
+        return False
+    if owner and exp.owner != owner:
+        return False
+    for key, wanted in params.items():
+        if key not in exp.params or _text(exp.params[key]) != wanted:
+            return False
+    return True
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def filter_and_sort(
+    experiments: list[Experiment], query: dict[str, Any], now: int
+) -> tuple[int, list[dict[str, Any]]]:
+    """(how many match, the page of rows) for the table's query parameters."""
+    sort, order = query.get("sort") or "start", query.get("order") or "desc"
+    if sort not in SORTABLE:
+        raise InputError(
+            f"sort={sort!r} is not a column the server sorts by: use one of {', '.join(SORTABLE)} "
+            "(the summary figures are computed per page)"
+        )
+    if order not in ("asc", "desc"):
+        raise InputError(f"order={order!r} must be asc or desc")
+    params: dict[str, str] = {}
+    for item in query.get("param", []):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"param={item!r} must be key=value, e.g. param=seed=0")
+        params[key] = value
+    found = [
+        row_of(e, now)
+        for e in experiments
+        if matches(e, query.get("q", ""), query.get("tag", []), query.get("owner", ""), params)
+    ]
+    present = [r for r in found if r[sort] is not None]
+    absent = [r for r in found if r[sort] is None]  # running: no end; always last
+    present.sort(key=lambda r: (r[sort], r["id"]), reverse=order == "desc")
+    rows = present + absent
+    offset, limit = query.get("offset", 0), query.get("limit", 50)
+    return len(rows), rows[offset : offset + limit]
+
+
+def param_rows(exps: Sequence[Experiment]) -> list[dict[str, Any]]:
+    """The params side by side: each key, its value per experiment as text, and whether
+    they differ (as ``experiment compare`` prints them)."""
+    rows = []
+    for key in sorted(set().union(*(e.params for e in exps))):
+        cells = {e.id: (_text(e.params[key]) if key in e.params else "") for e in exps}
+        rows.append({"param": key, "values": cells, "differs": len(set(cells.values())) > 1})
+    return rows
+
+
+# --------------------------------------------------------------------------- the endpoints
+class UI:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.registry_api = Experiments(gateway)
+        self.summaries: OrderedDict[tuple[str, ...], dict[str, Any]] = OrderedDict()
+
+    def endpoint(self, work: Work) -> Callable[[Request], Any]:
+        async def answer(request: Request) -> Response:
+            # one label value for all of the UI in the gateway's request-duration metric
+            return await self.gateway.handle(request, "/ui", work)
+
+        return answer
+
+    # ---- data
+    def experiment(self, experiment_id: str, who: Principal) -> Experiment:
+        """The caller's experiment with its selector confined to the caller's tenant (a
+        registry record made outside the gateway still reads only the tenant's series)."""
+        exp = self.registry_api.owned_experiment(experiment_id, who.tenant)
+        label = self.gateway.settings.tenant_label
+        return dataclasses.replace(exp, selector=confine(exp.selector, label, who.tenant))
+
+    def summary(self, exp: Experiment) -> dict[str, Any]:
+        """The summary figures of ``archive.compare.summarise``, cached for finished
+        experiments (their window no longer moves)."""
+        from metricvault.archive.compare import summarise
+
+        key = (exp.id, exp.selector, str(exp.start_ms), str(exp.end_ms), exp.tenant)
+        if exp.end_ms is not None and key in self.summaries:
+            self.summaries.move_to_end(key)
+            return self.summaries[key]
+        figures = dataclasses.asdict(summarise(self.gateway.vault, exp))
+        result = {k: finite(figures[k]) for k in SUMMARY_FIELDS}
+        if exp.end_ms is not None:
+            self.summaries[key] = result
+            while len(self.summaries) > 20_000:
+                self.summaries.popitem(last=False)
+        return result
+
+    async def table(self, req: Request, who: Principal) -> Response:
+        from metricvault.durations import now_ms
+
+        q = req.query_params
+        query = {
+            "q": q.get("q", ""),
+            "tag": [t for t in q.getlist("tag") if t],
+            "owner": q.get("owner", ""),
+            "param": [p for p in q.getlist("param") if p],
+            "sort": q.get("sort", ""),
+            "order": q.get("order", ""),
+            "offset": parse_int(q.get("offset"), "offset", 0, 10**9),
+            "limit": parse_int(q.get("limit"), "limit", 50, MAX_PAGE),
+        }
+        with_summary = q.get("summary", "1") != "0"
+
+        def work() -> dict[str, Any]:
+            registry = self.gateway.vault.experiments
+            exps = visible(registry.list(), who.tenant)
+            total, rows = filter_and_sort(exps, query, now_ms())
+            if with_summary:
+                label = self.gateway.settings.tenant_label
+                by_id = {e.id: e for e in exps}
+                for row in rows:
+                    exp = by_id[row["id"]]
+                    exp = dataclasses.replace(
+                        exp, selector=confine(exp.selector, label, who.tenant)
+                    )
+                    row.update(self.summary(exp))
+            return {
+                "total": total,
+                "offset": query["offset"],
+                "limit": query["limit"],
+                "sortable": list(SORTABLE),
+                "rows": rows,
+            }
+
+        return JSONResponse(await run_in_threadpool(work))
+
+    async def history(self, req: Request, who: Principal) -> Response:
+        experiment_id = str(req.path_params["experiment_id"])
+        raw = req.query_params.get("metrics", "")
+        names = [m for m in raw.split(",") if m] or list(HISTORY_METRICS)
+        width = parse_width(req.query_params.get("width"))
+
+        def work() -> dict[str, Any]:
+            exp = self.experiment(experiment_id, who)
+            return history_curves(self.gateway.vault, exp, names, width)
+
+        return JSONResponse(await run_in_threadpool(work))
+
+    async def compare(self, req: Request, who: Principal) -> Response:
+        ids = [i for i in req.query_params.get("ids", "").split(",") if i]
+        metric = req.query_params.get("metric") or "train_loss"
+        width = parse_width(req.query_params.get("width"))
+        if not ids:
+            raise InputError("compare needs ids=<id>,<id>,...: the experiments to compare")
+        if len(ids) > MAX_COMPARE:
+            raise InputError(
+                f"{len(ids)} experiments asked for, over the limit of {MAX_COMPARE}: compare "
+                "fewer at a time"
+            )
+
+        def work() -> dict[str, Any]:
+            exps = [self.experiment(i, who) for i in dict.fromkeys(ids)]
+            curves = {}
+            for exp in exps:
+                got = history_curves(self.gateway.vault, exp, [metric], width)
+                curves[exp.id] = got["metrics"].get(metric)
+            return {
+                "ids": [e.id for e in exps],
+                "metric": metric,
+                "summaries": [{"id": e.id, **self.summary(e)} for e in exps],
+                "records": [row_of(e, 0) for e in exps],
+                "params": param_rows(exps),
+                "curves": curves,
+            }
+
+        return JSONResponse(await run_in_threadpool(work))
+
+    async def vault_stats(self, req: Request, who: Principal) -> Response:
+        return JSONResponse(await run_in_threadpool(self.stats_for, who))
+
+    def stats_for(self, who: Principal) -> dict[str, Any]:
+        """Series per metric for the caller's tenant; the storage figures of the whole vault
+        (tiers, rollup, buffer) only for a credential without a tenant, since they describe
+        every tenant's data together."""
+        from metricvault.server.reads import readable
+
+        store = readable(self.gateway)
+        label = self.gateway.settings.tenant_label
+        selector = f'{{{label}="{who.tenant}"}}' if who.tenant else None
+        frame = store.series(selector, output="pandas")
+        per_metric: dict[str, int] = {}
+        if len(frame) and "__name__" in frame.columns:
+            per_metric = {str(k): int(v) for k, v in frame["__name__"].value_counts().items()}
+        elif len(frame) and "metric" in frame.columns:
+            per_metric = {str(k): int(v) for k, v in frame["metric"].value_counts().items()}
+        cardinality = sorted(per_metric.items(), key=lambda kv: (-kv[1], kv[0]))
+        answer: dict[str, Any] = {
+            "tenant": who.tenant or None,
+            "series": len(frame),
+            "cardinality": [{"metric": m, "series": n} for m, n in cardinality],
+            # where raw samples begin (Explore says which tier answers a range)
+            "raw_horizon": store.horizons().raw_start_ms or None,
+        }
+        if not who.tenant:
+            stats = store.stats()
+            answer.update({k: stats[k] for k in ("tiers", "rollup", "buffer") if k in stats})
+            for key in ("stored_bytes", "raw_horizon", "snapshot", "uri"):
+                if key in stats:
+                    answer[key] = stats[key]
+        return answer
+
+    # ---- pages
+    async def root(self, req: Request, who: Principal) -> Response:
+        return RedirectResponse("/ui/experiments", status_code=302)
+
+    async def static(self, req: Request, who: Principal) -> Response:
+        path = str(req.path_params["path"])
+        target = (STATIC_DIR / path).resolve()
+        if STATIC_DIR.resolve() not in target.parents or not target.is_file():
+            raise NotFoundError(f"no UI file {path!r}")
+        media = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+        return Response(target.read_bytes(), media_type=media)
+
+    async def experiments_page(self, req: Request, who: Principal) -> Response:
+        body = (
+            '<h1>Experiments</h1><form id="filters" class="filters" role="search">'
+            '<label>Search <input id="q" name="q" type="search" '
+            'placeholder="id, name, owner, tag, SHA"></label>'
+            '<label>Tag <input id="tag" name="tag"></label>'
+            '<label>Owner <input id="owner" name="owner"></label>'
+            '<label>Param <input id="param" name="param" placeholder="key=value"></label>'
+            '<button type="submit">Filter</button>'
+            '<button type="button" id="compare-selected">Compare selected</button></form>'
+            '<p id="count" aria-live="polite"></p><div class="scroll">'
+            '<table id="experiments" class="data"><thead><tr><th></th>'
+            + "".join(
+                f'<th><button type="button" class="sort" data-sort="{c}">{esc(h)}</button></th>'
+                if c in SORTABLE
+                else f"<th>{esc(h)}</th>"
+                for c, h in TABLE_HEADERS
+            )
+            + '</tr></thead><tbody></tbody></table></div><nav class="pager">'
+            '<button type="button" id="prev">Previous</button>'
+            '<button type="button" id="next">Next</button></nav>'
+        )
+        return page("experiments", "Experiments", body)
+
+    async def experiment_page(self, req: Request, who: Principal) -> Response:
+        experiment_id = str(req.path_params["experiment_id"])
+        exp = await run_in_threadpool(self.experiment, experiment_id, who)
+        record = exp.to_record()
+        fields = ("name", "owner", "start", "end", "git_repo", "git_sha", "tags", "notes")
+        rows = "".join(
+            f"<tr><th>{esc(f)}</th><td>{esc(_shown(record.get(f)))}</td></tr>" for f in fields
+        )
+        params = "".join(
+            f"<tr><th>{esc(k)}</th><td>{esc(_text(v))}</td></tr>"
+            for k, v in sorted(exp.params.items())
+        )
+        body = (
+            f"<h1>Experiment <code>{esc(exp.id)}</code></h1>"
+            f'<div class="cols"><section><h2>Record</h2><table class="kv" id="record">{rows}'
+            f"</table></section><section><h2>Params</h2>"
+            f'<table class="kv" id="params">{params or "<tr><td>no params</td></tr>"}'
+            f"</table></section></div><h2>Curves by step</h2>"
+            f'<div id="charts" data-experiment="{esc(exp.id)}"></div>'
+            f'<p><a href="/ui/compare?ids={esc(exp.id)}">Compare with others</a></p>'
+        )
+        return page("experiment", f"Experiment {exp.id}", body)
+
+    async def compare_page(self, req: Request, who: Principal) -> Response:
+        body = (
+            "<h1>Compare</h1>"
+            '<form id="compare-form" class="filters"><label>Experiments '
+            '<input id="ids" name="ids" placeholder="id,id,..."></label>'
+            '<label>Metric <input id="metric" name="metric" value="train_loss"></label>'
+            '<label>EMA smoothing <input id="smoothing" name="smoothing" type="range" '
+            'min="0" max="0.99" step="0.01" value="0"></label>'
+            '<output id="smoothing-value">0</output>'
+            '<button type="submit">Compare</button></form>'
+            '<p id="share">Shareable link: <a id="share-link" href="#"></a></p>'
+            '<div id="compare-chart" class="chart"></div>'
+            '<h2>Summary</h2><table id="summaries" class="data"></table>'
+            '<h2>Params</h2><table id="param-table" class="data"></table>'
+        )
+        return page("compare", "Compare", body)
+
+    async def explore_page(self, req: Request, who: Principal) -> Response:
+        ranges = ("15m", "1h", "6h", "1d", "7d", "30d", "90d", "1y", "3y")
+        options = "".join(f'<option value="{r}">{r}</option>' for r in ranges)
+        body = (
+            "<h1>Explore</h1>"
+            '<form id="explore-form" class="filters"><label class="wide">PromQL '
+            '<input id="expr" name="expr" list="metric-names" autocomplete="off" '
+            'placeholder="rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m])"></label>'
+            '<datalist id="metric-names"></datalist>'
+            f'<label>Range <select id="range" name="range">{options}</select></label>'
+            '<button type="submit">Run</button>'
+            '<a id="csv" href="#" download="query.csv">Download CSV</a></form>'
+            '<p id="query-info" aria-live="polite"></p><ul id="warnings" class="warnings"></ul>'
+            '<div id="explore-chart" class="chart"></div>'
+            '<div class="scroll"><table id="explore-table" class="data"></table></div>'
+        )
+        return page("explore", "Explore", body)
+
+    async def alerts_page(self, req: Request, who: Principal) -> Response:
+        body = (
+            "<h1>Alerts</h1><h2>Firing and pending</h2>"
+            '<table id="alerts" class="data"></table><h2>Rule health</h2>'
+            '<table id="rules" class="data"></table>'
+        )
+        return page("alerts", "Alerts", body)
+
+    async def vault_page(self, req: Request, who: Principal) -> Response:
+        body = (
+            '<h1>Vault</h1><div id="storage"></div>'
+            '<h2>Cardinality: series per metric</h2><table id="cardinality" class="data"></table>'
+        )
+        return page("vault", "Vault", body)
+
+
+TABLE_HEADERS = (
+    ("id", "id"),
+    ("owner", "owner"),
+    ("team", "team"),
+    ("start", "start"),
+    ("end", "end"),
+    ("duration_h", "hours"),
+    ("gpus", "GPUs"),
+    ("gpu_hours", "GPU-h"),
+    ("energy_kwh", "kWh"),
+    ("final_loss", "final loss"),
+    ("mfu_mean", "mean MFU"),
+    ("git_sha", "git SHA"),
+    ("tags", "tags"),
+)
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "running"
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return str(value)
+
+
+def history_curves(vault: Any, exp: Experiment, names: Sequence[str], width: int) -> dict[str, Any]:
+    """Each metric by training step, downsampled to ``width`` pixel columns; metrics the
+    experiment has no samples of are listed in ``missing`` (not an error: a run logs what it
+    logs)."""
+    from metricvault.archive.compare import history
+
+    metrics: dict[str, dict[str, Any]] = {}
+    missing: list[str] = []
+    for name in names:
+        try:
+            frame = history(vault, exp, [name])
+        except NotFoundError as exc:
+            if "train_step" in str(exc) and "cannot be placed by step" in str(exc):
+                return {
+                    "experiment": exp.id,
+                    "metrics": {},
+                    "missing": list(names),
+                    "why": str(exc),
+                }
+            missing.append(name)
+            continue
+        column = frame[name]
+        x, y = downsample(frame.index.to_numpy(dtype=np.float64), column.to_numpy(), width)
+        metrics[name] = {
+            "x": [finite(float(v)) for v in x],
+            "y": [finite(float(v)) for v in y],
+            "points": int(column.notna().sum()),
+        }
+    return {"experiment": exp.id, "metrics": metrics, "missing": missing}
+
+
+def page(name: str, title: str, body: str) -> HTMLResponse:
+    """One page: the layout, the navigation (the current page marked), ``body`` (already
+    escaped by its builder) and the script, which reads ``data-page``."""
+    current = ' aria-current="page"'
+    nav = "".join(
+        f'<a href="/ui/{p}"{current if p == name else ""}>{esc(label)}</a>' for p, label in PAGES
+    )
+    text = (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)} · metricvault</title>"
+        '<link rel="stylesheet" href="/ui/static/vendor/uplot/uPlot.min.css">'
+        '<link rel="stylesheet" href="/ui/static/ui.css">'
+        '<script src="/ui/static/vendor/uplot/uPlot.iife.min.js" defer></script>'
+        '<script src="/ui/static/ui.js" defer></script></head>'
+        f'<body data-page="{esc(name)}"><header><a class="brand" href="/ui/experiments">'
+        f'metricvault</a><nav aria-label="pages">{nav}</nav></header>'
+        f'<main id="main"><p id="error" class="error" role="alert" hidden></p>{body}</main>'
+        "</body></html>"
+    )
+    return HTMLResponse(text)
+
+
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+def create_ui_app(vault: Any, settings: Any) -> Any:
+    """``metricvault ui``: the UI and the read APIs over ``vault``, read-only. No write,
+    OTLP, remote_read, rules or upkeep routes are mounted, and the routes that are mounted
+    answer GET and HEAD only (anything else: 405), so nothing reached through it can change
+    the vault or the registry."""
+    from starlette.applications import Starlette
+
+    from metricvault.server import experiments_api, health_api, prometheus_api
+    from metricvault.server.app import Gateway
+
+    gateway = Gateway(vault, settings)
+    gateway.ready = True
+    routes: list[Route] = []
+    for api in (API, experiments_api.API, health_api.API, prometheus_api.API):
+        for route in api.routes(gateway):
+            # the Prometheus API's catch-all (a subclass) answers not_found to any method
+            if type(route) is Route and route.methods:
+                methods = sorted(set(route.methods) & READ_METHODS)
+                route = Route(route.path, route.endpoint, methods=methods)
+            routes.append(route)
+    app = Starlette(routes=routes)
+    app.state.gateway = gateway
+    return app

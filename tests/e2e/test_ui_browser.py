@@ -1,0 +1,275 @@
+"""The web UI in a real browser: Debian's chromium, headless, through chromedriver (nothing
+downloads a browser), against ``metricvault serve`` and ``metricvault ui`` on a vault filled
+by the simulator. Every page is opened and its content checked against the Python API; a
+screenshot of each page is saved under the test's tmp dir (docs/images/ui-*.png come from
+there). One browser session for the module; credentials are sent as an Authorization header
+set through the DevTools protocol, so each tenant is one header away."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from metricvault.archive.compare import history, summarise
+from metricvault.credentials import hash_secret
+from metricvault.demo import register_jobs
+from metricvault.durations import now_ms
+from metricvault.sim import ClusterSpec, generate
+from metricvault.store.vault import Vault
+from tests.e2e.conftest import free_port, stop_process, wait_http_ok
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+    pytest.skip("needs Debian's chromium and chromium-driver (make test installs them)",
+                allow_module_level=True)  # fmt: skip
+webdriver = pytest.importorskip("selenium.webdriver")
+# data up to the last whole hour: within the raw retention, and where Explore's ranges look
+END_MS = now_ms() // 3_600_000 * 3_600_000
+ADMIN, TOKEN_A, TOKEN_B = "ui-admin-token", "ui-token-team-a", "ui-token-team-b"
+WAIT_S = 30
+
+
+def _config(path: Path) -> Path:
+    rows = [(ADMIN, ""), (TOKEN_A, "team-a"), (TOKEN_B, "team-b")]
+    path.write_text(
+        "".join(
+            f'[[auth_bearer_tokens]]\nsha256 = "{hash_secret(t)}"\ntenant = "{n}"\n\n'
+            for t, n in rows
+        )
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    root = tmp_path_factory.mktemp("ui")
+    spec = ClusterSpec.ending_at(END_MS, 0.1, nodes=2, gpus_per_node=8, seed=0)
+    with Vault.open_local(str(root / "vault")) as vault:
+        for chunk in generate(spec):
+            vault.write(chunk)
+        vault.maintain()
+        ids = register_jobs(vault, spec)
+    return root, ids
+
+
+def _server(root: Path, command: str, log_name: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "metricvault.cli", command, "--data", str(root / "vault")]
+    cmd += ["--listen", f"127.0.0.1:{port}", "--config", str(_config(root / "auth.toml"))]
+    if command == "serve":
+        cmd += ["--set", "gateway_maintain=false"]
+    log = open(root / log_name, "wb")  # noqa: SIM115 - the server's whole life
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_http_ok(f"{url}/-/healthy", proc, root / log_name, f"metricvault {command}")
+    return proc, url
+
+
+@pytest.fixture(scope="module")
+def served(filled: tuple[Path, list[str]]) -> Iterator[tuple[str, list[str], Path]]:
+    root, ids = filled
+    proc, url = _server(root, "serve", "serve.log")
+    try:
+        yield url, ids, root
+    finally:
+        stop_process(proc, 15)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,800",
+                 "--disable-dev-shm-usage", "--no-first-run"):  # fmt: skip
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(WAIT_S)
+    driver.execute_cdp_cmd("Network.enable", {})
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def as_token(driver: Any, token: str) -> None:
+    driver.execute_cdp_cmd(
+        "Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Bearer {token}"}}
+    )
+
+
+def open_page(driver: Any, url: str) -> None:
+    driver.get(url)
+    wait_ready(driver)
+
+
+def wait_ready(driver: Any) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not driver.execute_script("return window.mvReady === true"):
+        assert time.monotonic() < deadline, f"{driver.current_url} never became ready"
+        time.sleep(0.05)
+
+
+def shot(driver: Any, tmp: Path, name: str) -> Path:
+    path = tmp / f"ui-{name}.png"
+    driver.save_screenshot(str(path))
+    return path
+
+
+def error_text(driver: Any) -> str:
+    return str(
+        driver.execute_script(
+            "const e=document.getElementById('error'); return e.hidden ? '' : e.textContent"
+        )
+    )
+
+
+def test_every_page_against_the_python_api(served, browser, tmp_path):
+    url, ids, root = served
+    as_token(browser, ADMIN)
+    shots = []
+    # Experiments: the table's numbers are summarise()'s
+    open_page(browser, f"{url}/")
+    assert "/ui/experiments?" in browser.current_url
+    assert error_text(browser) == ""
+    with Vault.open_local(str(root / "vault")) as vault:
+        expected = {i: summarise(vault, vault.experiments.get(i)) for i in ids}
+        curves = {i: history(vault, i, ["train_loss"]) for i in ids}
+    for exp_id in ids:
+        cells = browser.execute_script(
+            "return Object.fromEntries([...document.querySelectorAll("
+            f"'tr[data-id=\"{exp_id}\"] td[data-col]')].map(c => [c.dataset.col, c.textContent]))"
+        )
+        assert cells["gpus"] == str(expected[exp_id].gpus)
+        assert cells["final_loss"] == f"{expected[exp_id].final_loss:.3f}"
+        assert cells["gpu_hours"] == f"{expected[exp_id].gpu_hours:,.1f}"
+    shots.append(shot(browser, tmp_path, "experiments"))
+
+    # search narrows the table on the server
+    box = browser.find_element("id", "q")
+    box.send_keys(ids[1])
+    browser.execute_script("window.mvReady = false")
+    browser.find_element("css selector", "#filters button[type=submit]").click()
+    wait_ready(browser)
+    shown = browser.execute_script(
+        "return [...document.querySelectorAll('#experiments tbody tr')].map(r => r.dataset.id)"
+    )
+    assert shown == [ids[1]]
+
+    # Experiment: the loss chart's points are history()'s (2 points per pixel column at most)
+    open_page(browser, f"{url}/ui/experiments/{ids[0]}")
+    drawn = browser.execute_script("return window.mvCharts.train_loss")
+    steps = curves[ids[0]].index.tolist()
+    losses = dict(zip(steps, curves[ids[0]]["train_loss"].tolist(), strict=True))
+    assert drawn["x"] and set(drawn["x"]) <= set(steps)
+    for x, y in zip(drawn["x"], drawn["lines"][0]["y"], strict=True):
+        assert y == pytest.approx(losses[int(x)], rel=1e-9)
+    assert drawn["x"][0] == steps[0] and drawn["x"][-1] == steps[-1]
+    shots.append(shot(browser, tmp_path, "experiment"))
+
+    # Compare: selected from the table, both runs overlaid, params differences highlighted
+    open_page(browser, f"{url}/ui/experiments")
+    for exp_id in ids:
+        browser.find_element("css selector", f'input.pick[value="{exp_id}"]').click()
+    browser.find_element("id", "compare-selected").click()
+    wait_ready(browser)
+    assert "/ui/compare?ids=" in browser.current_url
+    drawn = browser.execute_script("return window.mvCharts.compare")
+    assert sorted(line["label"] for line in drawn["lines"]) == sorted(ids)
+    differs = browser.execute_script(
+        "return [...document.querySelectorAll('#param-table tr.differs')].map(r => r.dataset.param)"
+    )
+    assert "tokens_per_second_per_gpu" in differs and "seed" not in differs
+    shots.append(shot(browser, tmp_path, "compare"))
+
+    # Explore: the PromQL box over the simulated data's window
+    spec_end_s = END_MS // 1000
+    open_page(browser, f"{url}/ui/explore")
+    answer = browser.execute_async_script(
+        "const done = arguments[0];"
+        f"fetch('/api/v1/query_range?query=count(DCGM_FI_DEV_GPU_UTIL)&start={spec_end_s - 3600}"
+        f"&end={spec_end_s}&step=60').then(r => r.json()).then(done)"
+    )
+    assert answer["status"] == "success"
+    assert {v[1] for v in answer["data"]["result"][0]["values"]} == {"16"}
+    browser.find_element("id", "expr").send_keys("count(DCGM_FI_DEV_GPU_UTIL)")
+    browser.execute_script("window.mvReady = false")
+    browser.find_element("css selector", "#explore-form button[type=submit]").click()
+    wait_ready(browser)
+    info = browser.find_element("id", "query-info").text + error_text(browser)
+    assert "step" in info or "no series" in browser.page_source  # data ends before "now"
+    shots.append(shot(browser, tmp_path, "explore"))
+
+    # Vault: tiers' rows are stats()'
+    open_page(browser, f"{url}/ui/vault")
+    with Vault.open_local(str(root / "vault")) as vault:
+        stats = vault.stats()
+    raw_rows = browser.find_element("css selector", 'tr[data-tier="raw"] td[data-col="rows"]').text
+    assert raw_rows == f"{stats['tiers']['raw']['rows']:,}"
+    shots.append(shot(browser, tmp_path, "vault"))
+
+    open_page(browser, f"{url}/ui/alerts")
+    assert "rules" in browser.find_element("id", "main").text.lower()
+    shots.append(shot(browser, tmp_path, "alerts"))
+    assert all(p.stat().st_size > 1000 for p in shots)
+    docs_images = Path(__file__).resolve().parents[2] / "docs" / "images"
+    if docs_images.is_dir() and not (docs_images / "ui-experiments.png").exists():
+        for p in shots:  # once: the docs' screenshots (docs/ui.md)
+            shutil.copy(p, docs_images / p.name)
+
+
+def test_tenants_see_only_their_own_experiments_through_the_ui(served, browser):
+    url, _, _ = served
+    import httpx
+
+    for token, exp_id in ((TOKEN_A, "run-of-a"), (TOKEN_B, "run-of-b")):
+        body = {"id": exp_id, "selector": '{job="x"}', "start": END_MS - 3_600_000, "end": END_MS}
+        answer = httpx.post(f"{url}/api/v1/experiments", json=body,
+                            headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+        assert answer.status_code == 201, answer.text
+    as_token(browser, TOKEN_A)
+    open_page(browser, f"{url}/ui/experiments")
+    shown = browser.execute_script(
+        "return [...document.querySelectorAll('#experiments tbody tr')].map(r => r.dataset.id)"
+    )
+    assert shown == ["run-of-a"]
+    browser.get(f"{url}/ui/experiments/run-of-b")
+    # answered exactly as an unknown id: 404 in words, listing only tenant A's ids
+    text = browser.find_element("tag name", "body").text
+    assert text.startswith("no experiment 'run-of-b'") and "run-of-a" in text
+    open_page(browser, f"{url}/ui/vault")
+    assert "administrator credential only" in browser.find_element("id", "summary").text
+    as_token(browser, "wrong-token")
+    browser.get(f"{url}/ui/experiments")
+    assert "unknown bearer token" in browser.find_element("tag name", "body").text
+    as_token(browser, ADMIN)
+
+
+def test_metricvault_ui_serves_read_only(filled, browser):
+    root, ids = filled
+    proc, url = _server(root, "ui", "ui.log")
+    try:
+        as_token(browser, ADMIN)
+        open_page(browser, f"{url}/ui/experiments")
+        shown = browser.execute_script(
+            "return [...document.querySelectorAll('#experiments tbody tr')].map(r => r.dataset.id)"
+        )
+        assert set(ids) <= set(shown)
+        import httpx
+
+        auth = {"Authorization": f"Bearer {ADMIN}"}
+        assert httpx.post(f"{url}/api/v1/write", content=b"", headers=auth).status_code == 404
+        body = {"id": "new", "selector": "m"}
+        assert httpx.post(f"{url}/api/v1/experiments", json=body, headers=auth).status_code == 405
+    finally:
+        stop_process(proc, 15)
+    assert f"open {url}/" in (root / "ui.log").read_text()

@@ -1,0 +1,203 @@
+"""The web UI's JSON endpoints and pages: tenant scoping, filtering/sorting/paging, history
+and compare against the Python API, downsampling that keeps spikes, escaping of data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+from metricvault.archive.compare import history
+from metricvault.config import BearerToken, Settings
+from metricvault.credentials import hash_secret
+from metricvault.server.ui_api import create_ui_app, downsample, esc
+from metricvault.store.vault import Vault
+
+T0 = 1_700_000_000_000
+TOKEN_A, TOKEN_B = "token-of-team-a", "token-of-team-b"
+AUTH_A = {"Authorization": f"Bearer {TOKEN_A}"}
+AUTH_B = {"Authorization": f"Bearer {TOKEN_B}"}
+HOSTILE = '<script>alert("x")</script>'
+
+
+@pytest.fixture
+def tenants(make_client):
+    client, vault = make_client(
+        auth_bearer_tokens=(
+            BearerToken(hash_secret(TOKEN_A), "team-a"),
+            BearerToken(hash_secret(TOKEN_B), "team-b"),
+        )
+    )
+    # run r1 of team a: loss falls by step; team b's run has a different job
+    lines = [f"train,job=r1 step={s},loss={10 - s} {T0 + s * 1000}" for s in range(10)]
+    assert (
+        client.post("/write?precision=ms", content="\n".join(lines), headers=AUTH_A).status_code
+        == 204
+    )
+    lines = [f"train,job=r2 step={s},loss={s} {T0 + s * 1000}" for s in range(5)]
+    assert (
+        client.post("/write?precision=ms", content="\n".join(lines), headers=AUTH_B).status_code
+        == 204
+    )
+    for exp_id, auth, job, owner in (("r1", AUTH_A, "r1", "ann"), ("r2", AUTH_B, "r2", "bob")):
+        body = {
+            "id": exp_id,
+            "selector": f'{{job="{job}"}}',
+            "start": T0,
+            "end": T0 + 10_000,
+            "owner": owner,
+            "tags": ["demo", HOSTILE] if exp_id == "r1" else ["demo"],
+            "params": {"lr": 0.1, "note": HOSTILE},
+        }
+        assert client.post("/api/v1/experiments", json=body, headers=auth).status_code == 201
+    vault.flush()
+    return client, vault
+
+
+def test_every_ui_route_needs_a_credential(tenants):
+    client, _ = tenants
+    for path in (
+        "/",
+        "/ui/experiments",
+        "/ui/explore",
+        "/ui/static/ui.js",
+        "/api/v1/ui/experiments",
+        "/api/v1/experiments/r1/history",
+        "/api/v1/compare?ids=r1",
+        "/api/v1/vault/stats",
+    ):
+        assert client.get(path, follow_redirects=False).status_code == 401, path
+
+
+def test_the_experiments_table_shows_only_the_callers_tenant(tenants):
+    client, _ = tenants
+    rows_a = client.get("/api/v1/ui/experiments", headers=AUTH_A).json()["rows"]
+    rows_b = client.get("/api/v1/ui/experiments", headers=AUTH_B).json()["rows"]
+    assert [r["id"] for r in rows_a] == ["r1"] and [r["id"] for r in rows_b] == ["r2"]
+    # another tenant's experiment is unknown, page and JSON alike
+    assert client.get("/api/v1/experiments/r2/history", headers=AUTH_A).status_code == 404
+    assert client.get("/ui/experiments/r2", headers=AUTH_A).status_code == 404
+    assert client.get("/api/v1/compare?ids=r1,r2", headers=AUTH_A).status_code == 404
+
+
+def test_history_by_step_matches_the_python_api(tenants):
+    client, vault = tenants
+    got = client.get("/api/v1/experiments/r1/history?metrics=train_loss,mfu", headers=AUTH_A).json()
+    expected = history(vault, "r1", ["train_loss"])  # what vault.history answers
+    assert got["metrics"]["train_loss"]["x"] == expected.index.tolist()
+    assert got["metrics"]["train_loss"]["y"] == expected["train_loss"].tolist()
+    assert got["missing"] == ["mfu"]
+
+
+def test_compare_puts_params_side_by_side_and_flags_differences(make_client):
+    client, vault = make_client()
+    for i, lr in enumerate((0.1, 0.2)):
+        vault.experiments.create(
+            f"e{i}", f'{{job="e{i}"}}', start=T0, end=T0 + 1000, params={"lr": lr, "seed": 1}
+        )
+    got = client.get("/api/v1/compare?ids=e0,e1").json()
+    assert got["ids"] == ["e0", "e1"]
+    params = {p["param"]: p for p in got["params"]}
+    assert params["lr"]["differs"] and not params["seed"]["differs"]
+    assert params["lr"]["values"] == {"e0": "0.1", "e1": "0.2"}
+    assert got["curves"] == {"e0": None, "e1": None}  # no train_loss logged: no curve
+
+
+@pytest.mark.parametrize(
+    "query, ids",
+    [
+        ("", ["e2", "e1", "e0"]),  # newest first by default
+        ("sort=id&order=asc", ["e0", "e1", "e2"]),
+        ("q=E1", ["e1"]),  # case-insensitive search
+        ("tag=odd", ["e1"]),
+        ("owner=ann", ["e2", "e0"]),
+        ("param=lr=0.2", ["e2"]),
+        ("sort=id&order=asc&offset=1&limit=1", ["e1"]),
+    ],
+)
+def test_the_table_filters_sorts_and_pages_on_the_server(make_client, query, ids):
+    client, vault = make_client()
+    for i in range(3):
+        vault.experiments.create(
+            f"e{i}", f'{{job="e{i}"}}', start=T0 + i, end=T0 + 1000,
+            owner="ann" if i != 1 else "bob", tags=("odd",) if i % 2 else (),
+            params={"lr": 0.1 * (i or 1)},
+        )  # fmt: skip
+    got = client.get(f"/api/v1/ui/experiments?{query}&summary=0").json()
+    assert [r["id"] for r in got["rows"]] == ids
+
+
+@pytest.mark.parametrize(
+    "query, words",
+    [
+        ("sort=gpu_hours", "not a column the server sorts by"),
+        ("order=up", "order='up' must be asc or desc"),
+        ("limit=100000", "limit='100000' must be a whole number"),
+        ("param=lr", "must be key=value"),
+    ],
+)
+def test_bad_table_queries_are_400_in_words(make_client, query, words):
+    client, _ = make_client()
+    answer = client.get(f"/api/v1/ui/experiments?{query}")
+    assert answer.status_code == 400 and words in answer.text
+
+
+def test_bad_width_and_empty_compare_are_400(make_client):
+    client, vault = make_client()
+    vault.experiments.create("e0", '{job="e0"}', start=T0, end=T0 + 1000)
+    assert client.get("/api/v1/experiments/e0/history?width=0").status_code == 400
+    assert client.get("/api/v1/experiments/e0/history?width=x").status_code == 400
+    assert "needs ids=" in client.get("/api/v1/compare").text
+
+
+def test_data_is_escaped_in_the_pages(tenants):
+    client, _ = tenants
+    page = client.get("/ui/experiments/r1", headers=AUTH_A).text
+    assert HOSTILE not in page and esc(HOSTILE) in page
+    assert esc('"') == "&quot;" and esc("<a href='x'>") == "&lt;a href=&#x27;x&#x27;&gt;"
+
+
+def test_vault_stats_show_storage_to_admins_and_only_own_series_to_tenants(tenants, make_client):
+    client, _ = tenants
+    a = client.get("/api/v1/vault/stats", headers=AUTH_A).json()
+    assert a["tenant"] == "team-a" and "tiers" not in a
+    assert {c["metric"]: c["series"] for c in a["cardinality"]} == {
+        "train_step": 1,
+        "train_loss": 1,
+    }
+    admin, vault = make_client()
+    vault.experiments.create("e0", '{job="e0"}', start=T0, end=T0 + 1000)
+    got = admin.get("/api/v1/vault/stats").json()
+    assert set(got["tiers"]) >= {"raw", "1m", "1h"} and "lag_ms" in got["rollup"]
+
+
+def test_downsampling_keeps_each_pixel_columns_extremes():
+    x = np.arange(10_000, dtype=np.float64)
+    y = np.sin(x / 500)
+    y[1234] = 50.0  # a one-sample spike
+    y[7777] = -50.0
+    xs, ys = downsample(x, y, 100)
+    assert len(xs) <= 200 and 50.0 in ys and -50.0 in ys
+    assert np.all(np.diff(xs) > 0)
+    short_x, _ = downsample(x[:10], y[:10], 100)
+    assert short_x.tolist() == x[:10].tolist()
+
+
+def test_ui_app_is_read_only(tmp_path):
+    settings = Settings.load(env={}, gateway_maintain=False)
+    vault = Vault.open_local(str(tmp_path / "v"), settings)
+    vault.experiments.create("e0", '{job="e0"}', start=T0, end=T0 + 1000)
+    try:
+        with TestClient(create_ui_app(vault, settings)) as client:
+            assert client.get("/ui/experiments").status_code == 200
+            assert client.get("/api/v1/experiments").json()[0]["id"] == "e0"
+            assert (
+                client.post("/api/v1/experiments", json={"id": "x", "selector": "m"}).status_code
+                == 405
+            )
+            assert client.patch("/api/v1/experiments/e0", json={"notes": "x"}).status_code == 405
+            assert client.post("/api/v1/write", content=b"").status_code == 404  # not mounted
+            assert client.post("/write", content=b"m v=1").status_code in (404, 405)
+        assert vault.experiments.ids() == ["e0"]
+    finally:
+        vault.close()
