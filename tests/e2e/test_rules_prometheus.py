@@ -288,3 +288,37 @@ def test_one_evaluator_with_two_gateway_workers(tmp_path: Path, gateway: Any):
             break
         time.sleep(0.25)
     assert leaders == 1.0
+
+
+def test_for_state_survives_kill_9(tmp_path: Path, gateway: Any):
+    """A pending alert's activeAt is restored from ALERTS_FOR_STATE after the gateway is
+    killed: it keeps the time it had pended instead of starting its `for` anew."""
+    rule_file = tmp_path / "pending.yml"
+    rule_file.write_text(
+        "groups:\n  - name: slow\n    interval: 1s\n    rules:\n"
+        "      - alert: SlowBurn\n        expr: vector(1) > 0\n        for: 20m\n"
+    )
+    gw = gateway(settings=(f"rules_files={rule_file}", "gateway_workers=1"))
+
+    def active_at() -> float | None:
+        alerts = _api(gw.url, "alerts")["alerts"]
+        if not alerts:
+            return None
+        stamp = alerts[0]["activeAt"].rstrip("Z")
+        return time.mktime(time.strptime(stamp.split(".")[0], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+
+    first = _wait("the alert pending", active_at)
+    _wait(
+        "ALERTS_FOR_STATE in the vault",
+        lambda: _api(gw.url, "query", query="ALERTS_FOR_STATE")["result"],
+    )
+    time.sleep(15)  # pending a while: a fresh start would be visibly later
+    gw.kill()
+    gw.start()
+    ready = time.time()  # a fresh alert would be active from about now on
+    restored = _wait(
+        "the restored activeAt",
+        lambda: (t := active_at()) is not None and t < ready - 5 and t,
+    )
+    # activeAt moved on by the outage (the downtime does not count as pending), no further
+    assert first <= restored < ready - 5

@@ -122,3 +122,26 @@ def test_a_bad_type_is_refused(rules_gateway: tuple[Any, Any, Path]):
     client, _, _ = rules_gateway
     answer = client.get("/api/v1/rules?type=nope")
     assert answer.status_code == 400 and answer.json()["errorType"] == "bad_data"
+
+
+def test_rules_of_a_tenant_read_and_write_that_tenant_only(make_client: Any, tmp_path: Path):
+    path = tmp_path / "gpu.yml"
+    path.write_text(RULES)
+    now = int(time.time() * 1000)
+    client, vault = make_client(rules_files=(str(path),), rules_tenant="team-a")
+    vault.write(
+        [("gpu_temp", {"Hostname": host, "tenant": tenant}, now - 30_000 + i * 5000, temp)
+         for host, tenant, temp in (("node07", "team-a", 85.0), ("node08", "team-b", 95.0))
+         for i in range(12)]
+    )  # fmt: skip
+    (alert,) = _wait(lambda: _firing(client))
+    assert alert["labels"]["Hostname"] == "node07" and alert["labels"]["tenant"] == "team-a"
+
+    def recorded() -> list[dict[str, Any]]:
+        answer = client.get("/api/v1/query", params={"query": "gpu:temp:max"}).json()
+        result: list[dict[str, Any]] = answer["data"]["result"]
+        return result
+
+    (series,) = _wait(recorded)
+    assert series["metric"] == {"__name__": "gpu:temp:max", "Hostname": "node07",
+                                "tenant": "team-a"}  # fmt: skip
