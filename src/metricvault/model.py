@@ -60,8 +60,12 @@ QUANTILE_AGGREGATES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p
 # columns: the long shape (metric, timestamp or ts, value, and one column per aggregate when
 # queried with a step) and the series table (series_id, metric, kind). A label of such a name
 # would be hidden by, or hide, the column: ``kind="prod"`` once showed as the series' kind.
+# The aggregates added later (stddev and the quantiles) are not reserved: a sender whose series
+# carry a ``p99`` label kept writing; a query asking for that aggregate over such series is
+# refused instead (store/query.py shape), which loses nothing.
+RESERVED_AGGREGATES = ("mean", "min", "max", "count", "sum", "last", "increase")
 RESERVED_LABEL_NAMES = frozenset({"metric", "timestamp", "ts", "value", "series_id", "kind"}) | (
-    frozenset(AGGREGATES)
+    frozenset(RESERVED_AGGREGATES)
 )
 RESERVED_COLUMNS = RESERVED_LABEL_NAMES  # the name earlier issues used
 # Prometheus's staleness marker: the NaN with this exact bit pattern ends a series (a sample,

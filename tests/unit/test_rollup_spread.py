@@ -267,3 +267,20 @@ def test_rows_without_m2_or_sketch_are_left_out_and_said(tmp_path: Path) -> None
     for expr in ("stddev_over_time(old[1h])", "quantile_over_time(0.5, old[1h])"):
         got = Engine(OldRows()).evaluate(expr, T0 + 2 * HOUR, T0 + 3 * HOUR, HOUR)
         assert got.series == [] and SPREAD_NOTE in got.warnings
+
+
+def test_a_label_named_like_a_new_aggregate_is_written_and_only_that_aggregate_refused(
+    tmp_path: Path,
+) -> None:
+    """Senders whose series carry a ``p99`` or ``stddev`` label keep writing; asking for the
+    aggregate of that name over them is refused, as its column would hide the label."""
+    from metricvault import Vault
+    from metricvault.errors import InputError
+
+    with Vault.open_local(str(tmp_path / "v")) as vault:
+        rows = [("lat", {"p99": "yes", "stddev": "x"}, T0 + i * 5_000, float(i)) for i in range(24)]
+        assert vault.write(rows) == 24
+        means = vault.query("lat", T0, T0 + 120_000, step="1m", aggs=["mean"], output="arrow")
+        assert means.column("p99").to_pylist() == ["yes", "yes"]
+        with pytest.raises(InputError, match="p99 would hide the label"):
+            vault.query("lat", T0, T0 + 120_000, step="1m", aggs=["p99"], output="arrow")

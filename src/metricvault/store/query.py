@@ -405,7 +405,21 @@ def shape(index: SeriesLookup, table: pa.Table, value_columns: dict[str, Any], o
     take = pa.array(order)
     values = {name: _as_array(v).take(take) for name, v in value_columns.items()}
     metrics, labels = [i.metric for i in infos], [i.labels for i in infos]
+    _refuse_shadowed_columns(values, labels)
     return convert(long_table(ts[order], pos[order], metrics, labels, values), output)
+
+
+def _refuse_shadowed_columns(values: dict[str, Any], labels: list[dict[str, str]]) -> None:
+    """An aggregate column named like a label of the series (``p99`` is a label name a
+    sender may use) would hide it: refuse the query, naming both and the way out."""
+    names = {name for series_labels in labels for name in series_labels}
+    clash = sorted(names & set(values))
+    if clash:
+        raise InputError(
+            f"the aggregate(s) {', '.join(clash)} would hide the label(s) of the same name "
+            "that these series carry: ask for other aggregates, or select the series with "
+            f"PromQL instead (e.g. quantile_over_time(0.99, ...)), which keeps labels apart"
+        )
 
 
 def _as_array(values: Any) -> pa.Array:
