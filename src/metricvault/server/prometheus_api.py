@@ -242,6 +242,9 @@ class PrometheusAPI:
     def routes(self) -> list[Route]:
         both = ["GET", "POST"]  # remote_read (/api/v1/read) is its own API: remote_read_api
         return [
+            # first: Starlette serves the first partial match (a path match with another
+            # method), so this answers the 405s of the routes after it in JSON as well
+            UnknownPathRoute("/api/v1/{rest:path}", self.unknown, methods=ANY_METHOD),
             Route("/api/v1/query", self.query, methods=both),
             Route("/api/v1/query_range", self.query_range, methods=both),
             Route("/api/v1/series", self.series, methods=both),
@@ -250,7 +253,6 @@ class PrometheusAPI:
             Route("/api/v1/metadata", self.metadata, methods=["GET"]),
             Route("/api/v1/query_exemplars", self.exemplars, methods=both),
             Route("/api/v1/status/buildinfo", self.buildinfo, methods=["GET"]),
-            UnknownPathRoute("/api/v1/{rest:path}", self.unknown, methods=ANY_METHOD),
         ]
 
     # ------------------------------------------------------------------ plumbing
@@ -303,8 +305,9 @@ class PrometheusAPI:
         """An engine for one query of ``who``'s: its reads narrowed to the tenant first, its
         limits the settings' (the engine counts samples and series itself), its deadline
         ``timeout_s`` from the start of its evaluation."""
-        # raw data before min_writable is gone (retention): a selection reaching there warns
-        source = tenant_source(self.gateway, who, self.gateway.vault.min_writable_ms())
+        # a raw selection reaching before the store's raw horizon (retention dropped the
+        # samples there) and answered by no rollup rows warns
+        source = tenant_source(self.gateway, who)
         return Engine(source, replace(self.options, timeout_s=timeout_s)), source
 
     def tenant_matchers(self, who: Principal) -> tuple[Matcher, ...]:
@@ -337,9 +340,8 @@ class PrometheusAPI:
         if source.truncated:
             horizon = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(source.raw_horizon_ms / 1000))
             notes.append(
-                f"raw samples before {horizon} were dropped by retention (retention_raw): "
-                "selectors read there cover only the raw data after it (rate, increase, delta "
-                "and the *_over_time functions are answered from the rollup tiers there)"
+                f"raw samples before {horizon} were dropped by retention (retention_raw) and "
+                "no rollup rows answered there: the selection covers only the raw data after it"
             )
         return notes
 
@@ -511,6 +513,23 @@ class PrometheusAPI:
         """A path under /api/v1/ that no API serves: Prometheus's JSON error shape (clients
         such as Grafana parse every /api/v1 answer as JSON), after auth like any route."""
 
+        allowed = sorted(  # a path another API serves, asked with a method it does not take
+            m
+            for route in request.app.router.routes
+            if not isinstance(route, UnknownPathRoute)
+            and isinstance(route, Route)
+            and route.matches(request.scope)[0] != Match.NONE
+            for m in route.methods or ()
+        )
+        if allowed:
+            return _error(
+                "bad_data",
+                f"method {request.method} is not allowed for {request.url.path} "
+                f"(allowed: {', '.join(allowed)})",
+                405,
+                {"Allow": ", ".join(allowed)},
+            )
+
         async def work(params: dict[str, list[str]], who: Principal) -> tuple[Any, list[str]]:
             if request.method != "POST":  # POST bodies were read (and limited) by params()
                 await self.gateway.body(request)
@@ -564,7 +583,7 @@ def _truncate(items: list[Any], limit: int, warnings: list[str]) -> tuple[list[A
 def _error(
     kind: str, message: str, status: int | None = None, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    passed = ("retry-after", "www-authenticate")
+    passed = ("retry-after", "www-authenticate", "allow")
     keep = {k: v for k, v in (headers or {}).items() if k.lower() in passed}
     return JSONResponse(
         {"status": "error", "errorType": kind, "error": message},
