@@ -18,6 +18,7 @@ import http.server
 import itertools
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -322,3 +323,21 @@ def test_for_state_survives_kill_9(tmp_path: Path, gateway: Any):
     )
     # activeAt moved on by the outage (the downtime does not count as pending), no further
     assert first <= restored < ready - 5
+
+
+def test_sighup_reloads_the_rules_with_two_workers(tmp_path: Path, gateway: Any):
+    rule_file = tmp_path / "hup.yml"
+    text = "groups:\n  - name: hup\n    interval: 1s\n    rules:\n      - alert: A\n" \
+           "        expr: vector(1)\n        for: 1m\n"  # fmt: skip
+    rule_file.write_text(text)
+    gw = gateway(settings=(f"rules_files={rule_file}", "gateway_workers=2"))
+
+    def duration() -> Any:
+        groups = _api(gw.url, "rules")["groups"]
+        return groups and groups[0]["rules"][0]["duration"]
+
+    assert _wait("the rules loaded", duration) == 60
+    rule_file.write_text(text.replace("for: 1m", "for: 5m"))
+    assert gw.proc is not None
+    gw.proc.send_signal(signal.SIGHUP)
+    _wait("the reloaded rules", lambda: duration() == 300)
