@@ -216,3 +216,9 @@ def test_series_files_are_merged_into_one_past_the_limit(
         assert len(reader.index) == 14
         assert _hosts(reader, 5.0, 5.5) == ["a", "b", "only-5"]
         assert _hosts(reader, 11.0, None) == ["a", "b", "only-11"]
+
+
+def test_a_served_path_asked_with_another_method_is_405_not_404(client: TestClient) -> None:
+    reply = client.request("DELETE", "/api/v1/query")
+    assert reply.status_code == 405, reply.text
+    assert reply.json()["status"] == "error" and "GET" in reply.headers["Allow"]
