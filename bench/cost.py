@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 HOUR_MS = 3_600_000
 
@@ -90,12 +92,12 @@ def build(path: str, nodes: int, days: float, interval_s: int) -> tuple[int, int
     return total, start, min(end, vault_end)
 
 
-def run(path: str, way: str, start: int, end: int, repeat: int) -> dict[str, float]:
+def run(path: str, way: str, start: int, end: int, repeat: int) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-c", CHILD, path, way, str(start), str(end), str(repeat)],
         capture_output=True, text=True, check=True, timeout=1800,
     )  # fmt: skip
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
@@ -113,18 +115,19 @@ def main() -> None:
         print(
             f"vault: {args.nodes} nodes x 8 GPUs x {args.days:g} d at {args.interval} s, "
             f"{samples:,} samples, built in {time.perf_counter() - began:.0f} s; period "
-            f"{(end - start) / HOUR_MS:,.0f} h\n"
+            f"{(end - start) / HOUR_MS:,.0f} h; load average {os.getloadavg()[0]:.1f} on "
+            f"{os.cpu_count()} cores\n"
         )
         print("| way | median | min | GPU-hours | kWh |")
         print("|---|---|---|---|---|")
         for way in WAYS:
             got = run(path, way, start, end, args.repeat)
-            times = got["times"]  # type: ignore[assignment]
+            times: list[float] = got["times"]
             hours = f"{got['gpu_hours']:,.1f}" if "gpu_hours" in got else "-"
             kwh = f"{got['energy_kwh']:,.2f}" if "energy_kwh" in got else "-"
             print(
-                f"| {way} | {statistics.median(times) * 1000:,.1f} ms | "  # type: ignore[arg-type]
-                f"{min(times) * 1000:,.1f} ms | {hours} | {kwh} |"  # type: ignore[type-var]
+                f"| {way} | {statistics.median(times) * 1000:,.1f} ms | "
+                f"{min(times) * 1000:,.1f} ms | {hours} | {kwh} |"
             )
 
 
