@@ -28,9 +28,9 @@ def ui(
 
     from metricvault.open import open_store
     from metricvault.protocols import require
+    from metricvault.server.app import create_ui_app
     from metricvault.server.auth import check_listener
     from metricvault.server.connections import uvicorn_options
-    from metricvault.server.ui_api import create_ui_app
 
     settings = load_settings(data, config, set_)
     settings = settings.with_overrides(listen=listen or "127.0.0.1:9202")

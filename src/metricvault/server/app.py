@@ -33,6 +33,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
 
 from metricvault.config import Settings
 from metricvault.credentials import Principal, authenticate
@@ -230,5 +231,30 @@ def create_app(
     # answer GET/HEAD only (a test walks the route table and checks both)
     assert {r.path for r in routes} >= PUBLIC_ROUTES
     app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.gateway = gateway
+    return app
+
+
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+def create_ui_app(vault: Any, settings: Any) -> Any:
+    """``metricvault ui``: the UI and the read APIs over ``vault``, read-only. No write,
+    OTLP, remote_read, rules or upkeep routes are mounted, and the routes that are mounted
+    answer GET and HEAD only (anything else: 405), so nothing reached through it can change
+    the vault or the registry."""
+    from metricvault.server import experiments_api, health_api, prometheus_api, ui_api
+
+    gateway = Gateway(vault, settings)
+    gateway.ready = True
+    routes: list[Route] = []
+    for api in (ui_api.API, experiments_api.API, health_api.API, prometheus_api.API):
+        for route in api.routes(gateway):
+            # the Prometheus API's catch-all (a subclass) answers not_found to any method
+            if type(route) is Route and route.methods:
+                methods = sorted(set(route.methods) & READ_METHODS)
+                route = Route(route.path, route.endpoint, methods=methods)
+            routes.append(route)
+    app = Starlette(routes=routes)
     app.state.gateway = gateway
     return app

@@ -596,31 +596,3 @@ def page(name: str, title: str, body: str) -> HTMLResponse:
         "</body></html>"
     )
     return HTMLResponse(text)
-
-
-READ_METHODS = frozenset({"GET", "HEAD"})
-
-
-def create_ui_app(vault: Any, settings: Any) -> Any:
-    """``metricvault ui``: the UI and the read APIs over ``vault``, read-only. No write,
-    OTLP, remote_read, rules or upkeep routes are mounted, and the routes that are mounted
-    answer GET and HEAD only (anything else: 405), so nothing reached through it can change
-    the vault or the registry."""
-    from starlette.applications import Starlette
-
-    from metricvault.server import experiments_api, health_api, prometheus_api
-    from metricvault.server.app import Gateway
-
-    gateway = Gateway(vault, settings)
-    gateway.ready = True
-    routes: list[Route] = []
-    for api in (API, experiments_api.API, health_api.API, prometheus_api.API):
-        for route in api.routes(gateway):
-            # the Prometheus API's catch-all (a subclass) answers not_found to any method
-            if type(route) is Route and route.methods:
-                methods = sorted(set(route.methods) & READ_METHODS)
-                route = Route(route.path, route.endpoint, methods=methods)
-            routes.append(route)
-    app = Starlette(routes=routes)
-    app.state.gateway = gateway
-    return app
