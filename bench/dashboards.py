@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from tests.e2e import grafana_requests as gr
 
 
-def build(path: str, nodes: int, days: float, interval_s: int) -> int:
+def build(path: str, nodes: int, days: float, interval_s: int, retention_raw: str) -> int:
     from metricvault.sim import ClusterSpec, generate
     from metricvault.store.vault import Vault
 
@@ -41,7 +41,7 @@ def build(path: str, nodes: int, days: float, interval_s: int) -> int:
         int(time.time() * 1000), days, nodes=nodes, gpus_per_node=8, interval_s=interval_s
     )
     total = 0
-    with Vault.open_local(path) as vault:
+    with Vault.open_local(path, retention_raw=retention_raw) as vault:
         for chunk in generate(spec):
             total += vault.write(chunk)
         vault.maintain()
@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--interval", type=int, default=15, help="scrape interval (s)")
     parser.add_argument("--vault", help="the vault to read (built there when missing)")
     parser.add_argument("--range", default="14d", help="the dashboards' time range")
+    parser.add_argument("--retention-raw", default="30d", help="raw retention of the vault")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", type=int, default=0)
     args = parser.parse_args()
@@ -69,10 +70,12 @@ def main() -> None:
         path = args.vault or str(Path(tmp) / "vault")
         if not Path(path).exists():
             t = time.perf_counter()
-            n = build(path, args.nodes, args.days, args.interval)
+            n = build(path, args.nodes, args.days, args.interval, args.retention_raw)
             print(f"built {n:,} samples ({args.nodes} nodes x 8 GPUs x {args.days:g} d at "
                   f"{args.interval} s) in {time.perf_counter() - t:.0f} s")  # fmt: skip
-        settings = Settings.load(env={}, gateway_maintain=False, query_timeout="10m")
+        settings = Settings.load(
+            env={}, gateway_maintain=False, query_timeout="10m", retention_raw=args.retention_raw
+        )
         vault = Vault.open_local(path, settings)
         end_ms = int(time.time() * 1000)
         start_ms = end_ms - parse_duration_ms(args.range)
