@@ -75,8 +75,8 @@ class RulesAPI(ServerAPI):
     def routes(self, gateway: Gateway) -> list[Route]:
         api = RulesRoutes(gateway)
         return [
-            Route("/api/v1/rules", api.rules, methods=["GET", "POST"]),
-            Route("/api/v1/alerts", api.alerts, methods=["GET", "POST"]),
+            Route("/api/v1/rules", api.rules, methods=["GET"]),  # as Prometheus: GET only
+            Route("/api/v1/alerts", api.alerts, methods=["GET"]),
             Route("/-/reload", api.reload, methods=["POST", "PUT"]),
         ]
 
@@ -129,6 +129,7 @@ class RulesRoutes:
 
     async def reload(self, request: Request) -> Response:
         async def work(request: Request, who: Principal) -> Response:
+            await self.gateway.body(request)  # unused, but bounded as every body is (413)
             problem = await run_in_threadpool(request_reload, self.gateway)
             if problem:
                 return PlainTextResponse(f"failed to reload config: {problem}\n", 500)
