@@ -50,6 +50,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     # alert and recording rules: read through the engine, write through the store's write
     # protocol (the leaf); store for the evaluator's lease (conditional writes on s3)
     "rules": {"leaf", "store", "promql"},
+    # baselines and anomaly scores: read through the public API and the engine, write through
+    # the store's write path; a peer of rules (neither imports the other)
+    "analysis": {"leaf", "store", "promql", "open"},
     "collect": {"leaf", "open", "sim"},  # reaches a store only through metricvault.open
     # metricvault.open and metricvault.public: the dispatcher and the public classes, which
     # add the conveniences above the store (history, promql, progress bars, Vault.open)
@@ -65,6 +68,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "open",
         "sim",
         "rules",
+        "analysis",
     },
     "top": {
         "leaf",
@@ -78,6 +82,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "app",
         "cli",
         "rules",
+        "analysis",
     },
     "cli": {
         "leaf",
@@ -91,6 +96,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "sim",
         "app",
         "rules",
+        "analysis",
     },
 }
 
@@ -98,6 +104,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 # of a package that imports it back.
 PACKAGES = (
     "store", "promql", "archive", "ingest", "server", "collect", "cli", "sim", "wire", "rules",
+    "analysis",
 )  # fmt: skip
 
 
@@ -114,7 +121,7 @@ def layer(module: str) -> str:
         return "decoders"
     if top in ("public", "public_influx", "conveniences"):  # the public classes
         return "open"
-    if top in ("store", "promql", "archive", "server", "collect", "cli", "open", "sim", "rules"):
+    if top in PACKAGES or top == "open":
         return top
     return "app"  # report, demo, demo_archive, prometheus_config
 
