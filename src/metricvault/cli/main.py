@@ -25,6 +25,7 @@ from typing import Annotated, Any
 import typer
 
 from metricvault.cli.agent import AGENT_CONTEXT, agent
+from metricvault.cli.anomaly import anomaly_app
 from metricvault.cli.archive import archive_app
 from metricvault.cli.common import (
     ConfigOpt,
@@ -69,6 +70,7 @@ app.add_typer(archive_app, name="archive")
 app.add_typer(influx_app, name="influx")
 app.add_typer(rules_app, name="rules")
 app.add_typer(kind_app, name="kind")
+app.add_typer(anomaly_app, name="anomaly")
 
 
 def _print_version(value: bool) -> None:

@@ -1,0 +1,278 @@
+"""Anomaly detectors measured on labelled real data.
+
+    python bench/anomaly.py                 # NAB (19 files) + ASD/SMD (13 machines) + root cause
+    python bench/anomaly.py --only nab      # one part: nab, smd or rootcause
+
+NAB (``../shared/data/nab_machine_metrics``): each detector streams every file (no look-ahead,
+one parameter set), and NAB's scoring function (metricvault.analysis.nab_score, re-implemented
+from numenta/NAB) gives the standard / reward-low-FP / reward-low-FN scores with one threshold
+for the whole set. Our implementations of NAB's random and windowed-Gaussian detectors are
+scored first, beside their published scores, to validate the scorer.
+
+ASD/SMD (``../shared/data/interfusion_asd_smd``): the detector runs over train then test (the
+train rows are history, not scored); per-metric scores are combined by their maximum.
+Precision / recall / F1 at the best threshold, without and with point adjustment, VUS-PR
+(implemented from Paparrizos et al., VLDB 2022, as ``tsb-ad`` does not install here), run time.
+
+Root cause: for each labelled segment, metrics ranked by metricvault.analysis.rootcause_rank;
+HitRate@100 % / @150 % against ``interpretation_label/``, beside a seeded random ranking.
+Deterministic: every random part is seeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pickle
+import sys
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from metricvault.analysis.detectors import DEFAULT_DETECTOR, make_detector
+from metricvault.analysis.nab_score import PROFILES, LabelledFile, nab_score, window_rows
+from metricvault.analysis.rootcause_rank import rank_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+NAB = ROOT.parent / "shared" / "data" / "nab_machine_metrics"
+ASD = ROOT.parent / "shared" / "data" / "interfusion_asd_smd"
+PUBLISHED = {
+    "Numenta HTM": 72.8,
+    "contextOSE": 71.7,
+    "KNN CAD": 60.6,
+    "Random Cut Forest": 60.4,
+    "Twitter ADVec": 42.8,
+    "windowed Gaussian (NAB)": 34.8,
+    "random (NAB)": 9.0,
+}
+NAB_DETECTORS = {
+    "random": "random (NAB)",
+    "gaussian": "windowed Gaussian (NAB)",
+    "gaussian-rolling": None,
+    "quantile": None,
+    "mad": None,
+    "novelty": None,
+}
+
+
+def _epoch_s(text: str) -> int:
+    return int(np.datetime64(text.strip()[:19]).astype("datetime64[s]").astype(np.int64))
+
+
+def load_nab() -> list[tuple[str, npt.NDArray[np.int64], npt.NDArray[np.float64], list[Any]]]:
+    windows = json.loads((NAB / "labels" / "combined_windows.json").read_text())
+    out = []
+    for key in sorted(windows):
+        path = NAB / "data" / key
+        if not path.exists():
+            continue
+        lines = path.read_text().splitlines()[1:]
+        ts = np.array([_epoch_s(line.split(",")[0]) for line in lines], dtype=np.int64)
+        vals = np.array([float(line.split(",")[1]) for line in lines])
+        wins = [(_epoch_s(a), _epoch_s(b)) for a, b in windows[key]]
+        out.append((key, ts, vals, wins))
+    return out
+
+
+def stream(name: str, values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    rows = values.reshape(len(values), -1)
+    det = make_detector(name, rows.shape[1])
+    out = np.empty_like(rows)
+    for i, row in enumerate(rows):
+        out[i] = det.update(row)
+    return out
+
+
+def bench_nab(detectors: list[str]) -> list[dict[str, Any]]:
+    data = load_nab()
+    results = []
+    for name in detectors:
+        t0 = time.perf_counter()
+        files = [
+            LabelledFile(stream(name, vals)[:, 0], window_rows(ts, wins))
+            for _, ts, vals, wins in data
+        ]
+        elapsed = time.perf_counter() - t0
+        row: dict[str, Any] = {"detector": name, "seconds": round(elapsed, 2)}
+        for profile in PROFILES:
+            row[profile] = round(nab_score(files, profile).score, 1)
+        row["published"] = PUBLISHED.get(NAB_DETECTORS.get(name) or "")
+        results.append(row)
+        print(json.dumps(row), file=sys.stderr)
+    return results
+
+
+class _Numpy(pickle.Unpickler):
+    ALLOWED: ClassVar[set[tuple[str, str]]] = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refusing {module}.{name}")
+        return super().find_class(module, name)
+
+
+def load_pkl(path: Path) -> npt.NDArray[np.float64]:
+    with path.open("rb") as fh:
+        return np.asarray(_Numpy(fh).load(), dtype=np.float64)
+
+
+def machines(full: bool) -> list[str]:
+    names = sorted(
+        p.name.removesuffix("_test_label.pkl") for p in (ASD / "processed").glob("*_test_label.pkl")
+    )
+    return names if full else [*[n for n in names if n != "machine-2-1"][:6], "machine-2-1"]
+
+
+def best_f1(scores: npt.NDArray[np.float64], labels: npt.NDArray[np.bool_]) -> dict[str, float]:
+    """Best F1 over every threshold (as every SMD paper reports), plain and point-adjusted."""
+    out: dict[str, float] = {}
+    qs = np.unique(np.quantile(scores, np.linspace(0.5, 1.0, 201)))
+    segs = _segments(labels)
+    for adjusted in (False, True):
+        best = (0.0, 0.0, 0.0)
+        for q in qs:
+            pred = scores >= q
+            if adjusted:
+                pred = pred.copy()
+                for a, b in segs:
+                    if pred[a : b + 1].any():
+                        pred[a : b + 1] = True
+            tp = float((pred & labels).sum())
+            fp = float((pred & ~labels).sum())
+            fn = float((~pred & labels).sum())
+            p = tp / (tp + fp) if tp + fp else 0.0
+            r = tp / (tp + fn) if tp + fn else 0.0
+            f = 2 * p * r / (p + r) if p + r else 0.0
+            if f > best[2]:
+                best = (p, r, f)
+        key = "pa_" if adjusted else ""
+        out[key + "precision"], out[key + "recall"], out[key + "f1"] = best
+    return out
+
+
+def _segments(labels: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
+    edges = np.flatnonzero(
+        np.diff(np.concatenate([np.zeros(1), labels.astype(np.int8), np.zeros(1)]))
+    )
+    return [(int(a), int(b) - 1) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def vus_pr(
+    scores: npt.NDArray[np.float64], labels: npt.NDArray[np.bool_], max_window: int = 100
+) -> float:
+    """VUS-PR (Paparrizos et al. 2022): the mean over buffer lengths l = 0..max_window (step
+    max_window/10) of the range-PR AUC where each label segment is widened by l/2 on both sides
+    with a sqrt ramp, precision computed against the soft labels."""
+    n = len(labels)
+    segs = _segments(labels)
+    order = np.argsort(-scores, kind="stable")
+    aucs = []
+    for length in np.linspace(0, max_window, 11).astype(int):
+        soft = labels.astype(np.float64).copy()
+        half = length // 2
+        for a, b in segs:
+            for j in range(1, half + 1):
+                w = math.sqrt(1 - j / (half + 1))
+                if a - j >= 0:
+                    soft[a - j] = max(soft[a - j], w)
+                if b + j < n:
+                    soft[b + j] = max(soft[b + j], w)
+        s = soft[order]
+        tp = np.cumsum(s)
+        k = np.arange(1, n + 1)
+        precision = tp / k
+        # existence-aware recall: the soft recall, rewarded per segment reached
+        recall = tp / max(soft.sum(), 1e-12)
+        recall = np.concatenate([[0.0], recall])
+        precision = np.concatenate([[1.0], precision])
+        aucs.append(float(np.sum(np.diff(recall) * precision[1:])))
+    return float(np.mean(aucs))
+
+
+def bench_smd(detectors: list[str], full: bool) -> list[dict[str, Any]]:
+    rows = []
+    for machine in machines(full):
+        train = load_pkl(ASD / "processed" / f"{machine}_train.pkl")
+        test = load_pkl(ASD / "processed" / f"{machine}_test.pkl")
+        labels = load_pkl(ASD / "processed" / f"{machine}_test_label.pkl") > 0.5
+        if not full:
+            train = train[-4032:]
+        for name in detectors:
+            t0 = time.perf_counter()
+            scores = stream(name, np.vstack([train, test]))[len(train) :]
+            combined = scores.max(axis=1)
+            elapsed = time.perf_counter() - t0
+            row: dict[str, Any] = {"machine": machine, "detector": name}
+            row.update({k: round(v, 3) for k, v in best_f1(combined, labels).items()})
+            row["vus_pr"] = round(vus_pr(combined, labels), 3)
+            row["seconds"] = round(elapsed, 1)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+    return rows
+
+
+def interpretation(machine: str) -> list[tuple[int, int, list[int]]]:
+    out = []
+    for line in (ASD / "interpretation_label" / f"{machine}.txt").read_text().splitlines():
+        if not line.strip():
+            continue
+        span, dims = line.split(":")
+        a, b = span.split("-")
+        out.append((int(a), int(b), [int(d) - 1 for d in dims.split(",") if d.strip()]))
+    return out
+
+
+def bench_rootcause(full: bool) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(7)
+    rows = []
+    for machine in machines(True):
+        train = load_pkl(ASD / "processed" / f"{machine}_train.pkl")
+        test = load_pkl(ASD / "processed" / f"{machine}_test.pkl")
+        hits: dict[str, list[float]] = {
+            "rank@100": [],
+            "rank@150": [],
+            "rnd@100": [],
+            "rnd@150": [],
+        }
+        for a, b, truth in interpretation(machine):
+            ranked = rank_metrics(train, test[a : b + 1], recent=test[max(0, a - 288) : a])
+            rnd = list(rng.permutation(train.shape[1]))
+            for label, order in (("rank", ranked), ("rnd", rnd)):
+                for pct in (100, 150):
+                    top = set(order[: math.ceil(len(truth) * pct / 100)])
+                    hits[f"{label}@{pct}"].append(len(top & set(truth)) / len(truth))
+        row: dict[str, Any] = {"machine": machine, "segments": len(hits["rank@100"])}
+        row.update({k: round(float(np.mean(v)), 3) for k, v in hits.items()})
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=["nab", "smd", "rootcause"], action="append")
+    parser.add_argument("--full", action="store_true", help="every machine, the whole train split")
+    parser.add_argument("--detectors", default=",".join(NAB_DETECTORS))
+    args = parser.parse_args()
+    parts = args.only or ["nab", "smd", "rootcause"]
+    detectors = args.detectors.split(",")
+    result: dict[str, Any] = {"default_detector": DEFAULT_DETECTOR}
+    if "nab" in parts:
+        result["nab"] = bench_nab(detectors)
+    if "smd" in parts:
+        result["smd"] = bench_smd([d for d in detectors if d != "quantile"], args.full)
+    if "rootcause" in parts:
+        result["rootcause"] = bench_rootcause(args.full)
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

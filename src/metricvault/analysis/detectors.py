@@ -1,0 +1,300 @@
+"""Streaming anomaly detectors: each scores a sample from earlier samples only.
+
+A detector is fed one sample at a time (``update``) and answers a score in [0, 1] for it
+before the sample joins its history, so the score of row i never depends on row i+1: the
+scores of a prefix equal the first scores of the whole (the CLI and the vault's online
+scoring rely on that). Every detector takes a vector of values (one per series) so that a
+multivariate group is scored in one pass; a single series is a vector of length one.
+
+``DETECTORS`` maps the names the CLI accepts to factories with ONE parameter set for every
+input (NAB's rule: no per-file tuning); ``DEFAULT_DETECTOR`` names the one bench/anomaly.py
+measured best.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from metricvault.errors import InputError
+
+Vector = npt.NDArray[np.float64]
+
+_SQRT2 = math.sqrt(2.0)
+
+
+def _erf(x: Vector) -> Vector:
+    # numpy has no erf; math.erf per element is exact and the vectors are short (one per series)
+    return np.array([math.erf(v) for v in x.ravel()], dtype=np.float64).reshape(x.shape)
+
+
+def ratio_score(z: Vector, k: float) -> Vector:
+    """|z| / (|z| + k): 0.5 at |z| = k, never saturating to 1.0 in floating point (a threshold
+    over many series still separates z = 50 from z = 500)."""
+    a = np.abs(z)
+    return a / (a + k)
+
+
+def gaussian_score(z: Vector) -> Vector:
+    """1 - the one-sided normal tail beyond |z|: 0.5 at the mean, -> 1 far away (NAB's
+    windowed Gaussian maps deviations the same way)."""
+    return 0.5 + 0.5 * _erf(np.abs(z) / _SQRT2)
+
+
+class _Ring:
+    """The last ``size`` vectors, oldest first on read."""
+
+    def __init__(self, size: int, width: int) -> None:
+        self.size = size
+        self.data = np.zeros((size, width), dtype=np.float64)
+        self.count = 0
+        self.pos = 0
+
+    def push(self, x: Vector) -> None:
+        self.data[self.pos] = x
+        self.pos = (self.pos + 1) % self.size
+        self.count = min(self.count + 1, self.size)
+
+    def values(self) -> Vector:
+        if self.count < self.size:
+            return self.data[: self.count]
+        return np.roll(self.data, -self.pos, axis=0)
+
+
+@dataclass
+class GaussianDetector:
+    """Rolling mean ± k sigma: the deviation of a sample from the mean of the last ``window``
+    samples in units of their sigma. ``step`` > 1 refreshes mean and sigma every ``step``
+    samples once the window is full (NAB's windowed Gaussian: window 6400, step 100)."""
+
+    width: int = 1
+    window: int = 6400
+    step: int = 100
+    k: float = 2.0
+    name: str = "gaussian"
+    _ring: _Ring = field(init=False)
+    _mean: Vector = field(init=False)
+    _std: Vector = field(init=False)
+    _pending: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self._ring = _Ring(self.window, self.width)
+        self._mean = np.zeros(self.width)
+        self._std = np.ones(self.width)
+
+    def zscore(self, x: Vector) -> Vector:
+        return (x - self._mean) / self._std
+
+    def update(self, x: Vector) -> Vector:
+        first = self._ring.count == 0
+        score = np.zeros(self.width) if first else gaussian_score(self.zscore(x))
+        filling = self._ring.count < self.window
+        self._ring.push(x)
+        self._pending += 1
+        if filling or self._pending >= self.step:
+            self._pending = 0
+            values = self._ring.values()
+            self._mean = values.mean(axis=0)
+            std = values.std(axis=0)
+            self._std = np.where(std == 0.0, 1e-6, std)
+        return score
+
+    def threshold(self) -> float:
+        return float(gaussian_score(np.array([self.k]))[0])
+
+
+@dataclass
+class QuantileDetector:
+    """Dynamic P95/P99 with a ``for`` duration: a sample's score is its rank among the last
+    ``window`` samples (both tails: 1 at a new high or a new low), and the sample is anomalous
+    when the last ``for_samples`` ranks all reach ``q`` (Prometheus's ``for``: a single spike
+    does not fire). The score is the lowest rank over those samples, so it crosses ``q``
+    exactly when the ``for`` condition holds."""
+
+    width: int = 1
+    window: int = 2016  # a week of 5-minute samples
+    q: float = 0.99
+    for_samples: int = 3
+    name: str = "quantile"
+    _ring: _Ring = field(init=False)
+    _recent: _Ring = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._ring = _Ring(self.window, self.width)
+        self._recent = _Ring(self.for_samples, self.width)
+
+    def update(self, x: Vector) -> Vector:
+        if self._ring.count == 0:
+            rank = np.full(self.width, 0.5)
+        else:
+            values = self._ring.values()
+            below = (values < x).mean(axis=0)
+            above = (values > x).mean(axis=0)
+            rank = np.maximum(below, above)
+        self._ring.push(x)
+        self._recent.push(rank)
+        score: Vector = self._recent.values().min(axis=0)
+        if self._recent.count < self.for_samples:
+            score = np.zeros(self.width) + np.minimum(score, 0.5)
+        return score
+
+    def threshold(self) -> float:
+        return self.q
+
+
+@dataclass
+class MadDetector:
+    """Median ± k*MAD: the robust z-score of a sample against the median and the median
+    absolute deviation of the last ``window`` samples (sigma ≈ 1.4826*MAD), so a past spike does
+    not inflate the band the way it inflates sigma. Refreshed every ``step`` samples."""
+
+    width: int = 1
+    window: int = 2016
+    step: int = 12
+    k: float = 3.0
+    name: str = "mad"
+    _ring: _Ring = field(init=False)
+    _median: Vector = field(init=False)
+    _scale: Vector = field(init=False)
+    _pending: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self._ring = _Ring(self.window, self.width)
+        self._median = np.zeros(self.width)
+        self._scale = np.ones(self.width)
+
+    def zscore(self, x: Vector) -> Vector:
+        return (x - self._median) / self._scale
+
+    def _refresh(self) -> None:
+        values = self._ring.values()
+        self._median = np.median(values, axis=0)
+        mad = 1.4826 * np.median(np.abs(values - self._median), axis=0)
+        # a flat series (MAD 0) still needs a scale: a tenth of its spread, then a tiny floor
+        spread = values.std(axis=0) * 0.1
+        floor = 1e-3 * np.abs(self._median) + 1e-9
+        self._scale = np.maximum(np.where(mad > 0, mad, spread), floor)
+
+    def update(self, x: Vector) -> Vector:
+        if self._ring.count == 0:
+            score = np.zeros(self.width)
+        else:
+            score = ratio_score(self.zscore(x), self.k)
+        self._ring.push(x)
+        self._pending += 1
+        if self._ring.count < 64 or self._pending >= self.step:
+            self._pending = 0
+            self._refresh()
+        return score
+
+    def threshold(self) -> float:
+        return 0.5
+
+
+@dataclass
+class NoveltyDetector:
+    """The default: a robust deviation that is also *new*. The deviation of a sample (robust z
+    of its value and of its change, against the median/MAD of the last ``window`` samples) is
+    compared with the largest deviation seen over the last ``memory`` samples: a series that
+    always spikes to z = 8 is not anomalous at z = 8, one that never went past 3 is. After a
+    detection the detector stays quiet for ``quiet`` samples, since one event is one alarm.
+    The score is the tail probability of the excess, in [0, 1]."""
+
+    width: int = 1
+    window: int = 2016
+    memory: int = 2016
+    quiet: int = 288
+    step: int = 12
+    name: str = "novelty"
+    _level: MadDetector = field(init=False)
+    _change: MadDetector = field(init=False)
+    _history: _Ring = field(init=False)
+    _last: Vector | None = field(init=False, default=None)
+    _since: Vector = field(init=False)
+    _seen: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self._level = MadDetector(self.width, self.window, self.step)
+        self._change = MadDetector(self.width, self.window, self.step)
+        self._history = _Ring(self.memory, self.width)
+        self._since = np.full(self.width, float(self.quiet))
+
+    def update(self, x: Vector) -> Vector:
+        self._seen += 1
+        dev = np.abs(self._level.zscore(x))
+        change = x - self._last if self._last is not None else np.zeros(self.width)
+        dev = np.maximum(dev, np.abs(self._change.zscore(change)))
+        if self._seen <= 64:
+            dev = np.zeros(self.width)
+        self._level.update(x)
+        self._change.update(change)
+        self._last = x.copy()
+        past = self._history.values()
+        ceiling = past.max(axis=0) if len(past) else np.zeros(self.width)
+        self._history.push(dev)
+        excess = np.maximum(dev - np.maximum(ceiling, 3.0), 0.0)
+        score = np.where(excess > 0, 0.5 + 0.5 * ratio_score(excess, 1.0), 0.0)
+        score = np.where(self._since < self.quiet, score * 0.5, score)
+        self._since = np.where(score >= self.threshold(), 0.0, self._since + 1.0)
+        return score
+
+    def threshold(self) -> float:
+        return 0.75
+
+
+@dataclass
+class RandomDetector:
+    """Uniform random scores (seeded): the floor every benchmark reports."""
+
+    width: int = 1
+    seed: int = 42
+    name: str = "random"
+    _rng: np.random.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._rng = np.random.default_rng(self.seed)
+
+    def update(self, x: Vector) -> Vector:
+        return self._rng.random(self.width)
+
+    def threshold(self) -> float:
+        return 0.99
+
+
+Detector = GaussianDetector | QuantileDetector | MadDetector | NoveltyDetector | RandomDetector
+
+DETECTORS: dict[str, Callable[[int], Detector]] = {
+    "gaussian": lambda width: GaussianDetector(width),
+    "gaussian-rolling": lambda width: GaussianDetector(width, window=2016, step=1),
+    "quantile": lambda width: QuantileDetector(width),
+    "mad": lambda width: MadDetector(width),
+    "novelty": lambda width: NoveltyDetector(width),
+    "random": lambda width: RandomDetector(width),
+}
+DEFAULT_DETECTOR = "novelty"
+
+
+def make_detector(name: str, width: int = 1) -> Detector:
+    """The detector the CLI and the bench call ``name``, for ``width`` series at once."""
+    factory = DETECTORS.get(name)
+    if factory is None:
+        raise InputError(
+            f"unknown detector {name!r}: expected one of {', '.join(sorted(DETECTORS))}"
+        )
+    return factory(width)
+
+
+def score_series(values: npt.ArrayLike, name: str = DEFAULT_DETECTOR) -> Vector:
+    """Scores of a whole (n,) or (n, m) array, row by row, as the streaming detector sees it."""
+    data = np.asarray(values, dtype=np.float64)
+    flat = data.ndim == 1
+    rows = data.reshape(len(data), -1)
+    detector = make_detector(name, rows.shape[1])
+    out = np.empty_like(rows)
+    for i, row in enumerate(rows):
+        out[i] = detector.update(row)
+    return out[:, 0] if flat else out
