@@ -255,6 +255,23 @@ class Settings:
         "Evaluate the rules over this tenant's series only (its tenant_label on everything "
         "they write); empty: over the whole vault.",
     )
+    alertmanagers: tuple[str, ...] = _setting(
+        (),
+        "Alertmanager URLs the rules' alerts are sent to (`serve --alertmanager`; v2 API, "
+        "user:password@ in a URL for basic auth), queued and retried while one is down.",
+    )
+
+    baselines: tuple[str, ...] = _setting(
+        (),
+        "What maintain keeps baselined (docs/anomaly.md, Baselines): entries `SELECTOR` or "
+        "`SELECTOR by LABEL,LABEL` (optionally `over 28d`), semicolon-separated in the "
+        "environment; empty: none.",
+    )
+    baseline_interval: str = _setting(
+        "1h",
+        "A maintain round recomputes the baselines trained longer ago than this and copies "
+        "the others' values forward.",
+    )
 
     archive_dir: str = _setting(
         "artifacts/metrics",
@@ -285,6 +302,7 @@ class Settings:
             "rules_for_outage_tolerance",
             "rules_for_grace_period",
             "rules_resend_delay",
+            "baseline_interval",
         ):
             _check(name, parse_duration_ms, getattr(self, name))
         if parse_duration_ms(self.rules_evaluation_interval) < 1:
@@ -400,7 +418,8 @@ def _coerce(name: str, value: Any) -> Any:
     kind = type(getattr(Settings(), name)) if name in setting_names() else str
     if kind is tuple:  # a list of strings (rules_files): TOML list, or comma-separated text
         if isinstance(value, str):
-            return tuple(part.strip() for part in value.split(",") if part.strip())
+            sep = ";" if name == "baselines" else ","  # its entries hold `by a,b`
+            return tuple(part.strip() for part in value.split(sep) if part.strip())
         return tuple(str(v) for v in value)
     if kind is bool and isinstance(value, str):
         if value.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):

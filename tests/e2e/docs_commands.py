@@ -24,6 +24,9 @@ EXEMPT: tuple[tuple[str, str], ...] = (
     (r"^(\.venv/bin/)?python3? bench/", "benchmarks are measured in bench/, not in the suite"),
     (r"^pip install", "installs into the user's environment"),
     (r"^source \.venv/bin/activate", "the test already runs the venv's metricvault"),
+    (r"^metricvault serve\b.*--alertmanager", "a server until stopped: tests/e2e/"
+     "test_serve_alertmanager.py starts `serve` with rules and an Alertmanager and reads the "
+     "alert from its webhook"),
     (r"^metricvault ui\b", "a server until stopped: tests/e2e/test_ui_browser.py starts "
      "`metricvault ui --data ... --listen ...` and drives it in a browser"),
 )  # fmt: skip

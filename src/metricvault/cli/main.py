@@ -46,6 +46,7 @@ from metricvault.cli.influx import influx_app
 from metricvault.cli.kinds import kind_app
 from metricvault.cli.light import COMMON_OPTS, HOT_OPTS, run_hot
 from metricvault.cli.output import print_table
+from metricvault.cli.baseline import baseline_app
 from metricvault.cli.rules import rules_app
 from metricvault.cli.ui import ui
 from metricvault.config import describe
@@ -69,6 +70,7 @@ app.add_typer(experiment_app, name="experiment")
 app.add_typer(archive_app, name="archive")
 app.add_typer(influx_app, name="influx")
 app.add_typer(rules_app, name="rules")
+app.add_typer(baseline_app, name="baseline")
 app.add_typer(kind_app, name="kind")
 app.add_typer(anomaly_app, name="anomaly")
 
@@ -256,16 +258,30 @@ def maintain(
 
     at = parse_time_ms(now) if now else None
     with open_with(settings, need="maintain") as vault:
+
+        def on_report(report: Any, seconds: float) -> None:
+            console.print(_report_line(report, seconds))
+            if settings.baselines:  # the `baselines` setting: refreshed every baseline_interval
+                _maintain_baselines(vault, settings, at)
+
         maintainer = MaintenanceLoop(
-            vault,
-            parse_duration_ms(settings.maintain_interval) / 1000,
-            on_report=lambda report, seconds: console.print(_report_line(report, seconds)),
+            vault, parse_duration_ms(settings.maintain_interval) / 1000, on_report=on_report
         )
         if loop:  # one line a round; a gateway's maintainer may take some rounds
             maintainer.run(threading.Event(), now_ms=at)
             return
         with console_progress() as progress:
             maintainer.round(at, progress, wait=True)
+
+
+def _maintain_baselines(vault: Any, settings: Any, at: int | None) -> None:
+    from metricvault.analysis.baselines import BaselineSpec, maintain_baselines
+
+    specs = [BaselineSpec.parse(entry) for entry in settings.baselines]
+    done = maintain_baselines(vault, specs, settings.baseline_interval, at)
+    console.print(
+        f"baselines: {done['recomputed']} recomputed, {done['carried_forward']} carried forward"
+    )
 
 
 @app.command()
@@ -416,6 +432,15 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    alertmanager: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--alertmanager",
+            help="Alertmanager URL the rules' alerts are sent to (repeatable; the "
+            "alertmanagers setting).",
+            show_default=False,
+        ),
+    ] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
 ) -> None:
@@ -430,7 +455,8 @@ def serve(
     `/api/v1/status/buildinfo`; any other `/api/v1/<rest>` answers Prometheus's JSON
     `not_found` error) and `POST /api/v1/read` (remote_read). Experiments:
     `/api/v1/experiments` and `/api/v1/experiments/<id>`. Rules (`--rules`): `GET
-    /api/v1/rules`, `GET /api/v1/alerts`, `POST /-/reload` (and SIGHUP). Health: `GET /-/healthy`,
+    /api/v1/rules`, `GET /api/v1/alerts`, `POST /-/reload` (and SIGHUP); their alerts go to
+    every `--alertmanager`, converged on a root cause. Health: `GET /-/healthy`,
     `GET /-/ready`, `GET /metrics` (the gateway's own metrics). Web UI (docs/ui.md): `GET /`,
     `/ui/experiments`, `/ui/experiments/<experiment_id>`, `/ui/compare`, `/ui/explore`,
     `/ui/alerts`, `/ui/vault`, `/ui/static/<path>`, and its JSON `/api/v1/ui/experiments`,
@@ -450,6 +476,8 @@ def serve(
         settings = settings.with_overrides(listen=listen)
     if rules:
         settings = settings.with_overrides(rules_files=tuple(rules))
+    if alertmanager:
+        settings = settings.with_overrides(alertmanagers=tuple(alertmanager))
     if settings.rules_files:
         from metricvault.rules.files import read_rule_files
 

@@ -4,6 +4,7 @@ that exposes a :class:`~metricvault.server.api.ServerAPI` as ``API``, and its li
 from __future__ import annotations
 
 from metricvault.server import (
+    alert_delivery,
     experiments_api,
     health_api,
     otlp_api,
@@ -23,6 +24,7 @@ APIS: tuple[ServerAPI, ...] = (
     health_api.API,
     ui_api.API,  # before prometheus_api, whose /api/v1/{rest} answers not_found
     rules_api.API,  # before prometheus_api, whose /api/v1/{rest} answers not_found
+    alert_delivery.API,  # no routes: the rules' alerts to Alertmanager
     prometheus_api.API,
     remote_read_api.API,
     upkeep.API,

@@ -146,6 +146,26 @@ class GatewayMetrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        # Alert delivery (server/alert_delivery.py), in the evaluator's worker
+        self.alert_queue: Gauge = Gauge(
+            "metricvault_alertmanager_queue_length",
+            "Alerts queued for an Alertmanager, not yet accepted by it",
+            ["alertmanager"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.alerts_sent: Counter = Counter(
+            "metricvault_alertmanager_alerts_sent",
+            "Alerts an Alertmanager accepted",
+            ["alertmanager"],
+            registry=r,
+        )
+        self.alerts_dropped: Counter = Counter(
+            "metricvault_alertmanager_alerts_dropped",
+            "Alerts dropped (queue full, or refused by Alertmanager as invalid)",
+            ["alertmanager"],
+            registry=r,
+        )
 
     @classmethod
     def for_worker(cls, state_dir: Path) -> GatewayMetrics:

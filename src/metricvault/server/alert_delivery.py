@@ -1,0 +1,74 @@
+"""Alert delivery inside ``serve``: the rule evaluator's alerts, converged on a root cause, sent
+to every ``--alertmanager`` (the ``alertmanagers`` setting) through Alertmanager's v2 API.
+
+Each round of a group hands its alerts due (Prometheus's resend rules, rules/group.py) to the
+hook built here; the converger (rules/convergence.py) labels them with their ``incident`` and
+adds the root-cause alerts due, and the notifier (rules/alertmanager.py) queues them per
+Alertmanager, retrying while one is down. The queue depth and what was sent or dropped are
+in the gateway's ``/metrics``. Grouping, silences and inhibition stay Alertmanager's job.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from metricvault.promql import Engine
+from metricvault.rules.alertmanager import Alert, Notifier, TargetStats
+from metricvault.rules.convergence import Converger, Topology, firing_alerts, targets_down
+from metricvault.rules.group import OutgoingAlert, RuleGroup, engine_query
+from metricvault.server.api import ServerAPI
+from metricvault.server.rules_api import ALERT_SINKS, AlertHook, manager_options, rules_source
+
+if TYPE_CHECKING:
+    from metricvault.server.app import Gateway
+
+
+class AlertDeliveryAPI(ServerAPI):
+    name = "alert delivery"
+    summary = "sends the rules' alerts, converged on a root cause, to every --alertmanager"
+
+
+API = AlertDeliveryAPI()
+
+
+class Delivery:
+    """One evaluator's delivery: the groups it has heard from, the converger, the notifier."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.groups: dict[str, RuleGroup] = {}  # by file and name: a reload replaces them
+        self.converger = Converger()
+        options = manager_options(gateway)
+        self.query = engine_query(Engine(rules_source(gateway), options.engine))
+        self._seen: dict[str, tuple[int, int]] = {}  # url -> (sent, dropped) counted so far
+        self.notifier = Notifier(gateway.settings.alertmanagers, on_change=self._count)
+
+    def __call__(self, group: RuleGroup, alerts: list[OutgoingAlert]) -> None:
+        self.groups[group.key] = group
+        at = group.last_evaluation_ms
+        firing = firing_alerts(self.groups.values())
+        topology = Topology.from_query(self.query, at) if firing else Topology()
+        down = targets_down(self.query, at)
+        out = self.converger.round(at, firing, alerts, topology, down)
+        self.notifier.send([Alert.from_outgoing(a) for a in out])
+
+    def _count(self, url: str, stats: TargetStats) -> None:
+        metrics = self.gateway.metrics
+        metrics.alert_queue.labels(url).set(stats.queue_length)
+        dropped = sum(stats.dropped.values())
+        sent_before, dropped_before = self._seen.get(url, (0, 0))
+        if stats.sent > sent_before:
+            metrics.alerts_sent.labels(url).inc(stats.sent - sent_before)
+        if dropped > dropped_before:
+            metrics.alerts_dropped.labels(url).inc(dropped - dropped_before)
+        self._seen[url] = (stats.sent, dropped)
+
+
+def delivery(gateway: Gateway) -> AlertHook | None:
+    """The hook for the evaluator, or None without an Alertmanager configured."""
+    if not gateway.settings.alertmanagers:
+        return None
+    return Delivery(gateway)
+
+
+ALERT_SINKS.append(delivery)
