@@ -84,10 +84,11 @@ def test_per_series_statistics_match_numpy_on_the_raw_samples(
         ordered = np.sort(values)
         for name, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
             assert stats[name] == pytest.approx(ordered[int(q * (values.size - 1))], rel=0.01)
-        assert stats["median"] == stats["p50"]
+        assert stats["median"] == pytest.approx(np.median(values), rel=0.01)
         mad = np.median(np.abs(values - np.median(values)))
-        # the sketch's 1 % is on the values (~40 000): up to about 400 on the deviations
-        assert abs(stats["mad"] - mad) <= 0.01 * np.abs(values).max()
+        # within half a sketch bucket (1 % of the level, ~400 here) of numpy's, not better:
+        # this spread (sigma 500) is narrower than a bucket (docs/anomaly.md, Baselines)
+        assert abs(stats["mad"] - mad) <= 0.01 * np.median(values)
 
 
 def test_the_daily_cycle_is_found_and_noise_is_not(

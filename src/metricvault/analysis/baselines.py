@@ -6,12 +6,12 @@ Everything is computed from the per-hour partials of the rollup rows (``count``,
 so a 28-day baseline reads 672 rows per series instead of every raw sample:
 
 - mean and sigma (population) by Chan, Golub and LeVeque's merge of the hours' ``m2``;
-- P50/P95/P99 and the median from the merged sketches (exact merge; each within 1 %
-  relative of the sample at rank ``floor(q*(n-1))``);
-- MAD from the same sketch: the weighted median of ``|v - median|`` over the sketch's bucket
-  values, so it carries the sketch's 1 % relative error of each value (on the value, not on
-  the difference: for a series whose spread is far below 1 % of its level the MAD is
-  dominated by the sketch's resolution — use sigma there);
+- P50/P95/P99 from the merged sketches (exact merge; each within 1 % relative of the
+  sample at rank ``floor(q*(n-1))``);
+- median and MAD from the same sketch, each bucket's samples taken as spread uniformly over
+  the bucket (:func:`_sketch_median_mad`; ``p50`` stays DDSketch's own): within half a
+  bucket (1 % of the level) of the exact median and MAD, so the MAD is informative where
+  the spread is well above 1 % of the level; below that use sigma;
 - counters are baselined on their rates: each hour's ``increase / 3600`` is one sample, so
   their statistics describe hourly-average rates (not 5-minute ones);
 - a seasonal profile (hour of week: hour of day x day of week) only where a permutation test
@@ -294,9 +294,39 @@ def _gauge_baseline(
     values = np.asarray(sketch_mapping().values(codes), dtype=np.float64)
     for name, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
         stats[name] = _weighted_quantile(values, weights, q)
-    stats["median"] = stats["p50"]
-    stats["mad"] = _weighted_quantile(np.abs(values - stats["median"]), weights, 0.5)
+    stats["median"], stats["mad"] = _sketch_median_mad(values, weights)
     return stats
+
+
+def _sketch_median_mad(values: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
+    """Median and MAD (median of ``|x - median|``) with each sketch bucket's samples spread
+    uniformly over the bucket (bounds: the representative value times ``(1+gamma)/2`` and that
+    over ``gamma``), both solved by bisection on that piecewise-linear CDF ``F``: ``F(m) =
+    W/2``, then ``F(m+d) - F(m-d) = W/2``. Without the spreading, a series whose spread is
+    narrower than a bucket (2 % of its level) would have a MAD of 0."""
+    gamma = float(sketch_mapping().gamma)
+    a, b = values * (1 + gamma) / (2 * gamma), values * (1 + gamma) / 2
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    width = hi - lo
+    half = float(weights.sum()) / 2
+
+    def cdf(x: float) -> float:
+        inside = np.divide(x - lo, width, out=(x >= lo).astype(np.float64), where=width > 0)
+        return float(np.sum(weights * np.clip(inside, 0.0, 1.0)))
+
+    def solve(f: Any, left: float, right: float) -> float:  # f increasing; f(x) >= half
+        for _ in range(80):
+            mid = (left + right) / 2
+            if f(mid) < half:
+                left = mid
+            else:
+                right = mid
+        return right
+
+    median = solve(cdf, float(lo.min()), float(hi.max()))
+    spread = float(max(hi.max() - median, median - lo.min()))
+    mad = solve(lambda d: cdf(median + d) - cdf(median - d), 0.0, spread)
+    return median, mad
 
 
 def _counter_baseline(cols: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, float]:

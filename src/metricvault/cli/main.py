@@ -27,6 +27,7 @@ import typer
 from metricvault.cli.agent import AGENT_CONTEXT, agent
 from metricvault.cli.anomaly import anomaly_app
 from metricvault.cli.archive import archive_app
+from metricvault.cli.baseline import baseline_app
 from metricvault.cli.common import (
     ConfigOpt,
     DataOpt,
@@ -46,7 +47,6 @@ from metricvault.cli.influx import influx_app
 from metricvault.cli.kinds import kind_app
 from metricvault.cli.light import COMMON_OPTS, HOT_OPTS, run_hot
 from metricvault.cli.output import print_table
-from metricvault.cli.baseline import baseline_app
 from metricvault.cli.rules import rules_app
 from metricvault.cli.ui import ui
 from metricvault.config import describe
