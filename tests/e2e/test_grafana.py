@@ -288,3 +288,86 @@ def test_issue13_grafana_dashboard_load_request_sequence(stack: Stack) -> None:
     # and without the token: refused in Prometheus's shape, so Grafana shows the reason
     status, reply = send(stack.gateway, Request("POST", "/api/v1/query", [("query", "up")]))
     assert status == 401 and reply["status"] == "error"
+
+
+# ------------------------------------------------------------------ 90 days over 3 days of raw
+LONG_DAYS = 90
+LONG_NON_EMPTY = {  # the dashboards whose data the simulator and track() make
+    "gpu-cluster": NON_EMPTY["gpu-cluster"],
+    "gpu-node": NON_EMPTY["gpu-node"],
+    "training-run": NON_EMPTY["training-run"],
+}
+
+
+@pytest.fixture(scope="module")
+def long_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One simulated node over 90 days at 5 min, a training run 60 days ago, and raw
+    retention of 3 days applied: everything older is in the 1m/1h rows only."""
+    from metricvault import Vault, track
+    from metricvault.sim import ClusterSpec, generate
+    from metricvault.sim.spec import LLAMA_70B_FLOPS_PER_TOKEN, JobSpec
+    from tests.clocks import Clocks
+
+    directory = tmp_path_factory.mktemp("grafana_long")
+    now = int(time.time() * 1000)
+    days_s = LONG_DAYS * 86_400
+    job = JobSpec("sim-run", (0,), days_s // 3, days_s // 3, LLAMA_70B_FLOPS_PER_TOKEN, 1000.0)
+    spec = ClusterSpec.ending_at(now, LONG_DAYS, nodes=1, interval_s=300, seed=7, jobs=(job,))
+    path = directory / "vault"
+    with Vault.open_local(str(path), retention_raw="3d") as vault:
+        for chunk in generate(spec):
+            vault.write(chunk)
+    clocks = Clocks(start_after_ms=-60 * 86_400_000, step_ms=300_000)
+    with track("llama-ft-1", data=str(path), git=False, labels={"host": "node01"},
+               flops_per_token=LLAMA_70B_FLOPS_PER_TOKEN, gpus=8, gpu="H100-SXM",
+               **clocks.kw) as run:  # fmt: skip
+        for step in range(1, 200):
+            clocks[0] += 300.0
+            run.log(step, loss=4.0 / step**0.3, lr=3e-4, grad_norm=1.0 + 1 / step,
+                    tokens=step * 600_000)  # fmt: skip
+    with Vault.open_local(str(path), retention_raw="3d") as vault:
+        vault.maintain()
+        assert vault.catalog_version().raw_horizon_ms > now - 4 * 86_400_000
+    config = directory / "metricvault.toml"
+    config.write_text(f'retention_raw = "3d"\n[[auth_bearer_tokens]]\n'
+                      f'sha256 = "{hash_secret(TOKEN)}"\n')  # fmt: skip
+
+    class Gateway(GatewayProcess):
+        def command(self) -> list[str]:
+            return [*super().command(), "--config", str(config)]
+
+    gateway = Gateway(data_dir=path, port=free_port(), log_path=directory / "gateway.log",
+                      settings=GATEWAY_DEFAULT_SETTINGS)  # fmt: skip
+    gateway.start()
+    try:
+        source = load_datasource({"METRICVAULT_URL": gateway.url, "METRICVAULT_TOKEN": TOKEN})
+        # "now" is a minute after the last sample (a 5 min scrape leaves the instant panels
+        # outside the 5 min lookback at the wall clock's now)
+        end = spec.end_ms - spec.interval_s * 1000 + 60_000
+        yield Stack(gateway, source, datasource_headers(source),
+                    end - LONG_DAYS * 86_400_000, end)  # fmt: skip
+    finally:
+        gateway.stop_gracefully()
+
+
+def test_every_panel_shows_data_on_90_days_over_3_days_of_raw_retention(
+    long_stack: Stack,
+) -> None:
+    answered = []
+    for name, board in dashboards().items():
+        if name not in LONG_NON_EMPTY:
+            continue
+        variables = _variables(long_stack, board, [])
+        for query in panel_requests(board, name, long_stack.start_ms, long_stack.end_ms,
+                                    variables, long_stack.source, long_stack.headers):  # fmt: skip
+            answered.append((query, *send(long_stack.gateway, query.request)))
+    failures = [f"{q.dashboard} / {q.panel}: {status} {reply}" for q, status, reply in answered
+                if status != 200 or reply.get("status") != "success"]  # fmt: skip
+    assert not failures, "\n".join(failures)
+    holding: dict[str, set[str]] = {}
+    for query, _, reply in answered:
+        if reply["data"]["result"]:
+            holding.setdefault(query.dashboard, set()).add(query.panel)
+    assert holding == LONG_NON_EMPTY, {
+        name: sorted(LONG_NON_EMPTY[name] - holding.get(name, set())) for name in LONG_NON_EMPTY
+    }
