@@ -10,6 +10,7 @@ from :class:`RetryLater`, whose ``retry_after_s`` the gateway sends as ``Retry-A
     │   ├── LabelError               bad metric or label name, label value, duplicate label
     │   ├── SelectorError            a PromQL series selector that does not parse
     │   ├── TimeRangeError           an unparseable or inverted start/end/step
+    │   ├── TemplateError            a rule template that does not parse or fails (Go's words)
     │   └── ValueRangeError          NaN/Inf where not allowed, absurd timestamps
     ├── AuthError (401)              no or unknown gateway credentials
     ├── NotFoundError (404)          a vault, experiment or snapshot that does not exist
@@ -20,6 +21,8 @@ from :class:`RetryLater`, whose ``retry_after_s`` the gateway sends as ``Retry-A
     ├── TooLargeError (413)          a body or batch over a configured limit
     ├── UnsupportedError (415)       an encoding or content type we do not speak
     ├── ConfigError (400)            a settings file or override that is invalid
+    │   └── RuleFileError            a rule file Prometheus would refuse (promtool's lines)
+    ├── UnitTestError (400)          a promtool rule unit-test file that cannot be run
     ├── PromQLError (400/422)        a PromQL query that is bad (400) or fails on the data (422)
     │   └── ResolutionError (400)    a range query over 11,000 points per series
     ├── MissingDependencyError (500) an optional extra (e.g. polars) is not installed
@@ -116,6 +119,30 @@ class SpoolLockedError(MetricVaultError, RuntimeError):
 
 class ConfigError(MetricVaultError):
     status = 400
+
+
+class RuleFileError(ConfigError):
+    """A rule file Prometheus would refuse: ``problems`` holds each of promtool's lines."""
+
+    def __init__(self, path: str, problems: list[str] | tuple[str, ...] = ()) -> None:
+        self.path = path
+        self.problems = list(problems)
+        listed = "\n".join(f"{path}: {p}" for p in self.problems)
+        super().__init__(
+            f"{listed}\n(the rule file {path} is refused as Prometheus refuses it; fix it and "
+            "check it with `metricvault rules check` or `promtool check rules`)"
+        )
+
+
+class UnitTestError(MetricVaultError):
+    """A promtool rule unit-test file that cannot be run (not a failing test)."""
+
+    status = 400
+
+
+class TemplateError(InputError):
+    """A rule template that does not parse or fails while it runs (Go's message, ``template:
+    ...``); while alerts are evaluated it is rendered into the annotation, as Prometheus does."""
 
 
 class PromQLError(MetricVaultError):

@@ -46,7 +46,7 @@ def _board(path: Path) -> dict[str, Any]:
 def _produced_names() -> str:
     """The text of the modules that name the series the project writes."""
     files = [*(SRC / "collect" / "sources" / "nvml").glob("*.py"), *(SRC / "sim").glob("*.py"),
-             SRC / "collect" / "training.py", SRC / "ingest" / "metrics.py"]  # fmt: skip
+             SRC / "collect" / "training.py", SRC / "server" / "metrics.py"]  # fmt: skip
     return "\n".join(p.read_text() for p in files) + (ROOT / "docs" / "metrics.md").read_text()
 
 

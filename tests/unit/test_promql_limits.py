@@ -21,7 +21,7 @@ from metricvault.promql import (
     PromQLError,
     SeriesSamples,
 )
-from metricvault.protocols import SelectHints
+from metricvault.protocols import Horizons, SelectHints
 from metricvault.selector import Matcher
 
 S = 1000
@@ -67,6 +67,9 @@ class CountingSource:
     ) -> list[SeriesSamples]:
         self.selects.append(str(matchers[0].value))
         return self.inner.select(matchers, start_ms, end_ms)
+
+    def horizons(self) -> Horizons:
+        return self.inner.horizons()
 
 
 def _engine(source: object, clock: StepClock | None = None, **options: Any) -> Engine:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from metricvault.rules import RuleFileError, load_rule_files
+from metricvault.errors import RuleFileError
+from metricvault.rules import load_rule_files
 from metricvault.rules.durations import parse_prometheus_duration_ms
 from metricvault.rules.files import check_rule_files_report, parse_rule_file
 

@@ -23,7 +23,6 @@ from collections.abc import Iterable
 from metricvault.rules.files import (
     DEFAULT_EVALUATION_INTERVAL_MS,
     GroupSpec,
-    RuleFileError,
     RuleSpec,
     check_rule_file,
     expand_rule_paths,
@@ -46,7 +45,6 @@ __all__ = [
     "GroupSpec",
     "OutgoingAlert",
     "RecordingRule",
-    "RuleFileError",
     "RuleGroup",
     "RuleSpec",
     "check_rule_file",

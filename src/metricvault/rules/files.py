@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from metricvault.errors import ConfigError, PromQLError
+from metricvault.errors import PromQLError, RuleFileError
 from metricvault.promql.parse import parse as parse_promql
 from metricvault.rules.durations import parse_prometheus_duration_ms
 from metricvault.rules.templates import check_template
@@ -42,19 +42,6 @@ _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _GROUPS_FIELDS = {"groups"}
 _GROUP_FIELDS = {"name", "interval", "limit", "rules"}
 _RULE_FIELDS = {"record", "alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
-
-
-class RuleFileError(ConfigError):
-    """A rule file Prometheus would refuse: ``problems`` holds each of promtool's lines."""
-
-    def __init__(self, path: str, problems: Sequence[str]) -> None:
-        self.path = path
-        self.problems = list(problems)
-        listed = "\n".join(f"{path}: {p}" for p in self.problems)
-        super().__init__(
-            f"{listed}\n(the rule file {path} is refused as Prometheus refuses it; fix it and "
-            "check it with `metricvault rules check` or `promtool check rules`)"
-        )
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 import xxhash
 
-from metricvault.errors import MetricVaultError
-from metricvault.promql import STALE_NAN, Engine, PromQLError
+from metricvault.errors import MetricVaultError, PromQLError
+from metricvault.promql import STALE_NAN, Engine
 from metricvault.rules.files import DEFAULT_EVALUATION_INTERVAL_MS, GroupSpec, RuleSpec
 from metricvault.rules.templates import Sample, expand_alert_template
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import re2
 
+from metricvault.errors import TemplateError
 from metricvault.rules.durations import parse_prometheus_duration_ms
 
 __all__ = [
@@ -41,10 +42,6 @@ __all__ = [
     "go_format_value",
     "go_sprintf",
 ]
-
-
-class TemplateError(Exception):
-    """A template that does not parse or fails while it runs (Go's message, ``template: ...``)."""
 
 
 @dataclass

@@ -23,11 +23,11 @@ from typing import Any, TextIO
 import numpy as np
 import yaml
 
-from metricvault.errors import MetricVaultError
+from metricvault.errors import MetricVaultError, RuleFileError, UnitTestError
 from metricvault.promql import STALE_NAN, Engine, EngineOptions
 from metricvault.protocols import BucketSelection, Horizons, SelectHints, SeriesSamples
 from metricvault.rules.durations import format_prometheus_duration, parse_prometheus_duration_ms
-from metricvault.rules.files import RuleFileError, expand_rule_paths, read_rule_files
+from metricvault.rules.files import expand_rule_paths, read_rule_files
 from metricvault.rules.group import RuleGroup, engine_query
 from metricvault.rules.templates import go_format_float
 from metricvault.selector import Matcher
@@ -39,10 +39,6 @@ _SERIES_ITEM = re.compile(
     r"^(?P<base>[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|Inf|inf|NaN|nan))"
     r"(?:(?P<delta>[-+](?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+|Inf|inf))?x(?P<times>\d+))?$"
 )
-
-
-class UnitTestError(MetricVaultError):
-    status = 400
 
 
 class GrowingSource:

@@ -36,12 +36,12 @@ from starlette.routing import Route
 
 from metricvault.credentials import Principal
 from metricvault.durations import parse_duration_ms
-from metricvault.errors import MetricVaultError
+from metricvault.errors import MetricVaultError, RuleFileError
 from metricvault.fsutil import write_atomically
 from metricvault.promql import EngineOptions
 from metricvault.promql.source import TenantSource
 from metricvault.protocols import SampleSource
-from metricvault.rules.files import RuleFileError, read_rule_files
+from metricvault.rules.files import read_rule_files
 from metricvault.rules.group import OutgoingAlert, RuleGroup, SampleWriter
 from metricvault.rules.lease import EvaluatorLease
 from metricvault.rules.manager import ManagerOptions, RuleManager, status_json
