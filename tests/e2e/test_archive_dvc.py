@@ -161,7 +161,7 @@ def test_restore_an_older_tag_after_a_new_version(vault, tmp_path):
         restore("r9", repo)
 
 
-def test_issue11_restore_works_when_the_remote_was_set_up_but_not_committed(vault, tmp_path):
+def test_restore_works_when_the_remote_was_set_up_but_not_committed(vault, tmp_path):
     """`dvc init && dvc remote add -d ...` as docs/archive.md shows, without a git commit: the
     tag's commit must still carry the remote, or `dvc get --rev TAG` finds no storage."""
     repo = make_repo(tmp_path / "paper", with_dvc=False)

@@ -62,23 +62,23 @@ def influx(influx_uri: str, t0: int) -> Iterator[Any]:
 
 
 @pytest.mark.parametrize("step", suite.STEPS)
-def test_issue12_influxdb_answers_a_query_as_the_embedded_vault(embedded, influx, t0, step):
+def test_influxdb_answers_a_query_as_the_embedded_vault(embedded, influx, t0, step):
     suite.check_query(embedded, influx, t0, step)
 
 
-def test_issue12_influxdb_lists_the_same_series(embedded, influx):
+def test_influxdb_lists_the_same_series(embedded, influx):
     suite.check_series(embedded, influx)
 
 
-def test_issue12_influxdb_stats_count_the_same_series(embedded, influx, t0):
+def test_influxdb_stats_count_the_same_series(embedded, influx, t0):
     suite.check_stats(embedded, influx, t0)
 
 
-def test_issue12_influxdb_places_history_by_step_alike(embedded, influx):
+def test_influxdb_places_history_by_step_alike(embedded, influx):
     suite.check_history(embedded, influx)
 
 
-def test_issue12_influxdb_refuses_sql_saying_what_to_use_instead(influx, influx_uri):
+def test_influxdb_refuses_sql_saying_what_to_use_instead(influx, influx_uri):
     assert has(influx, "read") and has(influx, "serve") and not has(influx, "sql")
     with pytest.raises(UnsupportedError) as caught:
         metricvault.open(influx_uri, need="sql")
@@ -95,7 +95,7 @@ def test_issue12_influxdb_refuses_sql_saying_what_to_use_instead(influx, influx_
 
 
 @pytest.mark.parametrize("step", suite.STEPS)
-def test_issue12_influxdb_answers_alike_from_its_rollups_after_maintain(embedded, influx, t0, step):
+def test_influxdb_answers_alike_from_its_rollups_after_maintain(embedded, influx, t0, step):
     # Both stores roll the hour up (InfluxDB with its continuous query's SELECT): steps of whole
     # minutes are then read from the 1-minute tier on both sides, raw samples stay as they were.
     embedded.maintain(now_ms=t0 + 3 * suite.HOUR_MS)
@@ -140,7 +140,7 @@ def test_archive_export_from_influxdb_runs_the_vault_sql_on_its_snapshot(
         ("serve", "serving a gateway"),
     ],
 )
-def test_issue12_a_gateway_url_refuses_what_it_cannot_do_before_any_request(need, what):
+def test_a_gateway_url_refuses_what_it_cannot_do_before_any_request(need, what):
     # A listener of our own stands in for the gateway: a refusal must not even connect.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
         listener.bind(("127.0.0.1", 0))
@@ -157,7 +157,7 @@ def test_issue12_a_gateway_url_refuses_what_it_cannot_do_before_any_request(need
     assert "open the vault the gateway stores into (its --data)" in message
 
 
-def test_issue12_a_gateway_url_writes_into_its_vault_and_keeps_experiments(gateway, embedded, t0):
+def test_a_gateway_url_writes_into_its_vault_and_keeps_experiments(gateway, embedded, t0):
     gw: GatewayProcess = gateway()
     with metricvault.open(gw.url, need="write+experiments") as store:
         assert has(store, "write") and not has(store, "read")

@@ -223,7 +223,7 @@ def _queries(stack: Stack, log: list[Request]) -> list[tuple[PanelQuery, int, di
     return out
 
 
-def test_issue13_every_dashboard_query_answers_and_the_expected_panels_hold_data(
+def test_every_dashboard_query_answers_and_the_expected_panels_hold_data(
     stack: Stack,
 ) -> None:
     answered = _queries(stack, [])
@@ -243,7 +243,7 @@ def test_issue13_every_dashboard_query_answers_and_the_expected_panels_hold_data
     assert len(answered) >= 40
 
 
-def test_issue13_grafana_dashboard_load_request_sequence(stack: Stack) -> None:
+def test_grafana_dashboard_load_request_sequence(stack: Stack) -> None:
     """The requests Grafana's data source makes when a dashboard opens, in order: buildinfo
     (it reads the version to pick features), the label names for the query editor
     (``POST api/v1/labels`` with ``match[]`` and the time range), the variables' label values

@@ -46,7 +46,7 @@ def prometheus_yml(tmp_path: Path) -> Path:
     return copy
 
 
-def test_issue11_default_fragment_is_remote_write_only_and_appends_safely(prometheus_yml):
+def test_default_fragment_is_remote_write_only_and_appends_safely(prometheus_yml):
     done = metricvault("prometheus-config", cwd=prometheus_yml.parent)
     assert done.returncode == 0, done.stderr
     assert "scrape_configs" not in done.stdout and ":9400" not in done.stdout
@@ -55,7 +55,7 @@ def test_issue11_default_fragment_is_remote_write_only_and_appends_safely(promet
     assert promtool_ok(prometheus_yml)
 
 
-def test_issue11_agent_adds_the_scrape_job(tmp_path):
+def test_agent_adds_the_scrape_job(tmp_path):
     done = metricvault(
         "prometheus-config", "--agent", "10.0.0.7:9400", "--agent", "10.0.0.8:9400", cwd=tmp_path
     )
@@ -67,7 +67,7 @@ def test_issue11_agent_adds_the_scrape_job(tmp_path):
     assert bad.returncode == 2 and "must be HOST:PORT" in bad.stderr
 
 
-def test_issue11_merge_edits_debians_default_safely_and_twice_is_a_no_op(prometheus_yml):
+def test_merge_edits_debians_default_safely_and_twice_is_a_no_op(prometheus_yml):
     original = prometheus_yml.read_text()
     args = ("prometheus-config", "--merge", str(prometheus_yml), "--agent", "127.0.0.1:9400")
     first = metricvault(*args, cwd=prometheus_yml.parent)
@@ -92,7 +92,7 @@ def test_issue11_merge_edits_debians_default_safely_and_twice_is_a_no_op(prometh
     assert prometheus_yml.read_text().count("job_name: metricvault-agent") == 1
 
 
-def test_issue11_merge_refuses_a_file_it_cannot_parse(tmp_path):
+def test_merge_refuses_a_file_it_cannot_parse(tmp_path):
     broken = tmp_path / "prometheus.yml"
     broken.write_text("scrape_configs:\n  - job_name: [unclosed\n")
     done = metricvault("prometheus-config", "--merge", str(broken), cwd=tmp_path)

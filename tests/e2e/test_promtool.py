@@ -83,7 +83,7 @@ def _normal(kind: str, output: str) -> Any:
     return sorted(json.dumps(item, sort_keys=True) for item in data)
 
 
-def test_issue13_promtool_query_answers_as_from_prometheus(
+def test_promtool_query_answers_as_from_prometheus(
     oracle: Oracle,  # noqa: F811
     served: Any,  # noqa: F811
 ) -> None:
@@ -128,7 +128,7 @@ def tenant_gateway(tmp_path_factory: pytest.TempPathFactory) -> Any:
     gw.stop_gracefully()
 
 
-def test_issue13_promtool_with_a_tenant_credential_sees_only_its_tenant(
+def test_promtool_with_a_tenant_credential_sees_only_its_tenant(
     tenant_gateway: GatewayProcess,
 ) -> None:
     import time

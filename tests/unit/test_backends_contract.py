@@ -53,22 +53,22 @@ def rolled_up(tmp_path_factory):
 
 @pytest.mark.parametrize("step", suite.STEPS)
 @pytest.mark.parametrize("backend", ["snapshot"])
-def test_issue12_every_reader_answers_a_query_alike(stores, backend, step):
+def test_every_reader_answers_a_query_alike(stores, backend, step):
     suite.check_query(stores["embedded"], stores[backend], T0, step)
 
 
 @pytest.mark.parametrize("backend", ["embedded", "snapshot"])
-def test_issue12_every_reader_lists_the_same_series(stores, backend):
+def test_every_reader_lists_the_same_series(stores, backend):
     suite.check_series(stores["embedded"], stores[backend])
 
 
 @pytest.mark.parametrize("backend", ["embedded", "snapshot"])
-def test_issue12_every_reader_counts_the_same_series_in_its_stats(stores, backend):
+def test_every_reader_counts_the_same_series_in_its_stats(stores, backend):
     suite.check_stats(stores["embedded"], stores[backend], T0)
 
 
 @pytest.mark.parametrize("backend", ["embedded", "snapshot"])
-def test_issue12_every_reader_places_history_by_step_alike(stores, backend):
+def test_every_reader_places_history_by_step_alike(stores, backend):
     suite.check_history(stores["embedded"], stores[backend])
 
 
@@ -117,7 +117,7 @@ def test_the_planner_reads_raw_samples_where_a_store_keeps_no_rollups(stores):
     assert stores["snapshot"].horizons().raw_start_ms == 0
 
 
-def test_issue12_capabilities_say_what_each_backend_does(stores):
+def test_capabilities_say_what_each_backend_does(stores):
     assert has(stores["embedded"], "serve") and has(stores["embedded"], "sql")
     assert has(stores["snapshot"], "read") and not has(stores["snapshot"], "write")
     gateway = open_store("http://127.0.0.1:9/")
@@ -133,7 +133,7 @@ def test_issue12_capabilities_say_what_each_backend_does(stores):
         ("maintain", "maintenance"),
     ],
 )
-def test_issue12_a_snapshot_refuses_what_it_cannot_do(stores, need, what):
+def test_a_snapshot_refuses_what_it_cannot_do(stores, need, what):
     path = str(stores["snapshot"].path)
     with pytest.raises(UnsupportedError) as caught:
         metricvault.open(path, need=need)
@@ -142,21 +142,21 @@ def test_issue12_a_snapshot_refuses_what_it_cannot_do(stores, need, what):
     assert "supports read, sql" in message and "vault directory" in message
 
 
-def test_issue12_a_snapshot_says_it_has_no_registry_and_cannot_be_written(stores):
+def test_a_snapshot_says_it_has_no_registry_and_cannot_be_written(stores):
     with pytest.raises(UnsupportedError, match="cannot do the experiment registry"):
         stores["snapshot"].experiments.list()
     with pytest.raises(ReadOnlyError, match="frozen"):
         stores["snapshot"].write(SAMPLES)
 
 
-def test_issue12_a_gateway_url_refuses_reading_before_any_request():
+def test_a_gateway_url_refuses_reading_before_any_request():
     with pytest.raises(
         UnsupportedError, match=r"http://127\.0\.0\.1:9 is a gateway, which cannot do reading"
     ):
         metricvault.open("http://127.0.0.1:9/")
 
 
-def test_issue12_the_embedded_store_says_what_sql_lacks_on_no_backend(stores):
+def test_the_embedded_store_says_what_sql_lacks_on_no_backend(stores):
     """Every capability the embedded vault claims is one it answers (no UnsupportedError)."""
     vault = stores["embedded"]
     assert vault.sql("SELECT count(*) AS n FROM series", output="arrow")["n"].to_pylist() == [
@@ -166,14 +166,14 @@ def test_issue12_the_embedded_store_says_what_sql_lacks_on_no_backend(stores):
     assert isinstance(vault.maintain(), dict)
 
 
-def test_issue12_metricvault_open_is_the_function_after_importing_its_module():
+def test_metricvault_open_is_the_function_after_importing_its_module():
     import metricvault.open as _module  # noqa: F401  (binds the submodule on first import)
 
     assert callable(metricvault.open) and metricvault.open.__name__ == "open"
 
 
 @pytest.mark.parametrize("args", [["experiment", "list"], ["serve"]])
-def test_issue12_cli_on_a_snapshot_is_a_clear_error_not_a_traceback(stores, args):
+def test_cli_on_a_snapshot_is_a_clear_error_not_a_traceback(stores, args):
     path = str(stores["snapshot"].path)
     proc = subprocess.run(
         [sys.executable, "-m", "metricvault.cli", *args, "--data", path],
@@ -186,7 +186,7 @@ def test_issue12_cli_on_a_snapshot_is_a_clear_error_not_a_traceback(stores, args
     assert "experiment snapshot, which cannot do" in " ".join(proc.stderr.split()), proc.stderr
 
 
-def test_issue12_errors_of_the_boundary_are_metricvault_errors():
+def test_errors_of_the_boundary_are_metricvault_errors():
     assert issubclass(UnsupportedError, MetricVaultError)
 
 

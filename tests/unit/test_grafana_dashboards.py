@@ -70,7 +70,7 @@ def _substituted(expr: str) -> str:
     return re.sub(r"\$\{?(\w+)\}?", "value", expr)
 
 
-def test_issue13_provisioned_data_source_is_metricvault_as_prometheus_2_42() -> None:
+def test_provisioned_data_source_is_metricvault_as_prometheus_2_42() -> None:
     source = _datasource()
     assert (source["type"], source["uid"], source["access"]) == ("prometheus", "metricvault",
                                                                  "proxy")  # fmt: skip
@@ -87,7 +87,7 @@ def test_issue13_provisioned_data_source_is_metricvault_as_prometheus_2_42() -> 
     assert [(p["type"], bool(p["options"]["path"])) for p in providers] == [("file", True)]
 
 
-def test_issue13_the_four_dashboards_are_shipped() -> None:
+def test_the_four_dashboards_are_shipped() -> None:
     assert {p.stem for p in DASHBOARDS} == EXPECTED
     uids = [_board(p)["uid"] for p in DASHBOARDS]
     titles = [_board(p)["title"] for p in DASHBOARDS]
@@ -95,7 +95,7 @@ def test_issue13_the_four_dashboards_are_shipped() -> None:
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=[p.stem for p in DASHBOARDS])
-def test_issue13_dashboard_is_valid_grafana_json_on_the_provisioned_source(path: Path) -> None:
+def test_dashboard_is_valid_grafana_json_on_the_provisioned_source(path: Path) -> None:
     board = _board(path)
     uid = _datasource()["uid"]
     assert isinstance(board["schemaVersion"], int) and board["schemaVersion"] >= 36
@@ -120,7 +120,7 @@ def test_issue13_dashboard_is_valid_grafana_json_on_the_provisioned_source(path:
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=[p.stem for p in DASHBOARDS])
-def test_issue13_dashboard_queries_parse_and_read_series_the_project_produces(path: Path) -> None:
+def test_dashboard_queries_parse_and_read_series_the_project_produces(path: Path) -> None:
     board = _board(path)
     produced = _produced_names()
     queries = [t["expr"] for p in board["panels"] for t in p["targets"]]

@@ -551,21 +551,21 @@ def test_fast_path_agrees_with_the_scanner_on_escapes(line: str) -> None:
 # --- issue 10: request limits and linear cost ------------------------------------------------
 
 
-def test_issue10_series_per_request_counts_metric_and_tag_set() -> None:
+def test_series_per_request_counts_metric_and_tag_set() -> None:
     body = "\n".join(f"gpu,gpu={i % 5} util=1,mem=2 {T_NS}" for i in range(50))
     assert decode(body, max_series=10).samples == 100  # 5 tag sets x 2 fields = 10 series
     with pytest.raises(TooLargeError, match=r"more than 9 series .*max_series_per_request"):
         decode(body, max_series=9)
 
 
-def test_issue10_label_names_per_request_counts_labels_not_tag_keys() -> None:
+def test_label_names_per_request_counts_labels_not_tag_keys() -> None:
     body = f"gpu,gpu-id=0 a=1 {T_NS}\ngpu,gpu.id=1 a=1 {T_NS}\ngpu,host=h a=1 {T_NS}"
     assert decode(body, max_label_names=2).points == 3  # gpu-id and gpu.id are both gpu_id
     with pytest.raises(TooLargeError, match=r"2 distinct label names \(e\.g\. 'host'\)"):
         decode(body, max_label_names=1)
 
 
-def test_issue10_decode_time_budget_refuses_with_progress() -> None:
+def test_decode_time_budget_refuses_with_progress() -> None:
     body = "\n".join(f"gpu,gpu={i % 8} util={i} {T_NS}" for i in range(10_000))
     assert decode(body, time_budget_s=60.0).points == 10_000
     with pytest.raises(TooLargeError, match=r"over the budget of 0 s .* after 4,096 of 10,000"):

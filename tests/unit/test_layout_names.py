@@ -69,22 +69,22 @@ def _spelled_outside_layout() -> list[str]:
     return found
 
 
-def test_issue12_vault_file_names_are_spelled_only_in_layout_py():
+def test_vault_file_names_are_spelled_only_in_layout_py():
     assert _spelled_outside_layout() == []
 
 
-def test_issue12_worker_buffer_names_round_trip_to_their_pid():
+def test_worker_buffer_names_round_trip_to_their_pid():
     name = layout.worker_buffer_name(os.getpid())
     assert name.startswith(layout.WORKER_BUFFER_PREFIX)
     assert layout.worker_pid(name) == os.getpid()
 
 
 @pytest.mark.parametrize("name", [layout.BUFFER_NAME, "buffer-worker-", "buffer-worker-12x", "x-1"])
-def test_issue12_other_buffer_names_have_no_worker_pid(name):
+def test_other_buffer_names_have_no_worker_pid(name):
     assert layout.worker_pid(name) is None
 
 
-def test_issue12_buffer_files_are_the_sqlite_files_of_the_state_dir(tmp_path):
+def test_buffer_files_are_the_sqlite_files_of_the_state_dir(tmp_path):
     main = layout.buffer_file(tmp_path)
     worker = layout.buffer_file(tmp_path, layout.worker_buffer_name(7))
     for path in (main, worker, tmp_path / "notes.txt", tmp_path / f"{main.name}-wal"):

@@ -26,7 +26,7 @@ def _two_days(vault: Vault) -> None:
         vault.flush()
 
 
-def test_issue12_importing_the_store_imports_no_terminal_library():
+def test_importing_the_store_imports_no_terminal_library():
     code = (
         "import sys, metricvault.store.maintenance, metricvault.store.vault\n"
         "loaded = sorted(m for m in sys.modules if m == 'rich' or m.startswith(('rich.', "
@@ -39,7 +39,7 @@ def test_issue12_importing_the_store_imports_no_terminal_library():
     assert done.stdout.strip() == ""
 
 
-def test_issue12_maintain_reports_each_step_to_a_callback(tmp_path):
+def test_maintain_reports_each_step_to_a_callback(tmp_path):
     calls: dict[str, list[tuple[int, int]]] = defaultdict(list)
     with Vault.open_local(str(tmp_path / "v")) as vault:
         _two_days(vault)
@@ -53,7 +53,7 @@ def test_issue12_maintain_reports_each_step_to_a_callback(tmp_path):
         assert seen == [(i, total) for i in range(total + 1)], step  # 0, 1, ..., total
 
 
-def test_issue12_vault_maintain_takes_a_callback_or_true(tmp_path, capsys):
+def test_vault_maintain_takes_a_callback_or_true(tmp_path, capsys):
     steps: list[str] = []
     with Vault.open_local(str(tmp_path / "a")) as vault:
         _two_days(vault)

@@ -91,11 +91,11 @@ def test_series_index_detects_collisions():
 
 
 @pytest.mark.parametrize("value", ["tab\there", "two\nlines", "cr\r", "ünïcödé ✓", "\u2028"])
-def test_issue10_label_values_may_hold_tab_newline_and_any_printable_unicode(value):
+def test_label_values_may_hold_tab_newline_and_any_printable_unicode(value):
     assert Series.make("m", {"a": value}).label_dict() == {"a": value}
 
 
-def test_issue10_control_character_error_names_the_series_and_the_label():
+def test_control_character_error_names_the_series_and_the_label():
     with pytest.raises(LabelError) as refused:
         Series.make("gpu_util", {"gpu": "0", "mig": "\x00\x1e"})
     message = str(refused.value)
@@ -103,7 +103,7 @@ def test_issue10_control_character_error_names_the_series_and_the_label():
     assert "label 'mig'" in message
 
 
-def test_issue12_tier_resolutions_are_the_tier_names_read_as_durations():
+def test_tier_resolutions_are_the_tier_names_read_as_durations():
     # One table, model.TIER_RESOLUTION_MS: the query layer and the rollups read it.
     assert set(model.TIER_RESOLUTION_MS) == set(model.TIERS) - {"raw"}
     for tier, width_ms in model.TIER_RESOLUTION_MS.items():
@@ -112,7 +112,7 @@ def test_issue12_tier_resolutions_are_the_tier_names_read_as_durations():
     assert widths == sorted(widths, reverse=True)  # coarsest first, the order tiers are tried
 
 
-def test_issue12_arrow_schemas_are_built_on_first_use_and_stay_one_object():
+def test_arrow_schemas_are_built_on_first_use_and_stay_one_object():
     assert model.SAMPLE_SCHEMA.names == ["series_id", "ts", "value"]
     assert model.SERIES_SCHEMA.names == ["series_id", "metric", "labels", "kind"]
     assert model.SAMPLE_SCHEMA is model.SAMPLE_SCHEMA

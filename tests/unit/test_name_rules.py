@@ -180,7 +180,7 @@ def test_every_path_refuses_exactly_the_names_the_model_refuses(path: str) -> No
 
 
 @pytest.mark.parametrize("name", ["series_id", "kind", "timestamp", "value", "metric", "ts"])
-def test_issue12_reserved_labels_are_refused_with_one_message(name: str) -> None:
+def test_reserved_labels_are_refused_with_one_message(name: str) -> None:
     problem = label_name_problem(name)
     assert problem is not None
     assert repr(name).strip("'") in problem and "reserved" in problem and "rename" in problem
@@ -200,7 +200,7 @@ def gateway(tmp_path: Path) -> Any:
 
 
 @pytest.mark.parametrize("name", ["series_id", "kind"])
-def test_issue12_series_id_and_kind_labels_are_refused_with_400_everywhere(
+def test_series_id_and_kind_labels_are_refused_with_400_everywhere(
     gateway: Any, name: str
 ) -> None:
     client, vault = gateway
@@ -226,7 +226,7 @@ def test_issue12_series_id_and_kind_labels_are_refused_with_400_everywhere(
     assert series["series_id"].dtype.kind == "i"
 
 
-def test_issue12_the_documented_relabel_rule_is_a_valid_prometheus_config(tmp_path: Path) -> None:
+def test_the_documented_relabel_rule_is_a_valid_prometheus_config(tmp_path: Path) -> None:
     # docs/gateway.md shows senders how to rename a reserved label; promtool must accept it.
     promtool = shutil.which("promtool")
     if promtool is None:

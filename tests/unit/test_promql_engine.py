@@ -147,7 +147,7 @@ def test_rate_extrapolates_to_the_window_edges_and_corrects_resets() -> None:
     assert one(e, "resets(r_total[1m])", 60 * S) == 1.0
 
 
-def test_issue13_rate_after_an_inf_sample_is_finite_again() -> None:
+def test_rate_after_an_inf_sample_is_finite_again() -> None:
     values = [1.0, 2.0, math.inf, 1.0, 2.0, 3.0, 4.0, 5.0]
     e = engine(({"__name__": "x_total"}, [i * 15 * S for i in range(8)], values))
     # A range query, so the samples read include the +Inf before the last window.
@@ -230,7 +230,7 @@ def test_vector_matching(expr: str, expected: dict[Any, float]) -> None:
     assert instant(engine(*SIDES), expr, 0) == expected
 
 
-def test_issue13_atan2_keeps_the_metric_name() -> None:
+def test_atan2_keeps_the_metric_name() -> None:
     got = instant(engine(*SIDES), "l atan2 1", 0)
     assert (("__name__", "l"), ("i", "1"), ("x", "a")) in got
 
@@ -402,13 +402,13 @@ def test_the_example_in_docs_promql_md_runs() -> None:
         exec(compile(block, str(page), "exec"), {})  # its asserts check the answers
 
 
-def test_issue13_stddev_of_one_sample_is_zero_even_when_it_is_nan() -> None:
+def test_stddev_of_one_sample_is_zero_even_when_it_is_nan() -> None:
     e = engine(({"__name__": "n", "i": "a"}, [0], [math.nan]))
     assert one(e, "stddev(n)", 0) == 0.0
     assert one(e, "stdvar by (i) (n)", 0) == 0.0
 
 
-def test_issue13_variance_of_a_constant_window_is_exactly_zero() -> None:
+def test_variance_of_a_constant_window_is_exactly_zero() -> None:
     # 0.1 x 3 / 3 is not exactly 0.1 in binary floating point.
     e = engine(({"__name__": "k"}, [0, 15 * S, 30 * S], [0.1, 0.1, 0.1]))
     assert one(e, "stdvar_over_time(k[1m])", 30 * S) == 0.0
@@ -416,7 +416,7 @@ def test_issue13_variance_of_a_constant_window_is_exactly_zero() -> None:
     assert one(e, "stdvar(k)", 0) == 0.0
 
 
-def test_issue13_date_functions_of_nan_and_inf_give_what_go_gives() -> None:
+def test_date_functions_of_nan_and_inf_give_what_go_gives() -> None:
     # Go's int64(NaN) is -2^63: time.Unix of that is 292277026596-12-04 15:30 UTC, a Sunday.
     e = engine()
     assert one(e, "year(vector(0/0))", 0) == 292277026596.0

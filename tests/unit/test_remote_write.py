@@ -122,7 +122,7 @@ def manifest() -> dict[str, Any]:
     return dict(json.loads((GOLDEN / "manifest.json").read_text()))
 
 
-def test_issue12_golden_bodies_live_in_the_repository_byte_for_byte() -> None:
+def test_golden_bodies_live_in_the_repository_byte_for_byte() -> None:
     # The copy must be the captured bodies exactly: every file of the manifest, no other body.
     files = manifest()["files"]
     assert len(files) == 14
@@ -979,21 +979,21 @@ def _wide_v2(series: int, names_each: int) -> bytes:
 
 
 @pytest.mark.parametrize(("decode", "wide"), [(decode_v1, _wide_v1), (decode_v2, _wide_v2)])
-def test_issue10_label_names_per_request_limit(decode: Any, wide: Any) -> None:
+def test_label_names_per_request_limit(decode: Any, wide: Any) -> None:
     body = wide(10, 3)  # 30 distinct names besides __name__
     assert len(decode(body, max_label_names=30).table.column_names) == 3 + 30
     with pytest.raises(TooLargeError, match=r"30 distinct label names \(e\.g\. \"l0_0\""):
         decode(body, max_label_names=29)
 
 
-def test_issue10_decode_time_budget_is_checked_between_phases() -> None:
+def test_decode_time_budget_is_checked_between_phases() -> None:
     body = _wide_v1(200, 3)
     assert decode_v1(body, time_budget_s=60.0).samples == 200
     with pytest.raises(TooLargeError, match=r"over the budget of 0 s per request"):
         decode_v1(body, time_budget_s=0.0)
 
 
-def test_issue10_wide_request_memory_is_linear_not_series_times_names() -> None:
+def test_wide_request_memory_is_linear_not_series_times_names() -> None:
     """1,000 series x 33 label names of their own: the decoder held a names x series int64
     matrix (33,000 x 1,000 x 8 bytes = 264 MB of numpy, which tracemalloc sees); now only
     per-name scratch arrays. The Arrow table itself (Arrow's allocator) is not counted."""
