@@ -200,9 +200,7 @@ def gateway(tmp_path: Path) -> Any:
 
 
 @pytest.mark.parametrize("name", ["series_id", "kind"])
-def test_series_id_and_kind_labels_are_refused_with_400_everywhere(
-    gateway: Any, name: str
-) -> None:
+def test_series_id_and_kind_labels_are_refused_with_400_everywhere(gateway: Any, name: str) -> None:
     client, vault = gateway
     problem = label_name_problem(name)
     assert problem is not None
