@@ -20,7 +20,7 @@ from metricvault.analysis.baselines import (
     run_baselines,
     seasonality,
 )
-from metricvault.errors import InputError
+from metricvault.errors import InputError, MetricVaultError
 
 DAYS = 28
 STEP_MS = 60_000
@@ -181,7 +181,7 @@ def test_maintain_recomputes_only_stale_baselines(
     first = maintain_baselines(v, [spec], "1h", NOW - 50 * 60_000)
     assert first["recomputed"] == 1
     again = maintain_baselines(v, [spec], "1h", NOW - 40 * 60_000)
-    assert again == {"recomputed": 0, "carried_forward": again["carried_forward"]}
+    assert (again["recomputed"], again["untrusted"]) == (0, 0)
     assert again["carried_forward"] > 0
     later = maintain_baselines(v, [spec], "1h", NOW + 20 * 60_000)
     assert later["recomputed"] == 1
@@ -199,3 +199,28 @@ def test_bad_specs_are_refused(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(Exception, match=message) as err:
         BaselineSpec(**kwargs)  # type: ignore[arg-type]
     assert isinstance(err.value, (InputError, ValueError))
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ("up", BaselineSpec("up")),
+        (
+            "DCGM_FI_DEV_FB_USED by Hostname,gpu",
+            BaselineSpec("DCGM_FI_DEV_FB_USED", ("Hostname", "gpu")),
+        ),
+        (
+            'x{job="a b"} by job over 14d min 2d',
+            BaselineSpec('x{job="a b"}', ("job",), "14d", "2d"),
+        ),
+        ('x{job=" by y"}', BaselineSpec('x{job=" by y"}')),
+    ],
+)
+def test_baselines_setting_entries(entry: str, expected: BaselineSpec) -> None:
+    assert BaselineSpec.parse(entry) == expected
+
+
+@pytest.mark.parametrize("entry", ["", " by job", "x over 10m", "x{ by job"])
+def test_bad_baselines_setting_entries_are_refused(entry: str) -> None:
+    with pytest.raises(MetricVaultError):
+        BaselineSpec.parse(entry)

@@ -80,20 +80,21 @@ class BaselineSpec:
 
     @classmethod
     def parse(cls, text: str) -> BaselineSpec:
-        """One entry of the ``baselines`` setting: ``SELECTOR`` or ``SELECTOR by a,b``
-        (optionally ``over 28d``)."""
+        """One entry of the ``baselines`` setting: ``SELECTOR [by LABEL,LABEL] [over WINDOW]
+        [min MIN_HISTORY]``, e.g. ``DCGM_FI_DEV_FB_USED by Hostname,gpu over 28d min 7d``."""
         rest = text.strip()
-        window = "28d"
-        by: tuple[str, ...] = ()
-        if " over " in rest:
-            rest, window = rest.rsplit(" over ", 1)
-            window = window.strip()
-        if " by " in rest:
-            rest, labels = rest.rsplit(" by ", 1)
-            by = tuple(x.strip() for x in labels.split(",") if x.strip())
+        found: dict[str, str] = {}
+        for word in ("min", "over", "by"):  # from the end: the selector may hold spaces
+            head, sep, tail = rest.rpartition(f" {word} ")
+            if sep and "}" not in tail and '"' not in tail:
+                found[word], rest = tail.strip(), head
         if not rest.strip():
-            raise InputError(f"baselines entry {text!r} names no selector")
-        return cls(rest.strip(), by, window)
+            raise InputError(
+                f"baselines entry {text!r} names no selector: write `SELECTOR [by LABEL,LABEL] "
+                "[over 28d] [min 7d]`"
+            )
+        by = tuple(x.strip() for x in found.get("by", "").split(",") if x.strip())
+        return cls(rest.strip(), by, found.get("over", "28d"), found.get("min", "7d"))
 
 
 @dataclass(frozen=True)
@@ -443,7 +444,12 @@ def maintain_baselines(
         if rows:
             carried += int(vault.write(rows, {BASELINE_METRIC: "gauge"}))
     computed = run_baselines(vault, due, at) if due else []
-    return {"recomputed": len(computed), "carried_forward": carried}
+    trusted = sum(b.trusted for b in computed)
+    return {
+        "recomputed": trusted,
+        "untrusted": len(computed) - trusted,
+        "carried_forward": carried,
+    }
 
 
 def _stored(

@@ -280,7 +280,8 @@ def _maintain_baselines(vault: Any, settings: Any, at: int | None) -> None:
     specs = [BaselineSpec.parse(entry) for entry in settings.baselines]
     done = maintain_baselines(vault, specs, settings.baseline_interval, at)
     console.print(
-        f"baselines: {done['recomputed']} recomputed, {done['carried_forward']} carried forward"
+        f"baselines: {done['recomputed']} recomputed, {done['carried_forward']} samples carried"
+        f" forward, {done['untrusted']} not stored (less history than min_history)"
     )
 
 
