@@ -209,6 +209,7 @@ class NoveltyDetector:
     memory: int = 2016
     quiet: int = 288
     step: int = 12
+    warmup: int = 64
     name: str = "novelty"
     _level: MadDetector = field(init=False)
     _change: MadDetector = field(init=False)
@@ -228,7 +229,7 @@ class NoveltyDetector:
         dev = np.abs(self._level.zscore(x))
         change = x - self._last if self._last is not None else np.zeros(self.width)
         dev = np.maximum(dev, np.abs(self._change.zscore(change)))
-        if self._seen <= 64:
+        if self._seen <= 16:  # the first bands are too narrow to judge anything by
             dev = np.zeros(self.width)
         self._level.update(x)
         self._change.update(change)
@@ -238,12 +239,51 @@ class NoveltyDetector:
         self._history.push(dev)
         excess = np.maximum(dev - np.maximum(ceiling, 3.0), 0.0)
         score = np.where(excess > 0, 0.5 + 0.5 * ratio_score(excess, 1.0), 0.0)
+        # the history learns from its first ``warmup`` samples but judges none of them
+        if self._seen <= self.warmup:
+            score = np.zeros(self.width)
         score = np.where(self._since < self.quiet, score * 0.5, score)
         self._since = np.where(score >= self.threshold(), 0.0, self._since + 1.0)
         return score
 
     def threshold(self) -> float:
         return 0.75
+
+
+@dataclass
+class HistoryDetector:
+    """Mean ± k sigma over ALL the history (Welford's running mean and variance), for series
+    whose normal is long-lived (a machine group with a train split, a baseline): unlike a
+    rolling window, a long anomaly does not become the new normal within a window's length.
+    sigma is floored at ``floor`` (in the series' units; the group data are scaled 0..1) so a
+    metric that was constant in the history does not score every later wiggle as infinite."""
+
+    width: int = 1
+    k: float = 2.0
+    floor: float = 0.05
+    name: str = "history"
+    _n: int = field(init=False, default=0)
+    _mean: Vector = field(init=False)
+    _m2: Vector = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._mean = np.zeros(self.width)
+        self._m2 = np.zeros(self.width)
+
+    def update(self, x: Vector) -> Vector:
+        if self._n == 0:
+            score = np.zeros(self.width)
+        else:
+            sd = np.maximum(np.sqrt(self._m2 / self._n), self.floor)
+            score = ratio_score((x - self._mean) / sd, self.k)
+        self._n += 1
+        delta = x - self._mean
+        self._mean = self._mean + delta / self._n
+        self._m2 = self._m2 + delta * (x - self._mean)
+        return score
+
+    def threshold(self) -> float:
+        return 0.5
 
 
 @dataclass
@@ -265,7 +305,14 @@ class RandomDetector:
         return 0.99
 
 
-Detector = GaussianDetector | QuantileDetector | MadDetector | NoveltyDetector | RandomDetector
+Detector = (
+    GaussianDetector
+    | QuantileDetector
+    | MadDetector
+    | NoveltyDetector
+    | HistoryDetector
+    | RandomDetector
+)
 
 DETECTORS: dict[str, Callable[[int], Detector]] = {
     "gaussian": lambda width: GaussianDetector(width),
@@ -273,6 +320,7 @@ DETECTORS: dict[str, Callable[[int], Detector]] = {
     "quantile": lambda width: QuantileDetector(width),
     "mad": lambda width: MadDetector(width),
     "novelty": lambda width: NoveltyDetector(width),
+    "history": lambda width: HistoryDetector(width),
     "random": lambda width: RandomDetector(width),
 }
 DEFAULT_DETECTOR = "novelty"
