@@ -61,8 +61,15 @@ def baseline_rule_groups(
     counters = _counter_metrics(vault)
     by_metric: dict[str, list[dict[str, Any]]] = {}
     alerts: dict[str, list[dict[str, Any]]] = {}
+    stored = {stat: stored_baselines(vault, at_ms, stat) for stat in stats}
+    # every label name a metric's baselines carry: a baseline of one key set (per series, or
+    # --by Hostname,gpu) is selected with the others' names empty, so two key sets of the
+    # same metric never meet in one match (many-to-many)
+    names: dict[str, set[str]] = {}
+    for labels, _ in (item for found in stored.values() for item in found):
+        names.setdefault(labels.get("source_metric", ""), set()).update(labels)
     for stat in stats:
-        for labels, value in stored_baselines(vault, at_ms, stat):
+        for labels, value in stored[stat]:
             metric = labels.get("source_metric", "")
             if not metric:
                 continue
@@ -70,18 +77,25 @@ def baseline_rule_groups(
                 {"record": BASELINE_METRIC, "expr": f"vector({_number(value)})", "labels": labels}
             )
             keys = sorted(k for k in labels if k not in ("stat", "source_metric"))
-            name = f"{metric}_above_baseline_{stat}"
-            if any(a["alert"] == name and a["_on"] == keys for a in alerts.get(metric, [])):
+            if any(a["_on"] == keys and a["_stat"] == stat for a in alerts.get(metric, [])):
                 continue
             lhs = f"rate({metric}[{rate_window}])" if metric in counters else metric
-            rhs = f'{BASELINE_METRIC}{{source_metric="{metric}",stat="{stat}"}}'
+            matchers = [f'source_metric="{metric}"', f'stat="{stat}"']
+            matchers += [f'{k}=~".+"' for k in keys]
+            matchers += [f'{k}=""' for k in sorted(names[metric] - set(labels))]
+            rhs = f"{BASELINE_METRIC}{{{','.join(matchers)}}}"
             alerts.setdefault(metric, []).append(
                 {
                     "_on": keys,
-                    "alert": name,
+                    "_stat": stat,
+                    "alert": f"{metric}_above_baseline_{stat}",
                     "expr": f"{lhs} > on({', '.join(keys)}) group_left() {rhs}",
                     "for": for_,
-                    "labels": {"severity": "warning", "baseline_stat": stat},
+                    "labels": {
+                        "severity": "warning",
+                        "baseline_stat": stat,
+                        "baseline_on": ",".join(keys),
+                    },
                     "annotations": {
                         "summary": (
                             f"{metric}{' rate' if metric in counters else ''} above its "
@@ -99,7 +113,7 @@ def baseline_rule_groups(
     groups = []
     for metric in sorted(by_metric):
         rules = by_metric[metric] + [
-            {k: v for k, v in a.items() if k != "_on"} for a in alerts.get(metric, [])
+            {k: v for k, v in a.items() if not k.startswith("_")} for a in alerts.get(metric, [])
         ]
         groups.append({"name": f"metricvault_baseline_{metric}", "rules": rules})
     return {"groups": groups}
