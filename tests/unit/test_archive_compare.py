@@ -274,7 +274,8 @@ def test_mfu_above_one_warns_once_and_is_kept(vault: Vault, clocks: Clocks) -> N
     assert len(above) == 1, [str(w.message) for w in caught]
     assert "flops_per_token=6e+12" in above[0] and "H100-SXM" in above[0]
     mfu = vault.query(f'mfu{{experiment="{ID}"}}', "-1d", "+1d")["value"]
-    assert mfu.tolist() == pytest.approx([1000 * 6e12 / 989.4e12] * 3)
+    # the first log has no previous call to measure throughput from: no MFU for it
+    assert mfu.tolist() == pytest.approx([1000 * 6e12 / 989.4e12] * 2)
 
 
 # ---------------------------------------------------------------------------- demo report
