@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from metricvault.durations import parse_duration_ms
 from metricvault.errors import InputError
@@ -154,7 +156,7 @@ def seasonality(values: np.ndarray, hours: np.ndarray, seed: int = 0) -> Seasona
         return Seasonality(0.0, 0.0, 1.0, False)
     r2 = _r2(y, h)
     rng = np.random.default_rng(seed)
-    null = np.array([_r2(rng.permutation(y), h) for _ in range(PERMUTATIONS)])
+    null = _r2_permuted(rng.permuted(np.tile(y, (PERMUTATIONS, 1)), axis=1), h)
     p = float((1 + np.sum(null >= r2)) / (PERMUTATIONS + 1))
     chance = float(null.mean())
     share = (r2 - chance) / (1.0 - chance) if chance < 1 else 0.0
@@ -173,6 +175,19 @@ def _r2(y: np.ndarray, h: np.ndarray) -> float:
     total = float(np.sum((y - y.mean()) ** 2))
     within = float(np.sum((y - means[h]) ** 2))
     return 1.0 - within / total if total > 0 else 0.0
+
+
+def _r2_permuted(ys: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """:func:`_r2` of each row of ``ys`` at once (one bincount over row x hour-of-week)."""
+    rows, n_values = ys.shape
+    cell = (np.arange(rows)[:, None] * WEEK_HOURS + h[None, :]).ravel()
+    n = np.bincount(cell, minlength=rows * WEEK_HOURS).reshape(rows, WEEK_HOURS)
+    s = np.bincount(cell, weights=ys.ravel(), minlength=rows * WEEK_HOURS).reshape(rows, -1)
+    means = np.divide(s, n, out=np.zeros_like(s), where=n > 0)
+    fitted = np.take_along_axis(means, np.broadcast_to(h, (rows, n_values)), axis=1)
+    total = np.sum((ys - ys.mean(axis=1, keepdims=True)) ** 2, axis=1)
+    within = np.sum((ys - fitted) ** 2, axis=1)
+    return np.asarray(1.0 - within / total)
 
 
 def _profile(y: np.ndarray, hours: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -224,8 +239,8 @@ def compute_baselines(vault: Any, spec: BaselineSpec, now_ms: int | None = None)
         name: table[name].to_numpy(zero_copy_only=False)
         for name in ("series_id", "ts", "count", "sum", "m2", "increase")
     }
-    keys = table["sketch_keys"].to_pylist()
-    counts = table["sketch_counts"].to_pylist()
+    keys = table["sketch_keys"].combine_chunks()
+    counts = table["sketch_counts"].combine_chunks()
     rows_of: dict[int, np.ndarray] = {}
     for sid in ids:
         rows = np.flatnonzero(cols["series_id"] == sid)
@@ -278,7 +293,7 @@ def _after_warmup(rows: np.ndarray, ts: np.ndarray, start: int, warmup_h: int) -
 
 
 def _gauge_baseline(
-    cols: dict[str, np.ndarray], keys: list[Any], counts: list[Any], rows: np.ndarray
+    cols: dict[str, np.ndarray], keys: pa.ListArray, counts: pa.ListArray, rows: np.ndarray
 ) -> dict[str, float]:
     n = cols["count"][rows].astype(np.float64)
     sums = cols["sum"][rows].astype(np.float64)
@@ -287,8 +302,9 @@ def _gauge_baseline(
     mean = float(sums.sum() / total)
     means = sums / n
     m2_all = float(m2.sum() + np.sum(n * (means - mean) ** 2))  # Chan et al.'s merge
-    codes = np.concatenate([np.asarray(keys[r] or [], np.int64) for r in rows])
-    weights = np.concatenate([np.asarray(counts[r] or [], np.float64) for r in rows])
+    picked = pa.array(rows, pa.int64())
+    codes = np.asarray(pc.list_flatten(keys.take(picked)).to_numpy(), dtype=np.int64)
+    weights = np.asarray(pc.list_flatten(counts.take(picked)).to_numpy(), dtype=np.float64)
     stats = {"mean": mean, "stddev": float(np.sqrt(max(m2_all / total, 0.0)))}
     if codes.size == 0 or weights.sum() != total:  # rows without sketches (written before)
         return stats | {s: float("nan") for s in ("p50", "p95", "p99", "median", "mad")}
