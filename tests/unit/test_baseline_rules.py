@@ -104,3 +104,60 @@ def test_no_stored_baselines_is_a_clear_error(tmp_path: Path) -> None:
         pytest.raises(NotFoundError, match="first"),
     ):
         baseline_rule_groups(v, NOW)
+
+
+@pytest.fixture
+def small_vault(tmp_path: Path) -> str:
+    path = str(tmp_path / "cli")
+    ts = np.arange(NOW - 2 * 24 * HOUR_MS, NOW, 60_000)
+    with Vault.open_local(path) as v:
+        v.write(
+            pd.DataFrame(
+                {"metric": "gpu_mem", "timestamp": ts, "value": np.sin(ts / 1e7) + 5, "gpu": "0"}
+            )
+        )
+        v.maintain(now_ms=NOW)
+    return path
+
+
+def _baseline_series(path: str) -> int:
+    with Vault.open_local(path) as v:
+        return len(v.series('{__name__="metricvault_baseline"}'))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--selector", "gpu_mem{"],
+        ["--selector", "gpu_mem", "--by", "stat"],
+        ["--selector", "gpu_mem", "--window", "30m"],
+        ["--selector", "gpu_mem", "--min-history", "soon"],
+        [],  # nothing to baseline: no --selector and no `baselines` setting
+    ],
+)
+def test_cli_bad_input_is_refused_and_stores_nothing(small_vault: str, args: list[str]) -> None:
+    from typer.testing import CliRunner
+
+    from metricvault.cli.main import app
+
+    done = CliRunner().invoke(app, ["baseline", "--data", small_vault, *args])
+    assert done.exit_code != 0
+    assert _baseline_series(small_vault) == 0
+
+
+def test_cli_stores_and_exports(small_vault: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from metricvault.cli.main import app
+
+    runner = CliRunner()
+    now = ["--now", str(NOW), "--data", small_vault]
+    base = ["baseline", "--selector", "gpu_mem", "--window", "2d", "--min-history", "1d", *now]
+    dry = runner.invoke(app, [*base, "--dry-run"], catch_exceptions=False)
+    assert dry.exit_code == 0 and _baseline_series(small_vault) == 0
+    assert runner.invoke(app, base, catch_exceptions=False).exit_code == 0
+    assert _baseline_series(small_vault) == 9  # 8 statistics and trained_at
+    out = tmp_path / "rules.yml"
+    done = runner.invoke(app, ["baseline", "export-rules", "-o", str(out), *now])
+    assert done.exit_code == 0, done.output
+    assert "gpu_mem_above_baseline_p99" in out.read_text()
