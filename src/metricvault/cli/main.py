@@ -257,12 +257,17 @@ def maintain(
     from metricvault.store.upkeep import MaintenanceLoop
 
     at = parse_time_ms(now) if now else None
+    from metricvault.analysis.baselines import BaselineSpec
+
+    # the `baselines` setting, refreshed every baseline_interval; a bad entry is refused
+    # before anything runs
+    specs = [BaselineSpec.parse(entry) for entry in settings.baselines]
     with open_with(settings, need="maintain") as vault:
 
         def on_report(report: Any, seconds: float) -> None:
             console.print(_report_line(report, seconds))
-            if settings.baselines:  # the `baselines` setting: refreshed every baseline_interval
-                _maintain_baselines(vault, settings, at)
+            if specs:
+                _maintain_baselines(vault, specs, settings.baseline_interval, at)
 
         maintainer = MaintenanceLoop(
             vault, parse_duration_ms(settings.maintain_interval) / 1000, on_report=on_report
@@ -274,11 +279,10 @@ def maintain(
             maintainer.round(at, progress, wait=True)
 
 
-def _maintain_baselines(vault: Any, settings: Any, at: int | None) -> None:
-    from metricvault.analysis.baselines import BaselineSpec, maintain_baselines
+def _maintain_baselines(vault: Any, specs: Any, interval: str, at: int | None) -> None:
+    from metricvault.analysis.baselines import maintain_baselines
 
-    specs = [BaselineSpec.parse(entry) for entry in settings.baselines]
-    done = maintain_baselines(vault, specs, settings.baseline_interval, at)
+    done = maintain_baselines(vault, specs, interval, at)
     console.print(
         f"baselines: {done['recomputed']} recomputed, {done['carried_forward']} samples carried"
         f" forward, {done['untrusted']} not stored (less history than min_history)"
