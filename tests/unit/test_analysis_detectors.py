@@ -195,3 +195,43 @@ def test_cli_scores_a_file_and_refuses_an_unknown_detector(tmp_path: Path) -> No
     bad = subprocess.run([*cmd, "--detector", "nope"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert "unknown detector 'nope'" in bad.stderr
+
+
+# --- online scoring in a vault -----------------------------------------------------------------
+
+T0 = 1_767_225_600_000
+STEP = 300_000
+
+
+def test_online_scoring_writes_score_series_once_per_sample(tmp_path: Path) -> None:
+    from metricvault import Vault
+    from metricvault.analysis.online import SCORE_METRIC, score_new_samples
+    from metricvault.selector import Matcher
+
+    x = _series()
+    with Vault.open_local(str(tmp_path / "v")) as v:
+        v.write([("cpu", {"host": "a"}, T0 + i * STEP, float(x[i])) for i in range(800)])
+        first = score_new_samples(v, ['cpu{host="a"}'], T0 + 800 * STEP, "mad")
+        assert first == 800
+        v.write([("cpu", {"host": "a"}, T0 + i * STEP, float(x[i])) for i in range(800, 900)])
+        second = score_new_samples(v, ['cpu{host="a"}'], T0 + 900 * STEP, "mad")
+        assert second == 100  # only the new samples
+        assert score_new_samples(v, ['cpu{host="a"}'], T0 + 900 * STEP, "mad") == 0
+        (scores,) = v.select([Matcher("__name__", "=", SCORE_METRIC)], T0, T0 + 900 * STEP)
+    assert scores.labels == {
+        "__name__": SCORE_METRIC, "host": "a", "source_metric": "cpu", "detector": "mad"
+    }  # fmt: skip
+    assert len(scores.ts) == 900
+    # causal: the vault's scores equal the whole series scored row by row
+    np.testing.assert_allclose(scores.values, score_series(x, "mad"))
+    assert int(np.argmax(scores.values[200:])) + 200 == 700
+
+
+def test_online_scoring_refuses_an_unknown_detector_before_writing(tmp_path: Path) -> None:
+    from metricvault import Vault
+    from metricvault.analysis.online import score_new_samples
+
+    with Vault.open_local(str(tmp_path / "v")) as v:
+        v.write([("cpu", {}, T0, 1.0)])
+        with pytest.raises(InputError, match="unknown detector"):
+            score_new_samples(v, ["cpu"], T0 + STEP, "nope")
