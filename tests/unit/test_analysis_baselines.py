@@ -187,6 +187,21 @@ def test_maintain_recomputes_only_stale_baselines(
     assert later["recomputed"] == 1
 
 
+def test_maintain_carries_the_seasonal_profile_forward(
+    vault: tuple[Vault, dict[str, np.ndarray]],
+) -> None:
+    v, _ = vault
+    spec = BaselineSpec("DCGM_FI_DEV_FB_USED")
+    at = NOW + 2 * HOUR_MS
+    run_baselines(v, [spec], at)
+    later = at + 30 * 60_000  # past the lookback of the last written point, within the interval
+    assert maintain_baselines(v, [spec], "1h", later)["recomputed"] == 0
+    found = v.promql(f'{BASELINE_METRIC}{{stat="seasonal_mean"}}', later)
+    (profile,) = [b.profile_mean for b in compute_baselines(v, spec, at) if b.labels["gpu"] == "0"]
+    hour_of_week = int(((later // HOUR_MS) + 72) % 168)
+    assert list(found["value"]) == pytest.approx([profile[hour_of_week]])
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -457,6 +457,12 @@ def maintain_baselines(
             for labels, ts, value in last
             if ts < at and not labels.get("stat", "").startswith("seasonal_")
         ]
+        week_ago = _stored(vault, spec, at - WEEK_HOURS * HOUR_MS, 60_000)
+        rows += [  # the profile's value for this hour of week: the stored week's, 7 days back
+            (BASELINE_METRIC, labels, at, value)
+            for labels, ts, value in week_ago
+            if labels.get("stat", "").startswith("seasonal_") and ts + WEEK_HOURS * HOUR_MS <= at
+        ]
         if rows:
             carried += int(vault.write(rows, {BASELINE_METRIC: "gauge"}))
     computed = run_baselines(vault, due, at) if due else []
