@@ -199,6 +199,7 @@ def test_maintain_carries_the_seasonal_profile_forward(
     found = v.promql(f'{BASELINE_METRIC}{{stat="seasonal_mean"}}', later)
     (profile,) = [b.profile_mean for b in compute_baselines(v, spec, at) if b.labels["gpu"] == "0"]
     hour_of_week = int(((later // HOUR_MS) + 72) % 168)
+    assert profile is not None
     assert list(found["value"]) == pytest.approx([profile[hour_of_week]])
 
 
