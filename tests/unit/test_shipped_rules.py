@@ -99,27 +99,21 @@ def test_a_mutated_expectation_fails_promtool(path: Path, tmp_path: Path) -> Non
     assert 'severity="mutated"' in result.stdout + result.stderr
 
 
-def _metricvault_rules_test(*files: Path) -> subprocess.CompletedProcess[str] | None:
-    """``metricvault rules test FILE...``, or None while the CLI has no such command."""
-    probe = subprocess.run(
-        [sys.executable, "-m", "metricvault", "rules", "test", "--help"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    if probe.returncode != 0:
-        return None
+def _metricvault_rules_test(*files: Path) -> subprocess.CompletedProcess[str]:
+    """``metricvault rules test FILE...`` as a user runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "metricvault", "rules", "test", *map(str, files)],
+        [sys.executable, "-m", "metricvault.cli", "rules", "test", *map(str, files)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: p.name)
-def test_metricvault_rules_test_passes_the_unit_tests_and_fails_a_mutation(
-    path: Path, tmp_path: Path
-) -> None:
-    result = _metricvault_rules_test(path)
-    if result is None:
-        pytest.skip("metricvault rules test is not available in this build")
+def test_metricvault_rules_test_passes_every_shipped_unit_test_file() -> None:
+    result = _metricvault_rules_test(*TEST_FILES)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: p.name)
+def test_metricvault_rules_test_fails_a_mutated_expectation(path: Path, tmp_path: Path) -> None:
     mutated = _metricvault_rules_test(_mutated(path, tmp_path))
-    assert mutated is not None and mutated.returncode != 0
+    assert mutated.returncode != 0, mutated.stdout + mutated.stderr
+    assert 'severity="mutated"' in mutated.stdout + mutated.stderr
