@@ -1,6 +1,6 @@
 """Rule evaluation: metricvault's evaluator beside Debian's Prometheus, same rules, same data.
 
-    .venv/bin/python bench/rules.py                     # 250 GPUs, 200 rules, 28 d at 5 min
+    .venv/bin/python bench/rules.py                     # 256 GPUs, 200 rules, 28 d at 5 min
     .venv/bin/python bench/rules.py --gpus 1000 --rules 200 --days 28 --long-interval 300
 
 Part 1, shipped-style rules: ``--rules`` alerting and recording rules generated from the
@@ -186,6 +186,11 @@ def gpu_spec(gpus: int, hours: float, interval_s: int, end_ms: int) -> ClusterSp
     return ClusterSpec.ending_at(
         end_ms, hours / 24, nodes=nodes, gpus_per_node=GPUS_PER_NODE, interval_s=interval_s
     )
+
+
+def whole_nodes(gpus: int) -> int:
+    """How many GPUs ``gpu_spec`` simulates for ``gpus``: whole 8-GPU nodes."""
+    return max(1, -(-gpus // GPUS_PER_NODE)) * GPUS_PER_NODE
 
 
 def gpu_tables(spec: ClusterSpec, metrics: tuple[str, ...] | None = None) -> Iterator[pa.Table]:
@@ -392,7 +397,8 @@ def long_rule(args: argparse.Namespace, directory: Path) -> list[list[str]]:
         started = time.perf_counter()
         vault.maintain(now_ms=end)
         maintained = time.perf_counter() - started
-        print(f"28-day vault: {rows:,} samples of {LONG_METRIC} ({args.gpus} GPUs, {args.days} d "
+        gpus = whole_nodes(args.gpus)
+        print(f"28-day vault: {rows:,} samples of {LONG_METRIC} ({gpus} GPUs, {args.days} d "
               f"at {args.long_interval} s), written in {loaded:.0f} s, maintained in "
               f"{maintained:.0f} s, retention_raw={LONG_RETENTION_RAW}")  # fmt: skip
         engine = Engine(vault)
@@ -431,7 +437,8 @@ def rules_part(
 
     rules = make_rules(args.rules)
     groups = -(-len(rules) // GROUP_SIZE)
-    size = (f"{args.gpus} simulated GPUs x 11 metrics at {SCRAPE_S} s, {len(rules)} rules in "
+    gpus = whole_nodes(args.gpus)
+    size = (f"{gpus} simulated GPUs x 11 metrics at {SCRAPE_S} s, {len(rules)} rules in "
             f"{groups} groups at {EVAL_INTERVAL_S} s, {args.rounds} rounds")  # fmt: skip
     print(f"## bench/rules.py: {size}")
     rule_file = directory / "rules.yml"
@@ -491,7 +498,9 @@ def table(head: list[str], rows: list[list[str]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--gpus", type=int, default=250, help="simulated GPUs (full: 1000)")
+    parser.add_argument(
+        "--gpus", type=int, default=256, help="simulated GPUs, whole 8-GPU nodes (full: 1000)"
+    )
     parser.add_argument("--rules", type=int, default=200, help="generated rules")
     parser.add_argument("--days", type=float, default=28.0, help="days for the 28-day rule")
     parser.add_argument("--long-interval", type=int, default=300,
@@ -514,7 +523,7 @@ def main() -> None:
         if not args.skip_rules:
             rules_part(args, directory, prom_binary, promtool)
         if not args.skip_long:
-            print(f"\n## 28-day rule: {args.gpus} simulated GPUs, {args.days} d at "
+            print(f"\n## 28-day rule: {whole_nodes(args.gpus)} simulated GPUs, {args.days} d at "
                   f"{args.long_interval} s")  # fmt: skip
             long_rows = long_rule(args, directory)
             print()

@@ -83,3 +83,9 @@ def test_the_long_rule_data_is_one_metric() -> None:
 def test_prometheus_evaluation_times_are_read_to_the_millisecond() -> None:
     assert bench_rules.rfc3339_ms("2026-01-01T00:00:07.123456789Z") == 1_767_225_607_123
     assert bench_rules.rfc3339_ms("2026-01-01T00:00:07Z") == 1_767_225_607_000
+
+
+@pytest.mark.parametrize(("asked", "simulated"), [(1, 8), (8, 8), (250, 256), (1000, 1000)])
+def test_the_gpu_count_shown_is_the_whole_nodes_simulated(asked: int, simulated: int) -> None:
+    assert bench_rules.whole_nodes(asked) == simulated
+    assert bench_rules.gpu_spec(asked, 1.0, 30, END_MS).nodes * 8 == simulated
