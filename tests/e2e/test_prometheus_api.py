@@ -63,7 +63,7 @@ def get_json(url: str, path: str, params: list[tuple[str, str]]) -> tuple[int, d
 def served(oracle: Oracle, tmp_path_factory: pytest.TempPathFactory) -> Any:  # noqa: F811
     from .conftest import GATEWAY_DEFAULT_SETTINGS, free_port
 
-    vault_dir = oracle.vault.source.vault.uri  # type: ignore[attr-defined]
+    vault_dir = oracle.vault.source.uri  # type: ignore[attr-defined]
     logs = tmp_path_factory.mktemp("prom_api")
     gw = GatewayProcess(
         data_dir=Path(vault_dir),
