@@ -38,7 +38,7 @@ lint: $(VENV)/.test-deps
 	$(BIN)/mypy tests
 
 test: $(VENV)/.test-deps system-deps lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 tests
 
 unit: $(VENV)/.test-deps
 	$(BIN)/python -m pytest -q tests/unit
