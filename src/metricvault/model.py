@@ -202,11 +202,11 @@ def metadata_kind_update(
     """The changes exposition metadata (``kinds``: metric -> type) may make, given the kinds
     ``known`` from earlier metadata or operators and the metrics an operator set (``explicit``).
 
-    Metadata only ever upgrades a gauge to a counter: a type that is not a kind (``unknown``,
-    missing) says nothing, and a ``gauge`` never downgrades a counter, whether the counter came
-    from earlier metadata or from its name (dcgm-exporter's counters, ``_total``): exporters
-    that cannot say ``counter`` (an OpenMetrics page without ``_total``) send ``unknown`` or
-    ``gauge``, and re-kinding the metric would stop ``rate`` from reading its rollups. A kind an
+    A type that is not a kind (``unknown``, missing) says nothing, and a ``gauge`` never
+    downgrades a counter that earlier metadata or an operator made, nor one of dcgm-exporter's
+    counters (exporters that cannot say ``counter`` for them send ``unknown`` or ``gauge``, and
+    re-kinding them would stop ``rate`` from reading their rollups); a counter guessed only
+    from a ``_total``-like name yields to the exporter's ``gauge``. A kind an
     operator set is never changed by metadata. Refused changes are returned, not applied."""
     applied, refused = [], []
     for metric, proposed in kinds.items():
@@ -216,11 +216,19 @@ def metadata_kind_update(
         if proposed == current:
             continue
         change = KindChange(metric, current, proposed, at_ms, "metadata")
-        if metric in explicit or current == "counter":
+        if metric in explicit or (current == "counter" and _counter_known(metric, known)):
             refused.append(change)
         else:
             applied.append(change)
     return KindUpdate(tuple(applied), tuple(refused))
+
+
+def _counter_known(metric: str, known: Mapping[str, str]) -> bool:
+    """A counter that metadata's ``gauge`` may not downgrade: one earlier metadata or an
+    operator made a counter, or one of dcgm-exporter's counters. A counter guessed only from
+    a ``_total``-like name yields to the exporter's first word on it: a gauge named like a
+    counter (``queue_total``) is a gauge."""
+    return known.get(metric) == "counter" or metric in DCGM_COUNTERS
 
 
 def explicit_metrics(changes: Iterable[KindChange]) -> frozenset[str]:
@@ -238,8 +246,8 @@ def admissible_write_kinds(kinds: Mapping[str, str], known: Mapping[str, str]) -
         current = known.get(metric)
         if current is not None:
             out[metric] = current
-        elif proposed == "gauge" and kind_from_name(metric) == "counter":
-            continue  # the name's counter stands
+        elif proposed == "gauge" and metric in DCGM_COUNTERS:
+            continue  # dcgm-exporter's counter stands
         else:
             out[metric] = proposed
     return out

@@ -140,6 +140,15 @@ def test_agent_counters_stay_counters_through_prometheus_and_rate_reads_rollups(
         # a whole minute of samples after the boundary the rate is asked at, and the one before
         boundary_ms = (int(time.time() * 1000) // 60_000) * 60_000
         _wait_for(lambda: time.time() * 1000 > boundary_ms + 12_000, "the next scrapes", 30)
+
+        def minute_stored() -> bool:  # remote_write may lag a loaded machine's scrapes
+            params = urllib.parse.urlencode(
+                {"query": f"count_over_time({ENERGY}[1m])", "time": str(boundary_ms / 1000)}
+            )
+            found = json.loads(http_get(f"{gw.url}/api/v1/query?{params}")[1])["data"]["result"]
+            return len(found) == 2 and all(float(r["value"][1]) >= 2 for r in found)
+
+        _wait_for(minute_stored, "the minute before the boundary in the gateway", 90, report)
     finally:
         if prom is not None:
             stop_process(prom, timeout=20)

@@ -33,7 +33,9 @@ UNKNOWN, COUNTER, GAUGE = 0, 1, 2
         (ENERGY, None, False, "", None, None),  # missing says nothing
         (ENERGY, None, False, "gauge", None, ("counter", "gauge")),  # the name's counter stands
         (ENERGY, None, False, "counter", None, None),  # agrees: nothing to record
-        ("http_requests_total", None, False, "gauge", None, ("counter", "gauge")),
+        # a counter guessed from the name yields to the exporter's gauge (queue_total)
+        ("http_requests_total", None, False, "gauge", ("counter", "gauge"), None),
+        ("http_requests_total", "counter", False, "gauge", None, ("counter", "gauge")),
         ("foo_bytes", "counter", False, "gauge", None, ("counter", "gauge")),  # metadata's
         ("foo_bytes", None, False, "counter", ("gauge", "counter"), None),  # an upgrade
         ("foo_bytes", "gauge", False, "counter", ("gauge", "counter"), None),
