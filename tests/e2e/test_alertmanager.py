@@ -70,11 +70,11 @@ class Webhook:
         self.server.server_close()
 
 
-def config_for_test(webhook_url: str) -> dict[str, Any]:
+def config_for_test(webhook_url: str, group_wait: str = "1s") -> dict[str, Any]:
     """The shipped configuration, its timings short and every route to the test's webhook (the
     example PagerDuty/WeCom receivers would reach outside)."""
     config: dict[str, Any] = yaml.safe_load(SHIPPED.read_text(encoding="utf-8"))
-    config["route"].update(group_wait="1s", group_interval="2s", repeat_interval="1h")
+    config["route"].update(group_wait=group_wait, group_interval="2s", repeat_interval="1h")
     config["route"]["routes"] = []
     config["receivers"] = [
         {"name": "webhook", "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}
@@ -95,10 +95,12 @@ class AlertmanagerProcess:
             return result
 
 
-def start_alertmanager(tmp_path: Path, webhook_url: str, port: int) -> AlertmanagerProcess:
+def start_alertmanager(
+    tmp_path: Path, webhook_url: str, port: int, group_wait: str = "1s"
+) -> AlertmanagerProcess:
     assert ALERTMANAGER is not None
     config = tmp_path / "alertmanager.yml"
-    config.write_text(yaml.safe_dump(config_for_test(webhook_url)), encoding="utf-8")
+    config.write_text(yaml.safe_dump(config_for_test(webhook_url, group_wait)), encoding="utf-8")
     log_path = tmp_path / "alertmanager.log"
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
