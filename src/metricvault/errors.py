@@ -21,7 +21,8 @@ from :class:`RetryLater`, whose ``retry_after_s`` the gateway sends as ``Retry-A
     ├── TooLargeError (413)          a body or batch over a configured limit
     ├── UnsupportedError (415)       an encoding or content type we do not speak
     ├── ConfigError (400)            a settings file or override that is invalid
-    │   └── RuleFileError            a rule file Prometheus would refuse (promtool's lines)
+    │   ├── RuleFileError            a rule file Prometheus would refuse (promtool's lines)
+    │   └── CredentialError          a client credential given twice, unreadable or empty
     ├── UnitTestError (400)          a promtool rule unit-test file that cannot be run
     ├── PromQLError (400/422)        a PromQL query that is bad (400) or fails on the data (422)
     │   └── ResolutionError (400)    a range query over 11,000 points per series
@@ -132,6 +133,11 @@ class RuleFileError(ConfigError):
             f"{listed}\n(the rule file {path} is refused as Prometheus refuses it; fix it and "
             "check it with `metricvault rules check` or `promtool check rules`)"
         )
+
+
+class CredentialError(ConfigError, ValueError):
+    """A client credential (push, Alertmanager) given twice, unreadable or empty; still a
+    ValueError, as the agent's push credentials raised before."""
 
 
 class UnitTestError(MetricVaultError):

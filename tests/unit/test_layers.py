@@ -32,6 +32,7 @@ LEAF = {
     "metricvault.tables",  # the output shapes (pandas, arrow, polars) of every query API
     "metricvault.progressbar",  # rich bars for the store's progress callbacks
     "metricvault.memory",  # malloc_trim for the agent and the gateway's workers
+    "metricvault.client_auth",  # the Authorization header of the push and Alertmanager clients
 }
 
 # Which layers each layer may import (its own always).

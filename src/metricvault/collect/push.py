@@ -19,7 +19,6 @@ gateway's clock (:func:`estimate_clock_offset`, the NTP round-trip method over
 
 from __future__ import annotations
 
-import base64
 import email.utils
 import http.client
 import logging
@@ -29,12 +28,12 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from metricvault import __version__
+from metricvault.client_auth import ClientAuth
 from metricvault.collect.spool import SPOOL_DROP_REASONS, Spool
 from metricvault.redact import redact_url
 from metricvault.wire.remote_write import (  # the encoder sits beside the decoder it mirrors
@@ -270,127 +269,14 @@ def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
     return urlunsplit(parts._replace(netloc=hostport)), (unquote(user), unquote(password))
 
 
-class PushAuth:
-    """Where the push client's ``Authorization`` header comes from: nothing, a bearer token or
-    basic auth, each given directly or read from a file.
-
-    A token file holds the token (surrounding whitespace stripped); a basic-auth file holds
-    ``user:password`` on its first line (split at the first ``:``, so the password may hold
-    colons). Files are read at construction (a missing or empty one raises ValueError, so a
-    typo stops the agent at start-up) and again by :meth:`reload`, which the sender calls on a
-    401: a rotated token is picked up without a restart. The secret never appears in
-    ``repr``, logs or metrics; :attr:`description` says where it comes from.
-    """
-
-    def __init__(
-        self,
-        *,
-        bearer_token: str | None = None,
-        bearer_token_file: str | Path | None = None,
-        basic_auth: tuple[str, str] | None = None,
-        basic_auth_file: str | Path | None = None,
-    ) -> None:
-        given = [
-            name
-            for name, value in (
-                ("a bearer token", bearer_token),
-                ("a bearer token file", bearer_token_file),
-                ("basic auth", basic_auth),
-                ("a basic auth file", basic_auth_file),
-            )
-            if value is not None
-        ]
-        if len(given) > 1:
-            raise ValueError(
-                f"push credentials: {' and '.join(given)} were given; give exactly one "
-                "(--push-bearer-token-file, --push-basic-auth-file or user:password@ in the URL)"
-            )
-        self._token_file = Path(bearer_token_file) if bearer_token_file is not None else None
-        self._basic_file = Path(basic_auth_file) if basic_auth_file is not None else None
-        self._header: str | None = None
-        if bearer_token is not None:
-            self._header = _bearer_header(bearer_token)
-        elif basic_auth is not None:
-            self._header = _basic_header(*basic_auth)
-        else:
-            self._header = self._read_files()
+class PushAuth(ClientAuth):
+    """The push client's credentials (:class:`~metricvault.client_auth.ClientAuth`)."""
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str]) -> PushAuth:
         """A bearer token from ``METRICVAULT_GATEWAY_TOKEN`` if set, else no credentials."""
         token = env.get(GATEWAY_TOKEN_ENV, "").strip()
         return cls(bearer_token=token) if token else cls()
-
-    @property
-    def kind(self) -> str:
-        """none, bearer or basic."""
-        if self._header is None:
-            return "none"
-        return "bearer" if self._header.startswith("Bearer ") else "basic"
-
-    @property
-    def description(self) -> str:
-        """Where the credential comes from, without the secret (for log lines)."""
-        if self._token_file is not None:
-            return f"the bearer token in {self._token_file}"
-        if self._basic_file is not None:
-            return f"the basic auth in {self._basic_file}"
-        return {"none": "no credentials", "bearer": "a bearer token", "basic": "basic auth"}[
-            self.kind
-        ]
-
-    def headers(self) -> dict[str, str]:
-        return {} if self._header is None else {"Authorization": self._header}
-
-    def reload(self) -> bool:
-        """Read the credential file again; True when what it holds changed. A file that has
-        become unreadable keeps the credential in use (and is logged)."""
-        if self._token_file is None and self._basic_file is None:
-            return False
-        try:
-            header = self._read_files()
-        except ValueError as exc:
-            log.warning("cannot re-read the push credentials: %s; keeping the ones in use", exc)
-            return False
-        changed = header != self._header
-        self._header = header
-        return changed
-
-    def __repr__(self) -> str:
-        return f"PushAuth({self.description})"
-
-    def _read_files(self) -> str | None:
-        if self._token_file is not None:
-            token = _read_secret(self._token_file, "bearer token file")
-            return _bearer_header(token)
-        if self._basic_file is not None:
-            first = _read_secret(self._basic_file, "basic auth file").splitlines()[0]
-            user, sep, password = first.partition(":")
-            if not sep or not user:
-                raise ValueError(
-                    f"basic auth file {self._basic_file} must hold user:password on its first line"
-                )
-            return _basic_header(user, password)
-        return None
-
-
-def _read_secret(path: Path, what: str) -> str:
-    try:
-        text = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read the {what} {path}: {exc}") from exc
-    if not text:
-        raise ValueError(f"the {what} {path} is empty: write the secret into it")
-    return text
-
-
-def _bearer_header(token: str) -> str:
-    return f"Bearer {token}"
-
-
-def _basic_header(user: str, password: str) -> str:
-    token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
-    return f"Basic {token}"
 
 
 # --------------------------------------------------------------------------- clock

@@ -26,7 +26,6 @@ Grouping, deduplication, silences, inhibition and routing are Alertmanager's job
 
 from __future__ import annotations
 
-import base64
 import http.client
 import json
 import logging
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+from metricvault.client_auth import ClientAuth
 from metricvault.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -222,10 +222,10 @@ class Resender:
 
 
 # --------------------------------------------------------------------------- credentials, TLS
-class AlertmanagerAuth:
-    """The ``Authorization`` header for one Alertmanager: none, a bearer token or basic auth,
-    given directly, read from a file (re-read on a 401, so a rotated secret needs no restart),
-    or as ``user:password@`` in the URL. The secret never appears in ``repr`` or logs."""
+class AlertmanagerAuth(ClientAuth):
+    """The credentials for one Alertmanager (:class:`~metricvault.client_auth.ClientAuth`):
+    none, a bearer token or basic auth, directly, from a file (re-read on a 401) or as
+    ``user:password@`` in the URL."""
 
     def __init__(
         self,
@@ -235,78 +235,14 @@ class AlertmanagerAuth:
         basic_auth: tuple[str, str] | None = None,
         basic_auth_file: str | Path | None = None,
     ) -> None:
-        given = [
-            name
-            for name, value in (
-                ("bearer_token", bearer_token),
-                ("bearer_token_file", bearer_token_file),
-                ("basic_auth", basic_auth),
-                ("basic_auth_file", basic_auth_file),
-            )
-            if value is not None
-        ]
-        if len(given) > 1:
-            raise ConfigError(
-                f"alertmanager credentials: {', '.join(given)} were given; give exactly one"
-            )
-        self._token_file = Path(bearer_token_file) if bearer_token_file is not None else None
-        self._basic_file = Path(basic_auth_file) if basic_auth_file is not None else None
-        self._header: str | None = None
-        if bearer_token is not None:
-            self._header = f"Bearer {bearer_token}"
-        elif basic_auth is not None:
-            self._header = _basic(*basic_auth)
-        else:
-            self._header = self._read_files()
-
-    @property
-    def kind(self) -> str:
-        if self._header is None:
-            return "none"
-        return "bearer" if self._header.startswith("Bearer ") else "basic"
-
-    def headers(self) -> dict[str, str]:
-        return {} if self._header is None else {"Authorization": self._header}
-
-    def reload(self) -> bool:
-        """Read the credential file again; True when it changed."""
-        if self._token_file is None and self._basic_file is None:
-            return False
-        try:
-            header = self._read_files()
-        except ConfigError as exc:
-            log.warning("cannot re-read the alertmanager credentials: %s", exc)
-            return False
-        changed = header != self._header
-        self._header = header
-        return changed
-
-    def __repr__(self) -> str:
-        where = self._token_file or self._basic_file
-        return f"AlertmanagerAuth({self.kind}{f' from {where}' if where else ''})"
-
-    def _read_files(self) -> str | None:
-        path = self._token_file or self._basic_file
-        if path is None:
-            return None
-        try:
-            text = path.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(
-                f"cannot read the alertmanager credential file {path}: {exc}"
-            ) from exc
-        if not text:
-            raise ConfigError(f"the alertmanager credential file {path} is empty: write the secret")
-        if self._token_file is not None:
-            return f"Bearer {text}"
-        user, sep, password = text.splitlines()[0].partition(":")
-        if not sep or not user:
-            raise ConfigError(f"{path} must hold user:password on its first line")
-        return _basic(user, password)
-
-
-def _basic(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+        super().__init__(
+            bearer_token=bearer_token,
+            bearer_token_file=bearer_token_file,
+            basic_auth=basic_auth,
+            basic_auth_file=basic_auth_file,
+            purpose="alertmanager",
+            hint="a bearer token, a credential file or user:password@ in the URL",
+        )
 
 
 def _ssl_context(verify_tls: bool | str, client_cert: str, client_key: str) -> ssl.SSLContext:
