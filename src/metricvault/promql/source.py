@@ -75,6 +75,10 @@ class MemorySource:
         order = np.argsort(order_ts, kind="stable")
         self.series.append(SeriesSamples(dict(labels), order_ts[order], vals[order]))
 
+    def all_series(self) -> Iterable[SeriesSamples]:
+        """Every series held (a subclass may build them on demand)."""
+        return self.series
+
     def select(
         self,
         matchers: Sequence[Matcher],
@@ -83,7 +87,7 @@ class MemorySource:
         hints: SelectHints | None = None,
     ) -> list[SeriesSamples]:
         out = []
-        for s in self.series:
+        for s in self.all_series():
             if not _matches(matchers, s.labels):
                 continue
             lo = np.searchsorted(s.ts, start_ms, side="left")

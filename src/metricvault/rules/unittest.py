@@ -15,7 +15,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -24,13 +24,12 @@ import numpy as np
 import yaml
 
 from metricvault.errors import MetricVaultError, RuleFileError, UnitTestError
-from metricvault.promql import STALE_NAN, Engine, EngineOptions
-from metricvault.protocols import BucketSelection, Horizons, SelectHints, SeriesSamples
+from metricvault.promql import STALE_NAN, Engine, EngineOptions, MemorySource
+from metricvault.protocols import SeriesSamples
 from metricvault.rules.durations import format_prometheus_duration, parse_prometheus_duration_ms
 from metricvault.rules.files import expand_rule_paths, read_rule_files
 from metricvault.rules.group import RuleGroup, engine_query
 from metricvault.rules.templates import go_format_float
-from metricvault.selector import Matcher
 
 __all__ = ["GrowingSource", "parse_series_values", "rule_test_errors", "run_rule_tests"]
 
@@ -41,11 +40,12 @@ _SERIES_ITEM = re.compile(
 )
 
 
-class GrowingSource:
+class GrowingSource(MemorySource):
     """Series in memory that grow as rules write (promtool's test storage): one entry per
-    label set, samples kept in time order; the read seam over raw samples."""
+    label set, samples kept in time order; read as :class:`MemorySource` reads its series."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._ts: dict[Labels, list[int]] = {}
         self._vs: dict[Labels, list[float]] = {}
         self._cache: dict[Labels, SeriesSamples] = {}
@@ -78,40 +78,8 @@ class GrowingSource:
             self._cache[key] = s
         return s
 
-    def select(
-        self,
-        matchers: Sequence[Matcher],
-        start_ms: int,
-        end_ms: int,
-        hints: SelectHints | None = None,
-    ) -> list[SeriesSamples]:
-        out = []
-        for key in self._ts:
-            labels = dict(key)
-            if not all(m.matches(labels.get(m.name)) for m in matchers):
-                continue
-            s = self._series(key)
-            lo = int(np.searchsorted(s.ts, start_ms, side="left"))
-            hi = int(np.searchsorted(s.ts, end_ms, side="right"))
-            if hi > lo:
-                out.append(SeriesSamples(s.labels, s.ts[lo:hi], s.values[lo:hi]))
-        return out
-
-    def select_buckets(
-        self, matchers: Sequence[Matcher], hints: SelectHints
-    ) -> BucketSelection | None:
-        return None
-
-    def select_kept(
-        self, matchers: Sequence[Matcher], start_ms: int, end_ms: int
-    ) -> list[SeriesSamples]:
-        return self.select(matchers, start_ms, end_ms)
-
-    def horizons(self) -> Horizons:
-        return Horizons()
-
-    def samples_per_row(self, tier: str, start_ms: int, end_ms: int) -> float | None:
-        return None
+    def all_series(self) -> Iterable[SeriesSamples]:
+        return (self._series(key) for key in self._ts)
 
 
 # --------------------------------------------------------------------------- the notation
