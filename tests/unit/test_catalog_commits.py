@@ -104,3 +104,47 @@ def test_a_rebased_rollup_leaves_dirty_the_hours_new_raw_data_may_touch(
         b.commit(Change(metric_kinds={"up": "gauge"}))
     done = a.commit(Change(dirty_remove={5, 6}, based_on=base))
     assert set(done.dirty_hours) == still_dirty
+
+
+def test_files_are_ordered_by_the_version_that_committed_them_not_by_their_ids(
+    loc: Location,
+) -> None:
+    a, b = Catalog(loc), Catalog(loc)
+    # a picked a high id from some snapshot; b commits after it with a lower one
+    a.commit(Change(add=[raw_file(loc, "first", 50)]))
+    b.commit(Change(add=[raw_file(loc, "second", 3)]))
+    files = sorted(Catalog(loc).current().files, key=lambda f: f.order)
+    assert [f.path.rsplit("/", 1)[1] for f in files] == ["first.parquet", "second.parquet"]
+    assert [f.added_in for f in files] == [1, 2]
+
+
+def test_a_warm_catalog_probes_the_next_version_instead_of_listing(loc: Location) -> None:
+    writer, reader = Catalog(loc), Catalog(loc)
+    writer.commit(Change(metric_kinds={"up": "gauge"}))
+    assert reader.current().version == 1  # cold: from catalog/NEWEST, no listing
+    for n in range(3):
+        writer.commit(Change(add=[raw_file(loc, f"f{n}", n + 1)]))
+    assert reader.current().version == 4
+    assert reader.listings == 0 and reader.probes >= 2
+
+
+def test_a_reader_whose_cached_version_was_expired_lists_to_find_the_newest(
+    loc: Location,
+) -> None:
+    writer, reader = Catalog(loc), Catalog(loc)
+    writer.commit(Change())
+    assert reader.current().version == 1
+    for n in range(4):
+        writer.commit(Change(add=[raw_file(loc, f"f{n}", n + 1)]))
+    writer.expire(keep=1)  # versions 1..4 deleted: probing from 1 proves nothing
+    assert reader.current().version == 5
+    assert reader.listings >= 1
+
+
+def test_a_pointer_that_names_an_expired_version_is_only_a_hint(loc: Location) -> None:
+    writer = Catalog(loc)
+    for n in range(3):
+        writer.commit(Change(add=[raw_file(loc, f"f{n}", n + 1)]))
+    Path(loc.path("catalog", "NEWEST")).write_text('{"version": 1}')  # went backwards
+    writer.expire(keep=1)
+    assert Catalog(loc).current().version == 3

@@ -36,7 +36,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from metricvault.errors import CommitConflictError, StorageError
+from metricvault.errors import CommitConflictError, NotFoundError, StorageError
 from metricvault.model import TIER_RESOLUTION_MS, KindChange
 from metricvault.store.layout import CATALOG_DIR, Location
 
@@ -45,6 +45,8 @@ LEGACY_FORMAT = 1  # absolute paths, no vault id, no replacement times
 log = logging.getLogger("metricvault")
 _VERSION_RE = re.compile(r"v(\d{12})\.json$")
 HOUR_MS = TIER_RESOLUTION_MS["1h"]  # dirty hours are the 1h tier's buckets (model.py)
+UNCOMMITTED = -1  # DataFile.added_in until its commit numbers it
+POINTER = "NEWEST"  # catalog/NEWEST: the newest version's number, a hint for cold readers
 COMMIT_ATTEMPTS = 30  # lost races in a row before a commit gives up (each re-reads first)
 MANY_WRITERS = (
     "another writer (a process with its own state directory) is committing to this vault: "
@@ -63,6 +65,15 @@ class DataFile:
     min_ts: int
     max_ts: int
     file_id: int
+    # The catalog version whose commit added this file's samples (a file maintenance rewrote
+    # inherits its newest input's): duplicate samples are resolved by it, so the writer that
+    # committed last wins, whatever ids writers picked from the snapshots they had read.
+    added_in: int = UNCOMMITTED
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Oldest first: the sort key under which later files win on duplicate samples."""
+        return (self.added_in, self.file_id)
 
 
 @dataclass(frozen=True)
@@ -128,7 +139,11 @@ class Snapshot:
             version=body["version"],
             committed_ms=body["committed_ms"],
             next_file_id=body["next_file_id"],
-            files=tuple(DataFile(**{**f, "path": loc.resolve(f["path"])}) for f in body["files"]),
+            files=tuple(
+                # files of catalogs older than added_in were ordered by id alone: version 0
+                DataFile(**{"added_in": 0, **f, "path": loc.resolve(f["path"])})
+                for f in body["files"]
+            ),
             series_files=tuple(
                 SeriesFile(**{**f, "path": loc.resolve(f["path"])}) for f in body["series_files"]
             ),
@@ -202,7 +217,9 @@ class Change:
     def apply(self, base: Snapshot, version: int | None = None) -> Snapshot:
         """The snapshot after this change, numbered ``version`` (default: the base's + 1)."""
         committed_ms = int(time.time() * 1000)
-        files = [f for f in base.files if f.path not in self.remove] + self.add
+        version = base.version + 1 if version is None else version
+        added = [replace(f, added_in=version) if f.added_in == UNCOMMITTED else f for f in self.add]
+        files = [f for f in base.files if f.path not in self.remove] + added
         series = [s for s in base.series_files if s.path not in self.remove_series]
         dirty = (set(base.dirty_hours) - self.dirty_remove) | self.dirty_add
         still = {f.path for f in files} | {s.path for s in series}
@@ -215,7 +232,7 @@ class Change:
         ]
         return replace(
             base,
-            version=base.version + 1 if version is None else version,
+            version=version,
             committed_ms=committed_ms,
             vault_id=base.vault_id or uuid.uuid4().hex,
             replaced=tuple(replaced),
@@ -236,8 +253,14 @@ class Catalog:
         self._cached: Snapshot | None = None
         self._unreadable: dict[int, str] = {}  # version -> why it could not be read
         self._newest_on_disk = 0  # readable or not: the next commit must be above it
+        # What this catalog did, for bench/scale.py and the gateway's logs: listings of
+        # catalog/ (the expensive S3 request), versions probed, commit races lost.
+        self.listings = 0
+        self.probes = 0
+        self.lost_races = 0
 
     def _versions(self) -> list[int]:
+        self.listings += 1
         found = []
         for info in self.loc.list_files(CATALOG_DIR):
             m = _VERSION_RE.search(info.path)
@@ -252,8 +275,11 @@ class Catalog:
         """The snapshot of ``version``, or None (warned once) when its file is damaged."""
         if version in self._unreadable:
             return None
+        return self._parse(version, self.loc.read_bytes(self.version_path(version)))
+
+    def _parse(self, version: int, data: bytes) -> Snapshot | None:
         try:
-            return Snapshot.from_json(self.loc.read_bytes(self.version_path(version)), self.loc)
+            return Snapshot.from_json(data, self.loc)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             self._unreadable[version] = f"{type(exc).__name__}: {exc}"
             log.warning(
@@ -267,6 +293,61 @@ class Catalog:
             return None
 
     def current(self) -> Snapshot:
+        """The newest readable snapshot. A warm catalog probes the versions after the one it
+        has (``v<N+1>`` absent: one GET) instead of listing catalog/, whose cost grows with
+        the versions kept; a cold one starts from catalog/NEWEST. Only a vault without the
+        pointer, or a cached version that expiry deleted, falls back to listing."""
+        start = self._cached or self._from_pointer()
+        if start is not None:
+            found = self._probe_from(start)
+            if found is not None:
+                return found
+        return self._current_by_listing()
+
+    def _read_optional(self, path: str) -> bytes | None:
+        if self.loc.s3 is not None:
+            found = self.loc.s3.get(path)
+            return None if found is None else found[0]
+        try:
+            return self.loc.read_bytes(path)
+        except NotFoundError:
+            return None
+
+    def _from_pointer(self) -> Snapshot | None:
+        data = self._read_optional(self.loc.path(CATALOG_DIR, POINTER))
+        try:
+            version = int(json.loads(data)["version"]) if data else 0
+        except (ValueError, KeyError, TypeError):
+            return None  # a damaged hint: list instead
+        if version <= 0:
+            return None
+        data = self._read_optional(self.version_path(version))
+        return None if data is None else self._parse(version, data)
+
+    def _probe_from(self, start: Snapshot) -> Snapshot | None:
+        """The newest version at or after ``start``, or None when that cannot be proven by
+        probing (``start`` was expired meanwhile: versions above it may have been too)."""
+        newest, last = start, start.version
+        while True:
+            self.probes += 1
+            data = self._read_optional(self.version_path(last + 1))
+            if data is None:
+                break
+            last += 1
+            snap = self._parse(last, data)
+            if snap is not None:
+                newest = snap
+        if last != newest.version:
+            return None  # stopped at a damaged version: let the listing decide
+        if newest is start:
+            exists = self.loc.s3.exists if self.loc.s3 is not None else self.loc.exists
+            if not exists(self.version_path(start.version)):
+                return None
+        self._newest_on_disk = max(self._newest_on_disk, last)
+        self._cached = newest
+        return newest
+
+    def _current_by_listing(self) -> Snapshot:
         versions = self._versions()
         if not versions:
             return Snapshot()
@@ -305,7 +386,9 @@ class Catalog:
             if self.loc.write_bytes_exclusive(path, new.to_json(self.loc)):
                 self._cached = new
                 self._newest_on_disk = new.version
+                self._advance_pointer(new.version)
                 return new
+            self.lost_races += 1
             log.warning(
                 "catalog version %d of %s was committed by another writer first; re-reading "
                 "it and committing this change on top (attempt %d of %d). %s",
@@ -322,6 +405,31 @@ class Catalog:
             f"times in a row; nothing was committed (buffered samples stay buffered and are "
             f"retried). {MANY_WRITERS}"
         )
+
+    def _advance_pointer(self, version: int) -> None:
+        """Point catalog/NEWEST at ``version`` unless it already names a newer one. On S3 the
+        pointer is replaced with If-Match on the ETag read, so it never moves backwards; on
+        local disk it is replaced atomically (two racing writers may leave the older number:
+        readers probe forward from it). It is a hint: a failure here only costs readers a
+        listing, never a commit, so it is logged, not raised."""
+        path = self.loc.path(CATALOG_DIR, POINTER)
+        body = json.dumps({"version": version}).encode()
+        try:
+            if self.loc.s3 is None:
+                self.loc.replace_file(path, body)
+                return
+            for _ in range(5):
+                found = self.loc.s3.get(path)
+                if found is not None:
+                    try:
+                        if int(json.loads(found[0])["version"]) >= version:
+                            return
+                    except (ValueError, KeyError, TypeError):
+                        pass  # damaged: replace it
+                if self.loc.s3.replace_if_match(path, body, None if found is None else found[1]):
+                    return
+        except StorageError as exc:
+            log.warning("catalog pointer %s not updated (%s): readers list instead", path, exc)
 
     def owner(self) -> str:
         """This vault's id, for the names of files about to be written (caller holds the

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -84,7 +85,9 @@ def compact(vault: Vault, now: int, progress: ProgressCallback | None = None) ->
             if len(chosen) < 2:
                 continue
             merged = _read_all(vault, chosen)
-            new = vault.write_data_file(merged, tier, _day_no(day), max(f.file_id for f in chosen))
+            new = _newest_of(
+                chosen, vault.write_data_file(merged, tier, _day_no(day), _top(chosen))
+            )
             removed = {f.path for f in chosen}
             vault.catalog.commit(Change(add=[new], remove=removed, based_on=snap))
             done += 1
@@ -96,10 +99,10 @@ def _compactable(vault: Vault, files: list[DataFile], day: str, now: int) -> lis
     if _day_end(day) + lookback + HOUR_MS <= now:
         return files
     limit = vault.settings.compact_small_file_bytes
-    newest_big = max((f.file_id for f in files if f.bytes >= limit), default=-1)
-    # only small files newer than every big one: the merged file takes the highest input id,
-    # and must not jump ahead of a big file that holds newer writes of the same samples
-    small = [f for f in files if f.bytes < limit and f.file_id > newest_big]
+    newest_big = max((f.order for f in files if f.bytes >= limit), default=(-2, -1))
+    # only small files newer than every big one: the merged file takes the newest input's
+    # place, and must not jump ahead of a big file that holds newer writes of the same samples
+    small = [f for f in files if f.bytes < limit and f.order > newest_big]
     return small if len(small) >= vault.settings.compact_min_files else []
 
 
@@ -108,9 +111,21 @@ def _read_all(vault: Vault, files: list[DataFile]) -> pa.Table:
     tables = [
         # verified: compaction must not launder a damaged page into a new, valid file
         fmt.decode(fmt.read_table(f.path, vault.location.fs), float_columns(f.tier))
-        for f in sorted(files, key=lambda f: f.file_id)
+        for f in sorted(files, key=lambda f: f.order)
     ]
     return fmt.sort_dedup(pa.concat_tables(tables))
+
+
+def _top(inputs: list[DataFile]) -> int:
+    return max(inputs, key=lambda f: f.order).file_id
+
+
+def _newest_of(inputs: list[DataFile], merged: DataFile) -> DataFile:
+    """``merged`` (rewritten from ``inputs``) in its newest input's place among the
+    partition's files: duplicates against a file another writer committed after that input
+    (while this rewrite ran) still go to the other writer's newer file."""
+    newest = max(inputs, key=lambda f: f.order)
+    return replace(merged, added_in=newest.added_in, file_id=newest.file_id)
 
 
 def _day_no(day: str) -> int:
@@ -281,7 +296,7 @@ def _expire_day(
         rows = _read_all(vault, files)
         keep = rows.filter(pc.invert(pc.is_in(rows["series_id"], pa.array(expired, pa.int64()))))
         change.add.append(
-            vault.write_data_file(keep, tier, _day_no(day), max(f.file_id for f in files))
+            _newest_of(files, vault.write_data_file(keep, tier, _day_no(day), _top(files)))
         )
     if tier == "raw":
         change.raw_horizon_ms = _day_end(day)

@@ -94,7 +94,7 @@ class Reader:
         """
         chosen = [f for f in files if f.max_ts >= start and f.min_ts < end]
         ids = None if series_ids is None else np.unique(np.asarray(series_ids, np.int64))
-        chosen.sort(key=lambda f: f.file_id)  # later files win on duplicate samples
+        chosen.sort(key=lambda f: f.order)  # later commits win on duplicate samples
         pairs = []
         for f in chosen:
             table = self._read_one(f, ids, start, end, use_cache)

@@ -5,7 +5,8 @@ N+1 and the later PUT silently replaces the earlier one (with every sample that 
 acknowledged). S3 has conditional writes (``If-None-Match: *``) since 2024; pyarrow has no way
 to send the header, so this module reaches the same bucket with boto3, built from the same
 settings (endpoint, region, keys; else boto3's usual credential chain, as pyarrow's is).
-boto3 is imported on the first commit only: reading an S3 vault never pays for it.
+boto3 is imported on first use. The catalog also reads through it: a GET that answers "absent"
+in one request (probing for the next version) and a pointer replaced with ``If-Match``.
 """
 
 from __future__ import annotations
@@ -67,6 +68,57 @@ class S3Access:
             raise StorageError(f"cannot write s3://{path}: {exc}") from exc
         return True
 
+    def get(self, path: str) -> tuple[bytes, str] | None:
+        """The bytes and ETag of ``bucket/key``, or None when it does not exist: one GET, where
+        pyarrow's filesystem would add a HEAD and, for a missing key, a LIST."""
+        import botocore.exceptions
+
+        bucket, _, key = path.partition("/")
+        try:
+            found = self.client().get_object(Bucket=bucket, Key=key)
+        except botocore.exceptions.ClientError as exc:
+            if _missing(exc):
+                return None
+            raise StorageError(f"cannot read s3://{path}: {exc}") from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise StorageError(f"cannot read s3://{path}: {exc}") from exc
+        return bytes(found["Body"].read()), str(found.get("ETag", ""))
+
+    def exists(self, path: str) -> bool:
+        """Whether ``bucket/key`` exists: one HEAD."""
+        import botocore.exceptions
+
+        bucket, _, key = path.partition("/")
+        try:
+            self.client().head_object(Bucket=bucket, Key=key)
+        except botocore.exceptions.ClientError as exc:
+            if _missing(exc):
+                return False
+            raise StorageError(f"cannot reach s3://{path}: {exc}") from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise StorageError(f"cannot reach s3://{path}: {exc}") from exc
+        return True
+
+    def replace_if_match(self, path: str, data: bytes, etag: str | None) -> bool:
+        """PUT ``bucket/key`` only if it still has ``etag`` (None: only if it is absent);
+        False when another writer replaced or created it first."""
+        if etag is None:
+            return self.create_if_absent(path, data)
+        import botocore.exceptions
+
+        bucket, _, key = path.partition("/")
+        try:
+            self.client().put_object(Bucket=bucket, Key=key, Body=data, IfMatch=etag)
+        except botocore.exceptions.ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+            if code in _LOST or status in _LOST or _missing(exc):
+                return False
+            raise StorageError(f"cannot write s3://{path}: {exc}") from exc
+        except botocore.exceptions.BotoCoreError as exc:
+            raise StorageError(f"cannot write s3://{path}: {exc}") from exc
+        return True
+
     def _stored(self, bucket: str, key: str) -> bytes | None:
         import botocore.exceptions
 
@@ -74,6 +126,12 @@ class S3Access:
             return bytes(self.client().get_object(Bucket=bucket, Key=key)["Body"].read())
         except botocore.exceptions.ClientError:
             return None
+
+
+def _missing(exc: Any) -> bool:
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+    return code in {"NoSuchKey", "404", "NotFound"} or status == "404"
 
 
 def _make_client(access: S3Access) -> Any:
