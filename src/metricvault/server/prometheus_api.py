@@ -43,6 +43,7 @@ from metricvault.model import is_label_name
 from metricvault.promql import Engine, EngineOptions, QueryResult
 from metricvault.promql import parse as parse_module
 from metricvault.promql.limits import check_resolution, timed_out, too_many_series
+from metricvault.promql.result_cache import CatalogVersion, ResultCache
 from metricvault.promql.source import TenantSource
 from metricvault.protocols import Reading, has
 from metricvault.selector import Matcher, Selector, parse_selector
@@ -238,6 +239,8 @@ class PrometheusAPI:
             max_series=settings.query_max_series,
             round_windows=settings.promql_round_windows,
         )
+        # a dashboard refresh recomputes only its newest steps (promql/result_cache.py)
+        self.results = ResultCache()
 
     def routes(self) -> list[Route]:
         both = ["GET", "POST"]  # remote_read (/api/v1/read) is its own API: remote_read_api
@@ -310,6 +313,16 @@ class PrometheusAPI:
         source = tenant_source(self.gateway, who)
         return Engine(source, replace(self.options, timeout_s=timeout_s)), source
 
+    def catalog_version(self) -> CatalogVersion | None:
+        """The store's catalog version, which says whether a cached answer still holds; None
+        (nothing cached) for a store without one."""
+        snap = getattr(self.gateway.vault, "catalog_version", None)
+        if snap is None:
+            return None
+        version = snap()
+        needed = ("version", "vault_id", "raw_horizon_ms", "files", "metric_kinds")
+        return version if all(hasattr(version, a) for a in needed) else None
+
     def tenant_matchers(self, who: Principal) -> tuple[Matcher, ...]:
         return tenant_matchers(self.gateway, who)
 
@@ -379,9 +392,25 @@ class PrometheusAPI:
             expr = _one(params, "query") or ""
             timeout_s = self.query_timeout(params)
             check_depth(expr)
-            engine, source = self.engine(who, timeout_s)
-            result = await self.evaluate(lambda: engine.evaluate(expr, start, end, step), timeout_s)
-            return result, self.warnings(source, result)  # answer() writes its JSON
+
+            def evaluate(lo: int, hi: int) -> tuple[QueryResult, list[str]]:
+                engine, source = self.engine(who, timeout_s)
+                result = engine.evaluate(expr, lo, hi, step)
+                return result, self.warnings(source, result)
+
+            answer: tuple[QueryResult, list[str]]
+            if _one(params, "nocache") in ("1", "true"):  # VictoriaMetrics's switch
+                answer = await self.evaluate(lambda: evaluate(start, end), timeout_s)
+                return answer
+            scope = (self.tenant_matchers(who), self.options.lookback_delta_ms,
+                     self.options.round_windows)  # fmt: skip
+            answer = await self.evaluate(  # answer() writes its JSON
+                lambda: self.results.query_range(
+                    scope, expr, start, end, step, self.catalog_version, evaluate
+                ),
+                timeout_s,
+            )
+            return answer
 
         return await self.answer(request, "/api/v1/query_range", work)
 

@@ -1,0 +1,318 @@
+"""A query-result cache for ``query_range``: a dashboard refresh recomputes only its newest steps.
+
+A Grafana panel refreshing every 30 s asks the same query at the same step over a range moved
+forward by a few steps. Each step of a range query is evaluated on its own (PromQL has no state
+between steps), so the steps the previous answer already holds are still right as long as no
+sample they read changed. As VictoriaMetrics's rollup-result cache does, the cache keeps each
+answer's *settled* steps (those at least ``settle_ms`` older than the wall clock: samples still
+arrive for the newest ones) and on the next request evaluates only the steps after them.
+
+What decides whether a cached answer still holds is the store's catalog version (the files the
+reads see: queries read only what a flush committed), compared file by file with the version
+the answer was computed from:
+
+- files removed, rollup files added, the raw horizon or the metric kinds changed: maintenance
+  (compaction, rollups, retention, a kind change) ran, and every cached answer of that vault is
+  dropped;
+- raw files added whose oldest sample is not after the answer's last settled step: late data
+  (a sample older than the cached end arrived through the write path), the answer is dropped;
+- raw files added whose samples are all newer: an ordinary flush, the answer still holds.
+
+Because the catalog is what every process of a vault shares, this holds across ``serve``
+workers and writers in other processes. Keys carry the tenant's matchers, so two tenants never
+share an answer. Expressions whose steps read outside their own lookback (an ``@`` modifier, a
+negative ``offset``) and instant queries are never cached. Cached points are bounded
+(``max_points``, least recently used first out).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import promql_parser as pp
+
+from metricvault.errors import PromQLError
+from metricvault.promql.parse import duration_ms, parse
+from metricvault.promql.values import QueryResult
+
+SETTLE_MS = 5 * 60_000  # VictoriaMetrics's -search.cacheTimestampOffset default
+MAX_POINTS = 4_000_000  # about 64 MB of timestamps and values
+
+
+class _File(Protocol):
+    tier: str
+    min_ts: int
+    file_id: int
+
+
+class CatalogVersion(Protocol):
+    """What the cache reads of a store's catalog version (``Snapshot`` in the store)."""
+
+    version: int
+    vault_id: str
+    raw_horizon_ms: int
+
+    @property
+    def files(self) -> Sequence[_File]: ...
+
+    @property
+    def metric_kinds(self) -> dict[str, str]: ...
+
+
+@dataclass(frozen=True)
+class Version:
+    """The part of a catalog version a cached answer depends on."""
+
+    vault_id: str
+    version: int
+    raw_horizon_ms: int
+    kinds: tuple[tuple[str, str], ...]
+    raw_ids: frozenset[int]
+    other_ids: frozenset[int]
+
+    @classmethod
+    def of(cls, snap: CatalogVersion) -> Version:
+        raw = frozenset(f.file_id for f in snap.files if f.tier == "raw")
+        other = frozenset(f.file_id for f in snap.files if f.tier != "raw")
+        kinds = tuple(sorted(snap.metric_kinds.items()))
+        return cls(snap.vault_id, snap.version, snap.raw_horizon_ms, kinds, raw, other)
+
+
+def still_holds(old: Version, snap: CatalogVersion, settled_end_ms: int) -> bool:
+    """Whether an answer computed at ``old`` is still right at ``snap`` for its steps up to
+    ``settled_end_ms``: only raw files were added since, each newer than that step."""
+    if snap.version == old.version and snap.vault_id == old.vault_id:
+        return True
+    if snap.vault_id != old.vault_id or snap.raw_horizon_ms != old.raw_horizon_ms:
+        return False
+    if tuple(sorted(snap.metric_kinds.items())) != old.kinds:
+        return False
+    raw_now: set[int] = set()
+    for f in snap.files:
+        if f.tier != "raw":
+            if f.file_id not in old.other_ids:
+                return False  # a rollup run
+            continue
+        raw_now.add(f.file_id)
+        if f.file_id not in old.raw_ids and f.min_ts <= settled_end_ms:
+            return False  # late data: a sample a cached step may read
+    other_now = sum(1 for f in snap.files if f.tier != "raw")
+    # anything removed: compaction, rollups replacing stale rows, retention
+    return old.raw_ids <= raw_now and other_now == len(old.other_ids)
+
+
+def cacheable(expr: str) -> bool:
+    """Whether each step of ``expr`` reads only samples at or before the step: no ``@``
+    modifier (its time is the query's, not the step's; ``@ end()`` moves with the range) and
+    no negative ``offset`` (it reads after the step)."""
+    try:
+        tree = parse(expr)
+    except (PromQLError, ValueError):  # the evaluation reports it in its own words
+        return False
+    return all(_step_local(node) for node in _nodes(tree))
+
+
+def _step_local(node: Any) -> bool:
+    if isinstance(node, pp.VectorSelector | pp.SubqueryExpr):
+        if node.at is not None:
+            return False
+        if node.offset is not None and duration_ms(node.offset) < 0:
+            return False
+    return True
+
+
+def _nodes(node: Any) -> Iterable[Any]:
+    yield node
+    if isinstance(node, pp.MatrixSelector):
+        yield from _nodes(node.vector_selector)
+    elif isinstance(node, pp.SubqueryExpr | pp.ParenExpr | pp.UnaryExpr):
+        yield from _nodes(node.expr)
+    elif isinstance(node, pp.BinaryExpr):
+        yield from _nodes(node.lhs)
+        yield from _nodes(node.rhs)
+    elif isinstance(node, pp.AggregateExpr):
+        if node.param is not None:
+            yield from _nodes(node.param)
+        yield from _nodes(node.expr)
+    elif isinstance(node, pp.Call):
+        for arg in node.args:
+            yield from _nodes(arg)
+
+
+Evaluate = Callable[[int, int], tuple[QueryResult, list[str]]]
+LabelKey = tuple[tuple[str, str], ...]
+
+
+@dataclass
+class _Entry:
+    start_ms: int
+    settled_end_ms: int  # the last step kept; every kept point is at or before it
+    version: Version
+    result_type: str
+    series: dict[LabelKey, tuple[np.ndarray, np.ndarray]]
+    warnings: list[str]
+    served_by: set[str] = field(default_factory=set)
+
+    @property
+    def points(self) -> int:
+        return sum(len(ts) for ts, _ in self.series.values())
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0  # answered entirely from the cache
+    partial: int = 0  # cached steps reused, the newest ones evaluated
+    misses: int = 0  # evaluated in full (nothing cached, or it no longer held)
+    invalidated: int = 0  # cached answers dropped because the catalog showed a change
+    steps_evaluated: int = 0
+    steps_reused: int = 0
+
+
+class ResultCache:
+    """Cached ``query_range`` answers of one store, shared by the queries of every tenant
+    (each under its own key)."""
+
+    def __init__(
+        self,
+        settle_ms: int = SETTLE_MS,
+        max_points: int = MAX_POINTS,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        import time
+
+        self.settle_ms = settle_ms
+        self.max_points = max_points
+        self.clock = clock or time.time
+        self.stats = CacheStats()
+        self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
+        self._points = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def query_range(
+        self,
+        scope: tuple[Any, ...],
+        expr: str,
+        start_ms: int,
+        end_ms: int,
+        step_ms: int,
+        catalog: Callable[[], CatalogVersion | None],
+        evaluate: Evaluate,
+    ) -> tuple[QueryResult, list[str]]:
+        """The answer of ``expr`` over ``start_ms..end_ms`` at ``step_ms``, evaluated by
+        ``evaluate(start, end)`` for the steps the cache does not hold. ``scope`` names
+        what else the answer depends on (the tenant's matchers, the engine's options)."""
+        snap = catalog() if cacheable(expr) else None
+        if snap is None:
+            return evaluate(start_ms, end_ms)
+        key = (scope, expr, step_ms, start_ms % step_ms)
+        version = Version.of(snap)
+        entry = self._lookup(key, snap, start_ms)
+        if entry is None:
+            self.stats.misses += 1
+            result, warnings = evaluate(start_ms, end_ms)
+            self.stats.steps_evaluated += _steps(start_ms, end_ms, step_ms)
+            merged = _Entry(start_ms, start_ms - step_ms, version, result.result_type,
+                            _keyed(result), list(warnings), set(result.served_by))  # fmt: skip
+        else:
+            tail_start = entry.settled_end_ms + step_ms
+            merged = _Entry(start_ms, entry.settled_end_ms, version, entry.result_type,
+                            _sliced(entry.series, start_ms, end_ms), list(entry.warnings),
+                            set(entry.served_by))  # fmt: skip
+            self.stats.steps_reused += _steps(start_ms, min(end_ms, entry.settled_end_ms), step_ms)
+            if tail_start <= end_ms:
+                self.stats.partial += 1
+                tail, tail_warnings = evaluate(tail_start, end_ms)
+                self.stats.steps_evaluated += _steps(tail_start, end_ms, step_ms)
+                _append(merged.series, _keyed(tail))
+                merged.warnings += [w for w in tail_warnings if w not in merged.warnings]
+                merged.served_by |= tail.served_by
+            else:
+                self.stats.hits += 1
+        answer = QueryResult(
+            merged.result_type,
+            [(dict(k), ts, vs) for k, (ts, vs) in sorted(merged.series.items())],
+            warnings=list(merged.warnings),
+            served_by=set(merged.served_by),
+        )
+        self._keep(key, merged, end_ms, step_ms)
+        return answer, list(merged.warnings)
+
+    def _lookup(self, key: tuple[Any, ...], snap: CatalogVersion, start_ms: int) -> _Entry | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if not still_holds(entry.version, snap, entry.settled_end_ms):
+                self._drop(key)
+                self.stats.invalidated += 1
+                return None
+            if not entry.start_ms <= start_ms <= entry.settled_end_ms:
+                return None  # a range starting earlier, or after all it holds: evaluate anew
+            self._entries.move_to_end(key)
+            entry.version = Version.of(snap)  # only newer raw files: compare with those next
+            return entry
+
+    def _keep(self, key: tuple[Any, ...], merged: _Entry, end_ms: int, step_ms: int) -> None:
+        """Keep the settled steps of ``merged`` (those ``settle_ms`` before now at most)."""
+        settled = min(end_ms, int(self.clock() * 1000) - self.settle_ms)
+        settled = merged.start_ms + (settled - merged.start_ms) // step_ms * step_ms
+        with self._lock:
+            self._drop(key)
+            if settled < merged.start_ms:
+                return
+            merged.series = _sliced(merged.series, merged.start_ms, settled)
+            merged.settled_end_ms = settled
+            points = merged.points
+            if points > self.max_points:
+                return
+            self._entries[key] = merged
+            self._points += points
+            while self._points > self.max_points and self._entries:
+                self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: tuple[Any, ...]) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._points -= entry.points
+
+
+def _steps(start_ms: int, end_ms: int, step_ms: int) -> int:
+    return max(0, (end_ms - start_ms) // step_ms + 1)
+
+
+def _keyed(result: QueryResult) -> dict[LabelKey, tuple[np.ndarray, np.ndarray]]:
+    return {
+        tuple(sorted(labels.items())): (np.asarray(ts, np.int64), np.asarray(vs, np.float64))
+        for labels, ts, vs in result.series
+    }
+
+
+def _sliced(
+    series: dict[LabelKey, tuple[np.ndarray, np.ndarray]], lo: int, hi: int
+) -> dict[LabelKey, tuple[np.ndarray, np.ndarray]]:
+    out = {}
+    for key, (ts, vs) in series.items():
+        a, b = np.searchsorted(ts, lo, "left"), np.searchsorted(ts, hi, "right")
+        if b > a:
+            out[key] = (ts[a:b], vs[a:b])
+    return out
+
+
+def _append(
+    into: dict[LabelKey, tuple[np.ndarray, np.ndarray]],
+    tail: dict[LabelKey, tuple[np.ndarray, np.ndarray]],
+) -> None:
+    for key, (ts, vs) in tail.items():
+        if key in into:
+            old_ts, old_vs = into[key]
+            into[key] = (np.concatenate([old_ts, ts]), np.concatenate([old_vs, vs]))
+        else:
+            into[key] = (ts, vs)
