@@ -45,17 +45,27 @@ MAX_POINTS = 4_000_000  # about 64 MB of timestamps and values
 
 
 class _File(Protocol):
-    tier: str
-    min_ts: int
-    file_id: int
+    @property
+    def tier(self) -> str: ...
+
+    @property
+    def min_ts(self) -> int: ...
+
+    @property
+    def file_id(self) -> int: ...
 
 
 class CatalogVersion(Protocol):
     """What the cache reads of a store's catalog version (``Snapshot`` in the store)."""
 
-    version: int
-    vault_id: str
-    raw_horizon_ms: int
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def vault_id(self) -> str: ...
+
+    @property
+    def raw_horizon_ms(self) -> int: ...
 
     @property
     def files(self) -> Sequence[_File]: ...
