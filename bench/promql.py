@@ -79,7 +79,7 @@ METRICS = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 PUSH_WINDOW_MS = HOUR_MS // 2  # one remote-write request per 30 simulated minutes
-READY_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 120.0  # the shared 2-core machine can be loaded
 COMPACTION_TIMEOUT_S = 120.0
 REL_TOL = 1e-5
 
@@ -455,8 +455,8 @@ def agree(ours: Any, theirs: Any) -> str:
             for t in pa_
         ):
             return "ties: same values each step, other series picked"
-        points = sum(len(p) for p in a.values()), sum(len(p) for p in b.values())
-        return f"NO: {len(a)} vs {len(b)} series, {points[0]} vs {points[1]} points"
+        counts = sum(len(p) for p in a.values()), sum(len(p) for p in b.values())
+        return f"NO: {len(a)} vs {len(b)} series, {counts[0]} vs {counts[1]} points"
     worst, points = 0.0, 0
     for key, ps in a.items():
         for (_, x), (_, y) in zip(ps, b[key], strict=True):
@@ -470,8 +470,17 @@ def agree(ours: Any, theirs: Any) -> str:
     return f"yes ({points:,} points, max rel. error {worst:.0e})"
 
 
-def target(range_ms: int, mv: float, prom: float | None, vm: float | None) -> str:
-    """Issue 13's latency target for the range, on metricvault's HTTP answer."""
+def target(
+    range_ms: int,
+    mv: float,
+    prom: float | None,
+    vm: float | None,
+    mv_nocache: float | None = None,
+    vm_nocache: float | None = None,
+) -> str:
+    """The latency target for the range, on metricvault's HTTP answer: on 1 h <= 2x
+    Prometheus; on 24 h and more, cache on (a dashboard's repeat) <= VictoriaMetrics's with its
+    cache on, and with ``nocache=1`` on both <= 2x VictoriaMetrics's."""
     missed = []
     if range_ms <= HOUR_MS:
         if prom is None:
@@ -480,13 +489,13 @@ def target(range_ms: int, mv: float, prom: float | None, vm: float | None) -> st
         if mv > 2 * prom:
             missed.append(f"{mv / prom:.1f}x Prometheus")
     else:
-        goal = "<= VM, >= 10x faster than Prometheus"
-        if vm is not None and mv > vm:
-            missed.append(f"{mv / vm:.1f}x VM")
-        if prom is not None and mv * 10 > prom:
-            missed.append(f"{mv / prom:.2g}x Prometheus's time")
-        if vm is None and prom is None:
-            return "- (no peers)"
+        if vm is None:
+            return "- (no VictoriaMetrics)"
+        goal = "cached <= VM, nocache <= 2x VM nocache"
+        if mv > vm:
+            missed.append(f"cached {mv / vm:.1f}x VM")
+        if mv_nocache is not None and vm_nocache is not None and mv_nocache > 2 * vm_nocache:
+            missed.append(f"nocache {mv_nocache / vm_nocache:.1f}x VM nocache")
     return f"missed ({goal}): {', '.join(missed)}" if missed else f"met ({goal})"
 
 
@@ -494,6 +503,23 @@ def _http_ms(
     client: Http | None, expr: str, query: tuple[int, int, int], runs: int
 ) -> float | None:
     return None if client is None else median_ms(partial(client.query_range, expr, *query), runs)
+
+
+def _refresh_ms(
+    client: Http | None, expr: str, query: tuple[int, int, int], runs: int
+) -> float | None:
+    """A dashboard refresh: the same query with its range moved forward by one step per run
+    (a result cache reuses the older steps and evaluates the newest)."""
+    if client is None:
+        return None
+    start, end, step = query
+    shift = itertools.count(1)
+
+    def refresh() -> None:
+        k = next(shift) * step
+        client.query_range(expr, start + k, end + k, step)
+
+    return median_ms(refresh, runs)
 
 
 def fmt(ms: float | None) -> str:
@@ -665,12 +691,13 @@ def run_queries(
     prom = Http(prom_url) if prom_url else None
     vm = Http(vm_url) if vm_url else None
     vm_nocache = Http(vm_url, {"nocache": "1"}) if vm_url else None
+    mv_nocache = Http(mv_url, {"nocache": "1"})
     scrape_ms = workload.interval_s * 1000
     print(f"\nmedian of {args.runs} warm runs; agreement with Prometheus's answer; targets on "
-          "metricvault HTTP\n")  # fmt: skip
-    head = ("query", "range, step", "Prometheus", "VM", "VM nocache", "mv HTTP", "mv engine",
-            "engine (long read)", "select_series", "vault.query", "series", "mv agrees",
-            "VM agrees", "target")  # fmt: skip
+          f"metricvault HTTP; load average {os.getloadavg()[0]:.2f} (2 cores)\n")  # fmt: skip
+    head = ("query", "range, step", "Prometheus", "VM", "VM nocache", "VM refresh", "mv HTTP",
+            "mv nocache", "mv refresh", "mv engine", "engine (long read)", "select_series",
+            "vault.query", "series", "mv agrees", "VM agrees", "target")  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for range_ms, step, queries in _panels(workload, scrape_ms):
@@ -682,6 +709,13 @@ def run_queries(
             query = (start, end, step)
             timed = partial(_http_ms, expr=expr, query=query, runs=args.runs)
             p_ms, v_ms, vn_ms, h_ms = timed(prom), timed(vm), timed(vm_nocache), timed(mv)
+            hn_ms = timed(mv_nocache)
+            # the answers of the repeated (cached) requests, before the refreshes move them
+            ours, fresh = mv.answer(), mv_nocache.answer()
+            theirs = prom.answer() if prom else None
+            vm_answer = vm.answer() if vm else None
+            refresh = partial(_refresh_ms, expr=expr, query=query, runs=args.runs)
+            vr_ms, hr_ms = refresh(vm), refresh(mv)
             e_ms = median_ms(partial(engine.evaluate, expr, *query), args.runs)
             el_ms = median_ms(partial(engine_long.evaluate, expr, *query), args.runs)
             select = getattr(vault, "select_series", None)
@@ -692,15 +726,16 @@ def run_queries(
             )
             read = partial(vault.query, selector, start, end + 1, output="arrow")
             r_ms = median_ms(read, args.runs)
-            ours = mv.answer()
-            same = agree(ours, prom.answer()) if prom else "-"
-            vm_same = agree(vm.answer(), prom.answer()) if vm and prom else "-"
+            same = agree(ours, theirs) if theirs is not None else "-"
+            if ours != fresh:
+                same += "; NO: the cached answer differs from nocache=1's"
+            vm_same = agree(vm_answer, theirs) if vm_answer is not None and theirs else "-"
             assert h_ms is not None
             cells = [f"`{expr}`" if name != "one GPU" else "one GPU's `DCGM_FI_DEV_GPU_UTIL`",
                      f"{duration(range_ms)}, {duration(step)}", fmt(p_ms), fmt(v_ms), fmt(vn_ms),
-                     fmt(h_ms), fmt(e_ms), fmt(el_ms), fmt(s_ms), fmt(r_ms),
-                     str(len(ours["result"])), same, vm_same,
-                     target(range_ms, h_ms, p_ms, v_ms)]  # fmt: skip
+                     fmt(vr_ms), fmt(h_ms), fmt(hn_ms), fmt(hr_ms), fmt(e_ms), fmt(el_ms),
+                     fmt(s_ms), fmt(r_ms), str(len(ours["result"])), same, vm_same,
+                     target(range_ms, h_ms, p_ms, v_ms, hn_ms, vn_ms)]  # fmt: skip
             print("| " + " | ".join(cells) + " |", flush=True)
 
 
