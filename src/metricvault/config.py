@@ -245,6 +245,11 @@ class Settings:
         "How often a firing alert is sent again to the Alertmanager "
         "(Prometheus's --rules.alert.resend-delay).",
     )
+    rules_max_concurrent_groups: int = _setting(
+        4,
+        "How many rule groups are evaluated at once, each on its own schedule (Prometheus runs "
+        "every group in its own goroutine); 1 evaluates them one after another.",
+    )
     rules_external_url: str = _setting(
         "",
         "The URL alerts link back to (generatorURL, the templates' externalURL; Prometheus's "
@@ -324,6 +329,7 @@ class Settings:
             "gateway_max_connections",
             "query_max_samples",
             "query_max_series",
+            "rules_max_concurrent_groups",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name} must be at least 1, got {getattr(self, name)}")

@@ -71,6 +71,7 @@ __all__ = [
     "Converger",
     "FiringAlert",
     "Incident",
+    "RoundCache",
     "Topology",
     "classify",
     "firing_alerts",
@@ -164,17 +165,18 @@ class FiringAlert:
 
 
 def firing_alerts(groups: Iterable[RuleGroup]) -> list[FiringAlert]:
-    """Every firing alert of the groups' alerting rules, as the evaluator holds them."""
+    """Every firing alert of the groups' alerting rules, as the evaluator holds them (each
+    group read under its lock: the others may be in a round of their own)."""
     out = []
     for group in groups:
-        for rule in group.rules:
-            if not isinstance(rule, AlertingRule):
-                continue
-            for alert in rule.active.values():
-                if alert.state == "firing":
-                    out.append(
-                        FiringAlert(dict(alert.labels), dict(alert.annotations), alert.fired_at)
-                    )
+        with group.lock:
+            for rule in group.rules:
+                if not isinstance(rule, AlertingRule):
+                    continue
+                for alert in rule.active.values():
+                    if alert.state == "firing":
+                        labels, annotations = dict(alert.labels), dict(alert.annotations)
+                        out.append(FiringAlert(labels, annotations, alert.fired_at))
     return out
 
 
@@ -260,6 +262,38 @@ def targets_down(query: QueryFunc, at_ms: int) -> Callable[[str], bool]:
         return bool(values) and all(v == 0 for v in values)
 
     return down
+
+
+class RoundCache:
+    """The topology and the nodes' ``up`` answers, queried once per evaluation round: every
+    group's round hands its alerts over, and the vault's answer does not change within one
+    interval. Reused while a round's time is within ``max_age_ms`` after the one that queried
+    them (the group's interval), queried again after that or for an earlier time."""
+
+    def __init__(self, query: QueryFunc) -> None:
+        self.query = query
+        self.at_ms: int | None = None
+        self.topology = Topology()
+        self._down: dict[str, bool] = {}
+        self.queries = 0  # topology queries made (what the cache saves)
+
+    def _fresh(self, at_ms: int, max_age_ms: int) -> None:
+        if self.at_ms is None or not 0 <= at_ms - self.at_ms < max_age_ms:
+            self.at_ms, self._down = at_ms, {}
+            self.topology = Topology.from_query(self.query, at_ms)
+            self.queries += len(TOPOLOGY_QUERIES)
+
+    def round(self, at_ms: int, max_age_ms: int) -> tuple[Topology, Callable[[str], bool]]:
+        """The topology and ``all_targets_down`` for a round at ``at_ms``."""
+        self._fresh(at_ms, max_age_ms)
+        asked = targets_down(self.query, self.at_ms or at_ms)
+
+        def down(node: str) -> bool:
+            if node not in self._down:
+                self._down[node] = asked(node)
+            return self._down[node]
+
+        return self.topology, down
 
 
 @dataclass(frozen=True)

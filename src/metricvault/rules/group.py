@@ -18,6 +18,7 @@ group's interval plus an offset from a hash of the group's name and file
 
 from __future__ import annotations
 
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
@@ -371,6 +372,11 @@ class RuleGroup:
             AlertingRule(r) if r.alert else RecordingRule(r) for r in spec.rules
         ]
         self.previous: list[dict[Labels, None]] = [{} for _ in self.rules]
+        self.write_at_once = _read_later(self.rules)
+        # Held while a round runs and while its state is read (the API, the converger): the
+        # manager evaluates groups in threads of their own.
+        self.lock = threading.RLock()
+        self.retired = False  # replaced by a reload: a round already queued must not run
         self.last_evaluation_ms = 0
         self.evaluation_seconds = 0.0
         self.failures_total = 0
@@ -426,12 +432,17 @@ class RuleGroup:
         external_labels: Mapping[str, str] | None = None,
         external_url: str = "",
         resend_delay_ms: int = RESEND_DELAY_MS,
+        notify: bool = True,
     ) -> EvaluationResult:
         """One round at ``at_ms`` (Prometheus's ``Group.Eval``): each rule in order, its
-        samples written before the next one queries."""
+        samples written before a later rule of the group that may read them queries (the
+        others together at the end of the round: a write makes the next read flush the
+        store's buffer). ``notify``: hand the alerts to the hooks (else :meth:`notify`)."""
         ctx = _Context(query, dict(external_labels or {}), external_url)
         result = EvaluationResult(at_ms)
         started = time.perf_counter()
+        later: list[tuple[int, list[tuple[str, dict[str, str], int, float]], dict[Labels, None]]]
+        later = []
         for i, rule in enumerate(self.rules):
             rule_started = time.perf_counter()
             rule.status.last_evaluation_ms = at_ms
@@ -453,6 +464,10 @@ class RuleGroup:
             for lab in self.previous[i]:
                 if lab not in returned:  # no longer produced: marked stale, as Prometheus does
                     samples.append((_name(lab), _rest(lab), at_ms, STALE_NAN))
+            if samples and write is not None and not self.write_at_once[i]:
+                later.append((i, samples, returned))
+                rule.status.evaluation_seconds = time.perf_counter() - rule_started
+                continue
             if samples and write is not None:
                 try:
                     write(samples)
@@ -466,12 +481,41 @@ class RuleGroup:
             self.previous[i] = returned
             result.samples += samples
             rule.status.evaluation_seconds = time.perf_counter() - rule_started
+        if later and write is not None:
+            self._write_later(later, write, result)
         self.last_evaluation_ms = at_ms
         self.evaluation_seconds = result.seconds = time.perf_counter() - started
-        if result.alerts:
-            for hook in self._alert_hooks:
-                hook(self, result.alerts)
+        if notify:
+            self.notify(result.alerts)
         return result
+
+    def _write_later(
+        self,
+        later: list[tuple[int, list[tuple[str, dict[str, str], int, float]], dict[Labels, None]]],
+        write: SampleWriter,
+        result: EvaluationResult,
+    ) -> None:
+        """The round's samples no later rule reads, in one write; failed, each of their rules
+        fails as its own write would have."""
+        try:
+            write([sample for _, samples, _ in later for sample in samples])
+        except MetricVaultError as exc:
+            for i, _, _ in later:
+                rule = self.rules[i]
+                rule.status.health, rule.status.last_error = "err", exc.message
+                result.errors[rule.name] = exc.message
+                result.failures += 1
+                self.failures_total += 1
+            return
+        for i, samples, returned in later:
+            self.previous[i] = returned
+            result.samples += samples
+
+    def notify(self, alerts: list[OutgoingAlert]) -> None:
+        """Hand a round's alerts to the hooks (none: nothing to send)."""
+        if alerts:
+            for hook in self._alert_hooks:
+                hook(self, alerts)
 
     def stale_samples(self, at_ms: int) -> list[tuple[str, dict[str, str], int, float]]:
         """Stale markers for every series this group wrote last round (a group removed by a
@@ -479,6 +523,25 @@ class RuleGroup:
         return [
             (_name(lab), _rest(lab), at_ms, STALE_NAN) for prev in self.previous for lab in prev
         ]
+
+
+def _read_later(rules: Sequence[Rule]) -> list[bool]:
+    """Per rule, whether a later rule of the group may read what it writes (its metric name
+    in a later expression, label or annotation, where a template may query it): those are
+    written before the next rule runs, as Prometheus commits each rule's samples."""
+    out = []
+    for i, rule in enumerate(rules):
+        names = (rule.name,) if isinstance(rule, RecordingRule) else (
+            ALERT_METRIC, ALERT_FOR_STATE_METRIC
+        )  # fmt: skip
+        texts = [
+            text
+            for r in rules[i + 1 :]
+            for text in (r.spec.expr, *(v for _, v in r.spec.labels),
+                         *(v for _, v in r.spec.annotations))
+        ]  # fmt: skip
+        out.append(any(name in text for name in names for text in texts))
+    return out
 
 
 def _name(labels: Labels) -> str:

@@ -16,6 +16,7 @@ parsed, in Go's words (``function "foo" not defined``), as ``promtool check rule
 
 from __future__ import annotations
 
+import functools
 import html as html_lib
 import math
 import re
@@ -482,8 +483,11 @@ def parse_template(name: str, text: str) -> Template:
     return Template(name, _Parser(name, toks).parse())
 
 
+@functools.lru_cache(maxsize=8192)
 def alert_template(alert_name: str, text: str) -> Template:
-    """``text`` parsed as Prometheus parses an alert's label or annotation (its defs first)."""
+    """``text`` parsed as Prometheus parses an alert's label or annotation (its defs first).
+    Cached: every alert of every round expands the same few texts, and executing a template
+    never changes its tree."""
     return parse_template("__alert_" + alert_name, ALERT_DEFS + text)
 
 
@@ -718,6 +722,8 @@ def expand_alert_template(
     query: QueryFunc | None = None,
 ) -> str:
     """``text`` expanded for one alert, or Prometheus's ``<error expanding template: ...>``."""
+    if "{{" not in text:  # no action: text/template writes the text as it is
+        return text
     try:
         tmpl = alert_template(alert_name, text)
         data = {

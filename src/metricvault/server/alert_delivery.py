@@ -10,11 +10,12 @@ in the gateway's ``/metrics``. Grouping, silences and inhibition stay Alertmanag
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from metricvault.promql import Engine
 from metricvault.rules.alertmanager import Alert, Notifier, TargetStats
-from metricvault.rules.convergence import Converger, Topology, firing_alerts, targets_down
+from metricvault.rules.convergence import Converger, RoundCache, Topology, firing_alerts
 from metricvault.rules.group import OutgoingAlert, RuleGroup, engine_query
 from metricvault.server.api import ServerAPI
 from metricvault.server.rules_api import ALERT_SINKS, AlertHook, manager_options, rules_source
@@ -40,17 +41,24 @@ class Delivery:
         self.converger = Converger()
         options = manager_options(gateway)
         self.query = engine_query(Engine(rules_source(gateway), options.engine))
+        self.cache = RoundCache(self.query)  # the topology, once per evaluation round
+        self.lock = threading.Lock()  # groups end their rounds in threads of their own
         self._seen: dict[str, tuple[int, int]] = {}  # url -> (sent, dropped) counted so far
         self.notifier = Notifier(gateway.settings.alertmanagers, on_change=self._count)
 
     def __call__(self, group: RuleGroup, alerts: list[OutgoingAlert]) -> None:
-        self.groups[group.key] = group
-        at = group.last_evaluation_ms
-        firing = firing_alerts(self.groups.values())
-        topology = Topology.from_query(self.query, at) if firing else Topology()
-        down = targets_down(self.query, at)
-        out = self.converger.round(at, firing, alerts, topology, down)
-        self.notifier.send([Alert.from_outgoing(a) for a in out])
+        with self.lock:
+            self.groups[group.key] = group
+            at = group.last_evaluation_ms
+            firing = firing_alerts(self.groups.values())
+            # nothing firing: no incident to place, no topology to ask for
+            topology, down = (
+                self.cache.round(at, group.interval_ms)
+                if firing
+                else (Topology(), lambda node: False)
+            )
+            out = self.converger.round(at, firing, alerts, topology, down)
+            self.notifier.send([Alert.from_outgoing(a) for a in out])
 
     def _count(self, url: str, stats: TargetStats) -> None:
         metrics = self.gateway.metrics

@@ -165,6 +165,7 @@ def manager_options(gateway: Gateway) -> ManagerOptions:
         resend_delay_ms=parse_duration_ms(s.rules_resend_delay),
         external_url=s.rules_external_url.rstrip("/"),
         engine=EngineOptions.from_settings(s),
+        max_concurrent_groups=s.rules_max_concurrent_groups,
     )
 
 
@@ -206,6 +207,7 @@ class Evaluator:
         self.reload_seen = ""
         self.reload_error = ""
         self.leader = False
+        self._publish_lock = threading.Lock()
 
     def _reload_marker(self) -> str:
         try:
@@ -220,6 +222,7 @@ class Evaluator:
             hook = factory(g)
             if hook is not None:
                 manager.on_alerts(hook)
+        manager.on_round(self._round_done)
         self.reload_seen = self._reload_marker()
         try:
             manager.load(g.settings.rules_files)
@@ -230,10 +233,17 @@ class Evaluator:
         self.publish()
 
     def publish(self) -> None:
-        if self.manager is None:
+        manager = self.manager
+        if manager is None:
             return
         extra = {"leader": self.lease.holder, "reloadError": self.reload_error}
-        write_atomically(str(self.status_path), status_json(self.manager, extra))
+        with self._publish_lock:  # rounds end in the manager's threads
+            write_atomically(str(self.status_path), status_json(manager, extra))
+
+    def _round_done(self, group: RuleGroup, failures: int) -> None:
+        """After each group's round (in its thread): count its failures, publish the status."""
+        self.gateway.metrics.rule_failures.labels(group.key).inc(failures)
+        self.publish()
 
     def step(self) -> None:
         """One pass: keep or take the lease, reload if asked, run the rounds due."""
@@ -241,6 +251,8 @@ class Evaluator:
         if not held:
             if self.leader:
                 log.warning("rule evaluator lease lost; another gateway evaluates now")
+            if self.manager is not None:
+                self.manager.close(wait_running=False)
             self.leader, self.manager = False, None
             return
         if not self.leader:
@@ -257,20 +269,11 @@ class Evaluator:
                 self.reload_error = exc.message
                 log.error("rule reload refused, the old rules stay: %s", exc.message)
             self.publish()
-        before = dict(self.manager.failures_total)
         missed = self.manager.missed_total
-        done = self.manager.run_due()
-        if done:
-            self.count(before, missed)
-            self.publish()
-
-    def count(self, before: dict[str, int], missed: int) -> None:
-        assert self.manager is not None
-        m = self.gateway.metrics
-        for g in self.manager.groups:
-            failed = self.manager.failures_total.get(g.key, 0) - before.get(g.key, 0)
-            m.rule_failures.labels(g.key).inc(failed)  # 0 too: every group has its series
-        m.rule_missed.inc(self.manager.missed_total - missed)
+        # Each due group's round starts in the manager's pool, on its own schedule; each
+        # counts and publishes when it ends (_round_done).
+        self.manager.run_due(wait_done=False)
+        self.gateway.metrics.rule_missed.inc(self.manager.missed_total - missed)
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -283,6 +286,8 @@ class Evaluator:
             if self.manager is not None and (due := self.manager.next_due_ms()) is not None:
                 wait = max(0.0, min(POLL_S, (due - self.manager.now_ms()) / 1000))
             stop.wait(wait)
+        if self.manager is not None:
+            self.manager.close()  # the rounds in flight end before the lease goes
         self.lease.release()
 
 
