@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-APT_TEST_PACKAGES ?= git prometheus influxdb-client influxdb prometheus-node-exporter prometheus-alertmanager chromium chromium-driver
+APT_TEST_PACKAGES ?= git prometheus influxdb-client influxdb prometheus-node-exporter prometheus-alertmanager chromium chromium-driver postgresql
 
 .PHONY: demo test lint unit e2e bench clean system-deps
 

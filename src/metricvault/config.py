@@ -9,6 +9,7 @@ fails when a setting is missing there).
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
@@ -289,6 +290,19 @@ class Settings:
     archive_dvc_remote: str = _setting(
         "", "DVC remote that archive export --dvc pushes to (empty: the repository's default)."
     )
+    iceberg_catalog: str = _setting(
+        "",
+        "Iceberg SQL catalog that maintain publishes the tiers to, a SQLAlchemy URI: "
+        "sqlite:////path/iceberg.db or postgresql+psycopg://user:pw@host/db (empty: none).",
+    )
+    iceberg_warehouse: str = _setting(
+        "",
+        "Where the Iceberg tables' files go: a directory or s3://bucket/prefix (empty with a "
+        "SQLite catalog: a warehouse directory beside the database file).",
+    )
+    iceberg_namespace: str = _setting(
+        "metricvault", "Iceberg namespace holding the tables raw, rollup_1m and rollup_1h."
+    )
 
     def __post_init__(self) -> None:
         for name in ("retention_raw", "retention_1m", "retention_1h"):
@@ -356,6 +370,7 @@ class Settings:
                 )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("set both tls_cert and tls_key to serve HTTPS, or neither")
+        _check_iceberg(self)
 
     def retention_ms(self, tier: str) -> int | None:
         return parse_retention_ms(getattr(self, f"retention_{tier}"))
@@ -383,6 +398,35 @@ class Settings:
                 "'metricvault config'"
             )
         return cls(**{k: _coerce(k, v) for k, v in values.items()})
+
+
+def _check_iceberg(settings: Settings) -> None:
+    """Refuse Iceberg settings that cannot work, before anything is read or written."""
+    uri = settings.iceberg_catalog
+    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", settings.iceberg_namespace):
+        raise ConfigError(
+            f"setting iceberg_namespace={settings.iceberg_namespace!r} must be one identifier "
+            "(letters, digits, _; not starting with a digit), e.g. metricvault"
+        )
+    if not uri:
+        return
+    scheme = uri.split("://", 1)[0] if "://" in uri else ""
+    if not (scheme == "sqlite" or scheme.startswith("postgresql")):
+        raise ConfigError(
+            f"setting iceberg_catalog={uri.split('@')[-1]!r} is not a SQLAlchemy URI of SQLite or "
+            "PostgreSQL: write it as sqlite:////var/lib/metricvault/iceberg.db (one machine) or "
+            "postgresql+psycopg://user:password@host:5432/dbname (many)"
+        )
+    if scheme == "sqlite" and not uri.startswith("sqlite:///"):
+        raise ConfigError(
+            f"setting iceberg_catalog={uri!r} names no database file: write it as "
+            "sqlite:////absolute/path/iceberg.db or sqlite:///relative/path/iceberg.db"
+        )
+    if not settings.iceberg_warehouse and scheme != "sqlite":
+        raise ConfigError(
+            "setting iceberg_warehouse is empty: with a PostgreSQL catalog, say where the "
+            "tables' files go (a directory every reader can see, or s3://bucket/prefix)"
+        )
 
 
 def setting_names() -> list[str]:

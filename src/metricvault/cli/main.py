@@ -43,6 +43,7 @@ from metricvault.cli.common import (
 )
 from metricvault.cli.cost import cost
 from metricvault.cli.experiments import experiment_app
+from metricvault.cli.iceberg import iceberg_app
 from metricvault.cli.influx import influx_app
 from metricvault.cli.kinds import kind_app
 from metricvault.cli.light import COMMON_OPTS, HOT_OPTS, run_hot
@@ -73,6 +74,7 @@ app.add_typer(rules_app, name="rules")
 app.add_typer(baseline_app, name="baseline")
 app.add_typer(kind_app, name="kind")
 app.add_typer(anomaly_app, name="anomaly")
+app.add_typer(iceberg_app, name="iceberg")
 
 
 def _print_version(value: bool) -> None:
@@ -320,7 +322,16 @@ def _report_line(report: dict[str, Any], seconds: float) -> str:
         f"hour(s), retention dropped {sum(report['retention'].values())} partition(s), expired "
         f"{report['expired']['snapshots']} snapshot(s) and {report['expired']['files']} file(s) "
         f"in {seconds:.1f}s; {report['rollup_pending_hours']} hour(s) still pending"
+        + _iceberg_line(report.get("iceberg"))
     )
+
+
+def _iceberg_line(published: dict[str, Any] | None) -> str:
+    if published is None:  # iceberg_catalog is not set
+        return ""
+    added = sum(t["added_files"] for t in published.values())
+    removed = sum(t["removed_files"] for t in published.values())
+    return f"; Iceberg tables: {added} vault file(s) published, {removed} withdrawn"
 
 
 @app.command("import")

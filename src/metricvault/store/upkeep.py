@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from metricvault.store.iceberg import publish_configured
+from metricvault.store.iceberg import report as iceberg_report
 from metricvault.store.layout import MAINTAIN_LOCK
 
 log = logging.getLogger("metricvault.maintain")
@@ -63,6 +65,10 @@ class MaintenanceLoop:
             started = time.monotonic()
             try:
                 report = self.vault.maintain(now_ms, progress)
+                # after the round's commits, under its lock: the tables get what it made
+                published = publish_configured(self.vault)
+                if published is not None:
+                    report["iceberg"] = iceberg_report(published)
             finally:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
         if self.on_report is not None:
