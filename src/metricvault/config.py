@@ -161,6 +161,38 @@ class Settings:
         "tenant",
         "Label a credential's tenant is written to on every series (payloads cannot override it).",
     )
+    ha_cluster_label: str = _setting(
+        "cluster",
+        "HA Prometheus pairs (docs/gateway.md): the label naming the cluster a remote_write "
+        "request comes from (an external label both replicas share; kept on stored series).",
+    )
+    ha_replica_label: str = _setting(
+        "__replica__",
+        "HA Prometheus pairs: the label naming the replica (an external label of each "
+        "replica). Requests carrying it and ha_cluster_label are deduplicated: only the "
+        "elected replica's samples are stored, without this label. Empty: no deduplication.",
+    )
+    ha_failover_timeout: str = _setting(
+        "30s",
+        "HA Prometheus pairs: another replica is elected once the vault has seen no sample "
+        "of the elected one for this long (Mimir's -distributor.ha-tracker.failover-timeout).",
+    )
+    ha_update_timeout: str = _setting(
+        "15s",
+        "HA Prometheus pairs: how often the elected replica's last-seen time is written to "
+        "the vault (Mimir's -distributor.ha-tracker.update-timeout); shorter than "
+        "ha_failover_timeout.",
+    )
+    ha_cache_ttl: str = _setting(
+        "2s",
+        "HA Prometheus pairs: how long a gateway trusts its copy of an election before it "
+        "reads the vault again (a failover decided elsewhere is followed within this).",
+    )
+    ha_max_clusters: int = _setting(
+        100,
+        "HA Prometheus pairs: most clusters a tenant may have (HTTP 413 for a new one above; "
+        "Mimir's -distributor.ha-tracker.max-clusters).",
+    )
     tls_cert: str = _setting("", "PEM certificate file: serve HTTPS (with tls_key).")
     tls_key: str = _setting("", "PEM private key file for tls_cert.")
     gateway_workers: int = _setting(
@@ -322,8 +354,12 @@ class Settings:
             "rules_for_grace_period",
             "rules_resend_delay",
             "baseline_interval",
+            "ha_failover_timeout",
+            "ha_update_timeout",
+            "ha_cache_ttl",
         ):
             _check(name, parse_duration_ms, getattr(self, name))
+        _check_ha(self)
         if parse_duration_ms(self.rules_evaluation_interval) < 1:
             raise ConfigError(
                 f"setting rules_evaluation_interval={self.rules_evaluation_interval!r} must be "
@@ -343,6 +379,7 @@ class Settings:
             "gateway_max_connections",
             "query_max_samples",
             "query_max_series",
+            "ha_max_clusters",
             "rules_max_concurrent_groups",
         ):
             if getattr(self, name) < 1:
@@ -440,6 +477,23 @@ def describe() -> list[tuple[str, str, str]]:
         default = f.default if f.default is not MISSING else ""
         rows.append((f.name, repr(default), str(f.metadata["help"])))
     return rows
+
+
+def _check_ha(settings: Settings) -> None:
+    update = parse_duration_ms(settings.ha_update_timeout)
+    failover = parse_duration_ms(settings.ha_failover_timeout)
+    if update >= failover:  # else a live replica's last-seen time looks expired: flapping
+        raise ConfigError(
+            f"setting ha_update_timeout={settings.ha_update_timeout!r} must be shorter than "
+            f"ha_failover_timeout={settings.ha_failover_timeout!r}: the elected replica's "
+            "last-seen time is written that often, so a failover timeout no longer than it "
+            "would elect another replica while the elected one still sends"
+        )
+    if settings.ha_replica_label and settings.ha_replica_label == settings.ha_cluster_label:
+        raise ConfigError(
+            f"settings ha_cluster_label and ha_replica_label are both "
+            f"{settings.ha_cluster_label!r}: they must name two different labels"
+        )
 
 
 def _check(name: str, parse: Any, value: Any) -> None:

@@ -88,6 +88,22 @@ class GatewayMetrics:
             ["from_kind", "to_kind", "result"],
             registry=r,
         )
+        # HA Prometheus pairs (server/ha.py): samples of a replica that is not the elected
+        # one of its cluster, answered 202 and not stored (the elected replica's copies are)
+        self.ha_dropped: Counter = Counter(
+            "metricvault_ha_dropped_samples",
+            "Samples of a non-elected HA replica, not stored (the elected replica's are), by "
+            "cluster and replica",
+            ["cluster", "replica"],
+            registry=r,
+        )
+        self.ha_failovers: Counter = Counter(
+            "metricvault_ha_failovers",
+            "Elections of another replica of an HA cluster by this gateway (after "
+            "ha_failover_timeout without samples from the elected one)",
+            ["cluster"],
+            registry=r,
+        )
         self.duration: Histogram = Histogram(
             "metricvault_request_duration_seconds",
             "Write request latency",

@@ -8,6 +8,7 @@ one transaction (:meth:`Gateway.store_decoded`); the 204 means the samples are d
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
@@ -20,6 +21,7 @@ from metricvault.credentials import Principal
 from metricvault.ingest.protocols.influx_line import decode_line_protocol
 from metricvault.ingest.protocols.remote_write import decode_remote_write
 from metricvault.server.api import ServerAPI
+from metricvault.server.ha import HADecision, tracker_for
 
 if TYPE_CHECKING:
     from metricvault.server.app import Gateway
@@ -52,6 +54,7 @@ API = WriteAPI()
 class Writes:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
+        self.ha = tracker_for(gateway.vault, gateway.settings)
 
     async def remote_write(self, request: Request) -> Response:
         gateway = self.gateway
@@ -65,9 +68,16 @@ class Writes:
                 content_encoding=req.headers.get("content-encoding"),
                 version_header=req.headers.get("x-prometheus-remote-write-version"),
                 max_decoded_bytes=gateway.settings.max_body_bytes,
+                internal_label=self.ha.replica_label if self.ha.enabled else "",
                 **gateway.decode_limits(),
             )
+            ha = None
+            if self.ha.enabled and decoded.table.num_rows:  # HA pairs: the elected replica's
+                ha = await run_in_threadpool(self.ha.filter, decoded.table, who.tenant)
+                decoded = dataclasses.replace(decoded, table=ha.table)
             stored = await gateway.store_decoded(decoded, who, "remote_write")
+            if ha is not None:  # counted once the request is answered 2xx, never on a retry
+                self.count_ha(ha)
             headers = {}
             if decoded.version == "2.0":
                 headers = {
@@ -75,9 +85,18 @@ class Writes:
                     "X-Prometheus-Remote-Write-Histograms-Written": "0",
                     "X-Prometheus-Remote-Write-Exemplars-Written": "0",
                 }
+            if ha is not None and ha.dropped:  # accepted, not stored: Mimir's 202
+                return PlainTextResponse(ha.message(), 202, headers=headers)
             return Response(status_code=204, headers=headers)
 
         return await gateway.handle(request, "/api/v1/write", work)
+
+    def count_ha(self, ha: HADecision) -> None:
+        metrics = self.gateway.metrics
+        for (cluster, replica), samples in ha.dropped.items():
+            metrics.ha_dropped.labels(cluster, replica).inc(samples)
+        for cluster in ha.failovers:
+            metrics.ha_failovers.labels(cluster).inc()
 
     async def influx_write(self, request: Request) -> Response:
         gateway = self.gateway

@@ -4,6 +4,8 @@
     <root>/series/part-<id>-<owner>-<uuid>.parquet   the series table (id -> metric, labels, kind)
     <root>/data/<tier>/day=YYYY-MM-DD/part-<id>-<owner>-<uuid>.parquet
     <root>/experiments/<id>.json               the experiment registry (one file each)
+    <root>/ha/<tenant>/<cluster>/<generation>.json  HA Prometheus pairs' elected replica (hashed
+                                               names; server/ha.py)
     <state>/buffer.sqlite                      the durable ingest buffer (always local disk)
     <state>/buffer-worker-<pid>.sqlite         the buffer of one gateway worker process
     <state>/quarantine/                        corrupt buffer batches, kept for inspection
@@ -56,6 +58,7 @@ WORKER_BUFFER_PREFIX = "buffer-worker-"
 QUARANTINE_DIR = "quarantine"
 VAULT_LOCK = "vault.lock"
 MAINTAIN_LOCK = "maintain.lock"
+HA_DIR = "ha"
 GATEWAY_METRICS_DIR = "gateway-metrics"
 WORKERS_LOCK = "workers.lock"
 # a catalog path of any vault, old or new: what follows the root, whatever the root was

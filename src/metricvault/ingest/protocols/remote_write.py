@@ -83,6 +83,7 @@ def decode_remote_write(
     time_budget_s: float | None = None,
     max_label_cells: int = MAX_LABEL_CELLS,
     label_cache: LabelPairCache | None = None,
+    internal_label: str = "",
 ) -> DecodedWrite:
     """Decode one remote-write request body (1.0 or 2.0, snappy block compressed).
 
@@ -94,13 +95,18 @@ def decode_remote_write(
     ``label_cache``: where label bytes are remembered between requests (a
     :class:`LabelPairCache`); by default the one every decoder in the process shares. It never
     changes a result, only how fast a request repeating earlier labels decodes.
+
+    ``internal_label``: a label name the caller takes off before storing, accepted even when it
+    is reserved (``__``-prefixed): the gateway's HA replica label (``ha_replica_label``).
     """
     budget = DecodeBudget(time_budget_s)
     version = negotiate_version(content_type, version_header)
     check_encoding(content_encoding)
     raw = decompress_snappy_block(body, max_decoded_bytes)
     cache = LABEL_CACHE if label_cache is None else label_cache
-    limits = Limits(max_series, max_label_names, budget, max_label_cells, cache)
+    limits = Limits(
+        max_series, max_label_names, budget, max_label_cells, cache, internal_label=internal_label
+    )
     if version == "1.0":
         return decode_v1(raw, limits)
     return decode_v2(raw, limits)

@@ -108,10 +108,16 @@ def check_series_count(count: int, max_series: int | None) -> None:
         )
 
 
-def check_series(names: Sequence[str], values: Sequence[str | None], describe: Describe) -> None:
+def check_series(
+    names: Sequence[str],
+    values: Sequence[str | None],
+    describe: Describe,
+    internal_label: str = "",
+) -> None:
     previous = ""
     for position, name in enumerate(names):
-        problem = None if name == METRIC_NAME_LABEL else label_name_problem(name)
+        allowed = name == METRIC_NAME_LABEL or bool(internal_label and name == internal_label)
+        problem = None if allowed else label_name_problem(name)
         if problem is not None:
             raise LabelError(f"{describe()}: {problem}")
         if position and name <= previous:

@@ -97,6 +97,9 @@ class Limits:
     budget: DecodeBudget
     max_label_cells: int = MAX_LABEL_CELLS  # rows x label names of the long shape
     label_cache: LabelPairCache = LABEL_CACHE
+    # a reserved ('__'-prefixed) label name the gateway takes off before storing (the HA
+    # replica label, ``__replica__`` by default), so it is let through here
+    internal_label: str = ""
 
     def check_flat(self, flat: Flat) -> None:
         """Before the long shape is built: its cost is rows x label names."""
@@ -232,11 +235,11 @@ class Shape:
     non_finite: int
 
 
-def assemble(flat: Flat, max_label_cells: int = MAX_LABEL_CELLS) -> Shape:
+def assemble(flat: Flat, max_label_cells: int = MAX_LABEL_CELLS, internal_label: str = "") -> Shape:
     """The long-shape table, or ``_Invalid`` if any series breaks a rule."""
     n_series = len(flat.label_counts)
     series_of_label = np.repeat(np.arange(n_series), flat.label_counts)
-    metrics = _check_flat_labels(flat, series_of_label)
+    metrics = _check_flat_labels(flat, series_of_label, internal_label)
     values, timestamps = flat.sample_values, flat.sample_timestamps
     finite = np.isfinite(values)
     stale = int(np.count_nonzero(values.view(np.uint64) == STALE_NAN_BITS))
@@ -252,12 +255,15 @@ def assemble(flat: Flat, max_label_cells: int = MAX_LABEL_CELLS) -> Shape:
     return Shape(pa.table(columns), metrics, len(values), stale, non_finite)
 
 
-def _check_flat_labels(flat: Flat, series_of_label: Any) -> Any:
+def _check_flat_labels(flat: Flat, series_of_label: Any, internal_label: str = "") -> Any:
     """Check names, order and metric names for all series at once; the metric per series."""
     n_series = len(flat.label_counts)
     if not n_series:
         return pa.array([], type=pa.string())
-    if not all(map(_label_name_ok, flat.names)) or "__name__" not in flat.names:
+    if (
+        not all(_label_name_ok(name) or name == (internal_label or None) for name in flat.names)
+        or "__name__" not in flat.names
+    ):
         raise _Invalid
     ranks = np.empty(len(flat.names), dtype=np.int64)
     ranks[sorted(range(len(flat.names)), key=flat.names.__getitem__)] = np.arange(len(ranks))

@@ -45,9 +45,9 @@ def decode_v1(raw: memoryview, limits: Limits) -> DecodedWrite:
     try:
         flat = _flatten_v1(all_series, merged, limits)
         limits.check_flat(flat)
-        shape = assemble(flat, limits.max_label_cells)
+        shape = assemble(flat, limits.max_label_cells, limits.internal_label)
     except _Invalid:
-        raise _explain_v1(raw) from None
+        raise _explain_v1(raw, limits.internal_label) from None
     metadata = tuple(metadata_v1(request.metadata))
     census = (len(merged.histograms), len(merged.exemplars))
     return result(shape, "1.0", metadata, kinds_v1(metadata), *census)
@@ -73,10 +73,10 @@ def _flatten_v1(all_series: Any, merged: Any, limits: Limits) -> Flat:
     )
 
 
-def _explain_v1(raw: memoryview) -> InputError:
+def _explain_v1(raw: memoryview, internal_label: str = "") -> InputError:
     request = parse(messages.WriteRequest, raw, "1.0")  # raises if the protobuf is malformed
     for index, series in enumerate(request.timeseries):
         names = [label.name for label in series.labels]
         values = [label.value for label in series.labels]
-        check_series(names, values, partial(describe, index, names, values))
+        check_series(names, values, partial(describe, index, names, values), internal_label)
     return unexplained("1.0")

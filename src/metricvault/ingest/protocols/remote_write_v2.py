@@ -52,10 +52,10 @@ def decode_v2(raw: memoryview, limits: Limits) -> DecodedWrite:
     try:
         flat = _flatten_v2(all_series, merged, symbols)
         limits.check_flat(flat)
-        shape = assemble(flat, limits.max_label_cells)
+        shape = assemble(flat, limits.max_label_cells, limits.internal_label)
         metadata, kinds = metadata_v2(all_series, shape.metrics, symbols)
     except _Invalid:
-        raise _explain_v2(raw, symbols) from None
+        raise _explain_v2(raw, symbols, limits.internal_label) from None
     census = (len(merged.histograms), len(merged.exemplars))
     return result(shape, "2.0", metadata, kinds, *census)
 
@@ -83,7 +83,7 @@ def _flatten_v2(all_series: Any, merged: Any, symbols: list[str]) -> Flat:
     )
 
 
-def _explain_v2(raw: memoryview, symbols: list[str]) -> InputError:
+def _explain_v2(raw: memoryview, symbols: list[str], internal_label: str = "") -> InputError:
     request = parse(messages.Request, raw, "2.0")  # raises if the protobuf is malformed
     for index, series in enumerate(request.timeseries):
         refs = list(series.labels_refs)
@@ -101,7 +101,7 @@ def _explain_v2(raw: memoryview, symbols: list[str]) -> InputError:
                 )
         names = [symbols[ref] for ref in refs[0::2]]
         values = [symbols[ref] for ref in refs[1::2]]
-        check_series(names, values, partial(describe, index, names, values))
+        check_series(names, values, partial(describe, index, names, values), internal_label)
         entry = series.metadata
         if entry.help_ref >= len(symbols) or entry.unit_ref >= len(symbols):
             raise LabelError(
