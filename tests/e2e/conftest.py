@@ -360,9 +360,9 @@ def metric_sum(values: dict[str, float], name: str) -> float:
 
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[Any]:
-    """Factory: ``prometheus(remote_write_url, {job: [host:port, ...]}, self_job=None)`` starts
-    Debian's ``prometheus`` scraping every second (itself too, as job ``self_job`` if given)
-    and remote-writing to ``remote_write_url``. Skips the test when the binary is missing
+    """Factory: ``prometheus(remote_write_url, {job: [host:port, ...]}, self_job=None,
+    external_labels=None)`` starts Debian's ``prometheus`` scraping every second (itself too,
+    as job ``self_job`` if given) and remote-writing to ``remote_write_url``. Skips the test when the binary is missing
     (``make test`` installs it)."""
     binary = shutil.which("prometheus")
     if binary is None:
@@ -370,7 +370,10 @@ def prometheus(tmp_path: Path) -> Iterator[Any]:
     started: list[PrometheusServer] = []
 
     def start(
-        remote_write_url: str, jobs: dict[str, list[str]], self_job: str | None = None
+        remote_write_url: str,
+        jobs: dict[str, list[str]],
+        self_job: str | None = None,
+        external_labels: dict[str, str] | None = None,
     ) -> PrometheusServer:
         directory = tmp_path / f"prometheus{len(started)}"
         directory.mkdir()
@@ -382,6 +385,7 @@ def prometheus(tmp_path: Path) -> Iterator[Any]:
                 "scrape_interval": "1s",
                 "scrape_timeout": "1s",
                 "evaluation_interval": "1s",
+                **({"external_labels": external_labels} if external_labels else {}),
             },
             "scrape_configs": [
                 {"job_name": job, "static_configs": [{"targets": targets}]}
