@@ -76,11 +76,15 @@ def plan(start: int, end: int, width: int | None, watermark: int | None) -> list
 class BucketChoice:
     """How a range function is answered from rollups: buckets of ``res`` ms; ``shifted``:
     its windows moved to whole buckets (``range_ms`` their width then), which only happens
-    where raw samples are gone."""
+    where raw samples are gone. ``inner``: a span of whole coarse rows that lies inside every
+    window, read as rows of ``inner_res`` (sums, extremes, increases and sketches of rows
+    compose, so the answer is the one of ``res`` rows there, from far fewer rows)."""
 
     res: int
     shifted: bool
     range_ms: int
+    inner: tuple[int, int] | None = None
+    inner_res: int = 0
 
 
 MIN_SAMPLES_PER_ROW = 2.0  # below it a tier row is no smaller a read than the raw samples
@@ -104,18 +108,40 @@ def plan_buckets(
     lo, hi = hints.start_ms - range_ms, hints.end_ms
     if past_only and not (horizons.raw_start_ms and lo < horizons.raw_start_ms):
         return None  # within raw retention these read raw samples: Prometheus's answer
+    # Rows per raw sample where raw samples are still kept (before the horizon there are
+    # none to count, and a ratio over the whole window would undercount the rows' samples).
+    counted = max(lo, horizons.raw_start_ms) if horizons.raw_start_ms < hi else lo
     for tier, res in ROLLUP_TIERS:  # coarsest first
         aligned = not (hints.start_ms % res or hints.step_ms % res or range_ms % res)
         if aligned and not hints.left_open:
             if not _mostly_rolled_up(horizons.rolled_up_until_ms, lo, hi):
                 break
-            if _summarises(samples_per_row(tier, lo, hi)):
-                return BucketChoice(res, False, range_ms)
+            if _summarises(samples_per_row(tier, counted, hi)):
+                return _with_inner(hints, BucketChoice(res, False, range_ms))
     res = min(TIER_RESOLUTION_MS.values())
     if horizons.raw_start_ms and lo < horizons.raw_start_ms and range_ms >= res:
         # Each window moves to whole minutes: its end down to one, its length to the nearest.
-        return BucketChoice(res, True, max(res, round(range_ms / res) * res))
+        return _with_inner(hints, BucketChoice(res, True, max(res, round(range_ms / res) * res)))
     return None
+
+
+INNER_MIN_ROWS = 2  # coarse rows below which an inner span is not worth a second read
+
+
+def _with_inner(hints: SelectHints, choice: BucketChoice) -> BucketChoice:
+    """``choice`` with the whole coarsest-tier rows inside every window (from the last
+    window's start to the first window's end) as its inner span, where there are some."""
+    coarse = ROLLUP_TIERS[0][1]
+    if choice.res >= coarse:
+        return choice
+    first, last = hints.start_ms, hints.end_ms
+    if choice.shifted:
+        first, last = first // choice.res * choice.res, last // choice.res * choice.res
+    a = -(-(last - choice.range_ms) // coarse) * coarse
+    b = first // coarse * coarse
+    if b - a < INNER_MIN_ROWS * coarse:
+        return choice
+    return BucketChoice(choice.res, choice.shifted, choice.range_ms, (a, b), coarse)
 
 
 def _plan_selector(
@@ -284,9 +310,27 @@ class Buckets:
     counter_lookback_ms: int  # how far back a bucket's increase looked for the sample before
 
 
-def buckets(ctx: QueryContext, series_ids: list[int], start: int, end: int, width: int) -> Buckets:
-    """Buckets of ``width`` (a multiple of every tier it may use) over ``[start, end)``."""
-    if series_ids:
+def buckets(
+    ctx: QueryContext,
+    series_ids: list[int],
+    start: int,
+    end: int,
+    width: int,
+    inner: tuple[int, int] | None = None,
+    inner_width: int = 0,
+) -> Buckets:
+    """Buckets of ``width`` (a multiple of every tier it may use) over ``[start, end)``;
+    with ``inner`` (within it, whole ``inner_width`` buckets), buckets of ``inner_width``
+    there and of ``width`` before and after (BucketChoice.inner)."""
+    if series_ids and inner is not None and start <= inner[0] < inner[1] <= end:
+        parts, segments = [], []
+        for lo, hi, w in ((start, inner[0], width), (*inner, inner_width), (inner[1], end, width)):
+            if lo < hi:
+                part, used = aggregate(ctx, series_ids, lo, hi, w)
+                parts.append(part)
+                segments += used
+        table = _series_major(pa.concat_tables(parts, promote_options="default"))
+    elif series_ids:
         table, segments = aggregate(ctx, series_ids, start, end, width)
         table = _series_major(table)
     else:

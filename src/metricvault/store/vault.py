@@ -593,7 +593,13 @@ class Vault:
         return rows("raw") / tier_rows if tier_rows else None
 
     def buckets(
-        self, selector: str | Selector, start_ms: int, end_ms: int, width_ms: int
+        self,
+        selector: str | Selector,
+        start_ms: int,
+        end_ms: int,
+        width_ms: int,
+        inner: tuple[int, int] | None = None,
+        inner_width_ms: int = 0,
     ) -> q.Buckets:
         """Per-series summaries of ``width_ms`` buckets over ``[start_ms, end_ms)`` from the
         coarsest tiers that hold them exactly (raw where rollups are not done yet): what the
@@ -602,7 +608,7 @@ class Vault:
         ctx = self._context()
         sel = parse_selectors(selector) if isinstance(selector, str) else selector
         ids = ctx.index.match(sel)
-        return q.buckets(ctx, ids, start_ms, end_ms, width_ms)
+        return q.buckets(ctx, ids, start_ms, end_ms, width_ms, inner, inner_width_ms)
 
     # ------------------------------------------------------------------ the read seam
     def select(
@@ -627,7 +633,9 @@ class Vault:
         if choice is None:
             return None
         start, end = q.bucket_span(hints, choice, horizons.counter_lookback_ms)
-        found = self.buckets(Selector(tuple(matchers)), start, end, choice.res)
+        found = self.buckets(
+            Selector(tuple(matchers)), start, end, choice.res, choice.inner, choice.inner_res
+        )
         return selecting.to_selection(found, choice)
 
     def select_kept(
