@@ -10,6 +10,7 @@ samples are stored once the failover window has passed, and the series' gap is b
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -148,7 +149,7 @@ def test_ha_pair_is_stored_once_and_fails_over_when_the_elected_replica_dies(
         procs,
     )
     times = probe_times(gateways[0].url)
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     # the samples the standby sent during the failover window were dropped (their copies died
     # with the elected replica): the gap is the window, plus a scrape interval and the standby's
     # send deadline before its first request after the window arrives
