@@ -10,6 +10,14 @@ Run from the repository root::
     .venv/bin/python bench/storage.py --quick           # 2 nodes x 1 day + real data, ~2 min
     .venv/bin/python bench/storage.py                   # 13 nodes x 8 GPUs x 7 d, ~150M samples
     .venv/bin/python bench/storage.py --nodes 4 --days 2 --datasets sim --markdown results.md
+    .venv/bin/python bench/storage.py --scenario seed-6-months          # 13 nodes x 1 day
+    .venv/bin/python bench/storage.py --scenario seed-6-months --quick  # 2 nodes x 1 day
+
+``--scenario seed-6-months`` measures what the seed's vault costs (100 GPUs x 15 DCGM series at
+5 s for six months: the newest 30 days raw, all six months as 1m and 1h rows): it writes
+``--days`` simulated days (default 1, from 2026-01-01), maintains them, scales each tier's bytes
+per series and day to 1,500 series and the days that tier keeps, and sets VictoriaMetrics's
+bytes for the same samples beside the raw tier.
 
 It installs nothing. VictoriaMetrics comes from ``apt-get install -y victoria-metrics``; without
 it that peer is skipped with a message. Rich tables go to stdout, then the markdown report (or
@@ -34,6 +42,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
 
@@ -42,6 +51,7 @@ from rich.console import Console
 from bench.datasets import Summary, Workload, WorkloadUnavailable, alibaba, simulated
 from bench.peers import (
     VM_INSTALL_HINT,
+    VictoriaMetrics,
     VictoriaMetricsError,
     find_victoria_metrics,
     victoria_metrics_version,
@@ -58,7 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=13, help="simulated nodes (default 13)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
-    parser.add_argument("--days", type=float, default=7, help="simulated days (default 7)")
+    parser.add_argument(
+        "--days", type=float, default=None, help="simulated days (default 7; 1 with --scenario)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="simulator seed (default 0)")
     parser.add_argument("--quick", action="store_true", help="small size: 2 nodes x 1 day")
     parser.add_argument(
@@ -69,7 +81,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", default=None, help="where temporary stores go (default TMP)")
     parser.add_argument("--keep", action="store_true", help="keep the stores after the run")
     parser.add_argument("--markdown", metavar="FILE", help="write the markdown report here")
+    parser.add_argument(
+        "--scenario",
+        choices=[SCENARIO],
+        help=f"{SCENARIO}: bytes of the seed's 6-month vault, from --days measured days "
+        "(default 1; --quick: 2 nodes)",
+    )
     args = parser.parse_args(argv)
+    if args.days is None:
+        args.days = 1.0 if args.scenario else 7.0
     if args.quick:
         args.nodes, args.days = 2, 1
     unknown = set(args.datasets.split(",")) - set(DATASETS)
@@ -170,6 +190,8 @@ def _version(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.scenario:
+        return main_scenario(args)
     out = Console(highlight=False, width=shutil.get_terminal_size((160, 40)).columns)
     report = [environment(args)]
     root = Path(tempfile.mkdtemp(prefix="metricvault-bench-", dir=args.workdir))
@@ -201,6 +223,157 @@ def _one_dataset(key: str, args: argparse.Namespace, workdir: Path, out: Console
     run = bench_dataset(workload, args, workdir)
     print_rich(out, workload.title, run, args.runs)
     return markdown(workload.title, run, args.runs)
+
+
+# --- the seed's six-month scenario ------------------------------------------------------------
+
+SCENARIO = "seed-6-months"
+SEED_GPUS, SEED_DCGM_SERIES = 100, 15  # 100 GPUs x 15 DCGM series at 5 s
+SEED_RAW_DAYS, SEED_ROLLUP_DAYS = 30, 182  # newest 30 days raw; 26 weeks of 1m and 1h rows
+SEED_TARGET_BYTES = 3_000_000_000
+SCENARIO_TIERS = (("raw", SEED_RAW_DAYS), ("1m", SEED_ROLLUP_DAYS), ("1h", SEED_ROLLUP_DAYS))
+
+
+@dataclass
+class ScenarioRun:
+    """What one measured sample of days costs per tier, and how it scales to the scenario."""
+
+    nodes: int
+    gpus: int
+    days: float
+    first_day: str
+    series: int = 0
+    samples: int = 0
+    tier_bytes: dict[str, int] = field(default_factory=dict)
+    tier_rows: dict[str, int] = field(default_factory=dict)
+    before_bytes: dict[str, int] = field(default_factory=dict)  # format-1 writer, same rows
+    vm_data_bytes: int | None = None
+    vm_total_bytes: int | None = None
+    vm_note: str = ""
+
+    def per_series_day(self, stored: int) -> float:
+        return stored / max(self.series, 1) / self.days
+
+    def scaled(self, stored: int, days_kept: int) -> float:
+        """Bytes for the scenario: per series and day, times 100 x 15 series, times days."""
+        return self.per_series_day(stored) * SEED_GPUS * SEED_DCGM_SERIES * days_kept
+
+
+def run_scenario(args: argparse.Namespace, workdir: Path) -> ScenarioRun:
+    """Write ``--days`` simulated days into a fresh vault, maintain it (raw kept, 1m and 1h
+    rows built), measure each tier's files; the same samples into VictoriaMetrics."""
+    from metricvault import Vault
+    from metricvault.sim import ClusterSpec, generate
+    from metricvault.store import files as fmt
+    from metricvault.store.rollup import ROLLUP_COLUMNS
+
+    spec = ClusterSpec(nodes=args.nodes, gpus_per_node=args.gpus_per_node, days=args.days)
+    first_day = datetime.fromtimestamp(spec.start_ms / 1000, UTC).strftime("%Y-%m-%d")
+    run = ScenarioRun(args.nodes, args.nodes * args.gpus_per_node, args.days, first_day)
+    vault = Vault.open(str(workdir / "metricvault"))
+    try:
+        log.print(f"  metricvault: writing {run.gpus} GPUs x {args.days:g} d ...")
+        run.samples = sum(int(vault.write(chunk)) for chunk in generate(spec))
+        vault.maintain(now_ms=spec.end_ms + 3_600_000)
+        run.series = len(vault.index)
+        snap = vault.catalog_version()
+        for tier, _days in SCENARIO_TIERS:
+            files = snap.tier_files(tier)
+            run.tier_bytes[tier] = sum(f.bytes for f in files)
+            run.tier_rows[tier] = sum(f.rows for f in files)
+            if tier == "raw":
+                continue
+            rows = vault.reader.read(files, None, 0, 2**62, tier, use_cache=False)
+            rows = rows.select(list(ROLLUP_COLUMNS))
+            run.before_bytes[tier] = len(fmt.write_parquet(rows, fmt.ROLLUP_FLOATS, 1))
+    finally:
+        vault.close()
+    if args.no_vm:
+        run.vm_note = "VictoriaMetrics skipped (--no-vm)"
+        return run
+    binary = find_victoria_metrics()
+    if binary is None:
+        run.vm_note = VM_INSTALL_HINT
+        return run
+    log.print("  VictoriaMetrics: import, force_flush, force_merge ...")
+    try:
+        with VictoriaMetrics(binary, workdir) as vm:
+            for chunk in generate(spec):
+                vm.ingest(chunk)
+            vm.force_flush()
+            vm.force_merge_and_wait()
+            sizes = vm.sizes()
+        run.vm_data_bytes, run.vm_total_bytes = sizes.data_bytes, sizes.total_bytes
+    except VictoriaMetricsError as exc:
+        run.vm_note = f"VictoriaMetrics failed: {exc}"
+    return run
+
+
+def scenario_report(run: ScenarioRun, command: str) -> str:
+    """The markdown tables: per tier measured, per series-day, scaled; total vs target."""
+    load = os.getloadavg()
+    lines = [
+        f"# {SCENARIO}: 100 GPUs x 15 DCGM series at 5 s, newest {SEED_RAW_DAYS} d raw, "
+        f"{SEED_ROLLUP_DAYS} d of 1m and 1h rows\n",
+        f"- command: `{command}`",
+        f"- measured: simulated {run.nodes} nodes x {run.gpus // max(run.nodes, 1)} GPUs, "
+        f"{run.days:g} day(s) from {run.first_day} (seed 0): {run.samples:,} samples, "
+        f"{run.series:,} series; scaled per series and day to "
+        f"{SEED_GPUS} x {SEED_DCGM_SERIES} = {SEED_GPUS * SEED_DCGM_SERIES:,} series",
+        f"- load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1/5/15 min)",
+        "",
+        "| tier | rows | measured bytes | B/row | B/raw sample | before (format 1) B/row "
+        "| days kept | scenario GB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    total = 0.0
+    for tier, days_kept in SCENARIO_TIERS:
+        stored, rows = run.tier_bytes.get(tier, 0), max(run.tier_rows.get(tier, 0), 1)
+        scaled = run.scaled(stored, days_kept)
+        total += scaled
+        before = run.before_bytes.get(tier)
+        before_text = f"{before / rows:.2f}" if before is not None else "same"
+        lines.append(
+            f"| {tier} | {rows:,} | {stored:,} | {stored / rows:.2f} | "
+            f"{stored / max(run.samples, 1):.3f} | {before_text} | {days_kept} | "
+            f"{scaled / 1e9:.2f} |"
+        )
+    verdict = "PASS" if total <= SEED_TARGET_BYTES else "MISS"
+    lines.append(f"| **total** | | | | | | | **{total / 1e9:.2f}** |")
+    lines += ["", f"- total {total / 1e9:.2f} GB vs target {SEED_TARGET_BYTES / 1e9:.0f} GB: "
+              f"**{verdict}**"]  # fmt: skip
+    raw = run.tier_bytes.get("raw", 0)
+    if run.vm_data_bytes is None:
+        lines.append(f"- VictoriaMetrics: {run.vm_note}")
+    else:
+        vm_scaled = run.scaled(run.vm_data_bytes, SEED_RAW_DAYS)
+        ratio = raw / max(run.vm_data_bytes, 1)
+        target = "PASS" if ratio <= 0.9 else "MISS"
+        lines += [
+            f"- VictoriaMetrics on the same samples (force_flush + force_merge, data/): "
+            f"{run.vm_data_bytes / max(run.samples, 1):.3f} B/sample "
+            f"(with indexdb {run.vm_total_bytes or 0:,} B); {SEED_RAW_DAYS} d raw "
+            f"{vm_scaled / 1e9:.2f} GB",
+            f"- metricvault raw / VictoriaMetrics: {ratio:.3f} (target <= 0.9: **{target}**)",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main_scenario(args: argparse.Namespace) -> int:
+    root = Path(tempfile.mkdtemp(prefix="metricvault-scenario-", dir=args.workdir))
+    try:
+        run = run_scenario(args, root)
+    finally:
+        if args.keep:
+            log.print(f"stores kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    text = scenario_report(run, " ".join(["bench/storage.py", *sys.argv[1:]]))
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+        log.print(f"markdown report written to {args.markdown}")
+    sys.stdout.write(text)
+    return 0
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -160,3 +161,53 @@ def test_reader_slices_exactly_the_wanted_series(wanted: int) -> None:
     pick = np.sort(rng.choice(ids, wanted, replace=False))
     got = _slice_series(table, pick)
     assert got["ts"].to_pylist() == table["ts"].to_numpy()[np.isin(sid, pick)].tolist()
+
+
+LAYOUT = Path(__file__).resolve().parents[1] / "data" / "layout"
+
+
+def _column_encodings(data: bytes) -> dict[str, tuple[str, ...]]:
+    meta = pq.ParquetFile(io.BytesIO(data)).metadata
+    group = meta.row_group(0)
+    return {
+        group.column(i).path_in_schema: group.column(i).encodings for i in range(meta.num_columns)
+    }
+
+
+def test_a_rollup_file_of_the_first_layout_reads_as_it_did_and_rewrites_to_the_same_rows():
+    """rollup-1m-format1.parquet was written by the writer before format versions (sketch
+    lists dictionary-encoded, no version key); ``.expected`` holds the rows it was written
+    from. Today's reader decodes it to exactly those rows, and today's writer stores them
+    again, smaller, bit-exact."""
+    old = (LAYOUT / "rollup-1m-format1.parquet").read_bytes()
+    expected = pq.read_table(LAYOUT / "rollup-1m-format1.expected.parquet")
+    assert files.format_version(pq.ParquetFile(io.BytesIO(old)).metadata) == 1
+    assert "BYTE_STREAM_SPLIT" not in _column_encodings(old)["sketch_keys.list.element"]
+    back = files.read_parquet(io.BytesIO(old), files.ROLLUP_FLOATS).select(expected.column_names)
+    assert back.equals(expected.cast(back.schema))
+    new = files.write_parquet(expected, files.ROLLUP_FLOATS)
+    assert files.format_version(pq.ParquetFile(io.BytesIO(new)).metadata) == files.FORMAT_VERSION
+    again = files.read_parquet(io.BytesIO(new), files.ROLLUP_FLOATS).select(expected.column_names)
+    assert again.equals(back)
+    for column in ("m2", "sum", "first", "last"):  # bit-exact, NaN-free float columns
+        got = again[column].to_numpy(zero_copy_only=False)
+        want = back[column].to_numpy(zero_copy_only=False)
+        assert np.array_equal(got.view(np.int64), want.view(np.int64), equal_nan=False), column
+    assert len(new) < len(old)
+
+
+@pytest.mark.parametrize(
+    ("column", "encoding"),
+    [
+        ("ts", "DELTA_BINARY_PACKED"),
+        ("first_ts", "DELTA_BINARY_PACKED"),
+        ("sum_i", "BYTE_STREAM_SPLIT"),
+        ("m2_f", "BYTE_STREAM_SPLIT"),
+        ("sketch_keys.list.element", "BYTE_STREAM_SPLIT"),
+        ("sketch_counts.list.element", "BYTE_STREAM_SPLIT"),
+        ("count", "RLE_DICTIONARY"),
+    ],
+)
+def test_rollup_files_of_this_layout_use_the_recorded_encodings(column, encoding):
+    expected = pq.read_table(LAYOUT / "rollup-1m-format1.expected.parquet")
+    assert encoding in _column_encodings(files.write_parquet(expected, files.ROLLUP_FLOATS))[column]

@@ -28,6 +28,13 @@ RAW_FLOATS = ("value",)
 ZSTD_LEVEL = 15  # a little smaller than 9 at small CPU cost: bench/encoding.py
 # Raw files: 256 Ki rows per row group; rollup rows are wider and read a few series at a time.
 ROW_GROUP_ROWS = {False: 256 * 1024, True: 64 * 1024}
+# The layout version this writer records in each data file's key-value metadata. 1: files
+# written before the key existed (dictionary-encoded sketch lists); 2: sketch lists
+# byte-stream-split (docs/decisions/0006). Every version reads through :func:`decode`: the
+# physical columns are the same, only their page encodings differ, which Parquet describes.
+FORMAT_KEY = b"metricvault.format"
+FORMAT_VERSION = 2
+_LIST_ELEMENTS = ("sketch_keys", "sketch_counts")
 
 
 def _row_scales(values: np.ndarray) -> np.ndarray:
@@ -182,28 +189,46 @@ def decode(table: pa.Table, float_columns: Sequence[str]) -> pa.Table:
 def _column_encodings(physical: pa.Schema, rollup: bool) -> dict[str, str]:
     """Raw values change little from sample to sample, so their deltas are small; a rollup's
     min/max/sum/last jump more between minutes, and byte-stream-split then zstd stores them
-    smaller than deltas (bench/encoding.py; docs/decisions/0002)."""
+    smaller than deltas (bench/encoding.py; docs/decisions/0002). The sketch lists' int32
+    codes and counts are smaller byte-stream-split than dictionary-encoded, whose dictionary
+    is rebuilt for every row group (docs/decisions/0006)."""
     enc = {}
     for f in physical:
         if f.name in ("ts", "first_ts", "last_ts") or (f.name.endswith("_i") and not rollup):
             enc[f.name] = "DELTA_BINARY_PACKED"
         elif f.name.endswith(("_f", "_i", "_j")):
             enc[f.name] = "BYTE_STREAM_SPLIT"
+        elif f.name in _LIST_ELEMENTS:
+            enc[f"{f.name}.list.element"] = "BYTE_STREAM_SPLIT"
     return enc
 
 
-def write_parquet(table: pa.Table, float_columns: Sequence[str]) -> bytes:
-    """Encode and serialise a table sorted by ``(series_id, ts)``; returns the file bytes."""
+def format_version(metadata: pq.FileMetaData) -> int:
+    """The layout version a data file was written with (1 for files from before versions)."""
+    stored = (metadata.metadata or {}).get(FORMAT_KEY)
+    return int(stored) if stored is not None else 1
+
+
+def write_parquet(
+    table: pa.Table, float_columns: Sequence[str], format_version: int = FORMAT_VERSION
+) -> bytes:
+    """Encode and serialise a table sorted by ``(series_id, ts)``; returns the file bytes.
+    ``format_version`` 1 writes the layout from before versions (benchmarks' "before")."""
     physical = encode(table, float_columns)
     rollup = "count" in table.column_names
     encodings = _column_encodings(physical.schema, rollup)
+    if format_version == 1:
+        encodings = {c: e for c, e in encodings.items() if "." not in c}
+    else:
+        physical = physical.replace_schema_metadata({FORMAT_KEY: str(format_version).encode()})
+    encoded = {name.split(".", 1)[0] for name in encodings}
     sink = io.BytesIO()
     pq.write_table(
         physical,
         sink,
         compression="zstd",
         compression_level=ZSTD_LEVEL,
-        use_dictionary=[c for c in physical.column_names if c not in encodings],
+        use_dictionary=[c for c in physical.column_names if c not in encoded],
         column_encoding=encodings,
         row_group_size=ROW_GROUP_ROWS[rollup],
         write_statistics=["series_id", "ts"],
