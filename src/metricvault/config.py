@@ -112,6 +112,12 @@ class Settings:
         "replaced (readers of older snapshots keep their files); a crashed write's file this "
         "long after it was written.",
     )
+    maintain_claim_ttl: str = _setting(
+        "5m",
+        "How long a maintainer's claim on a day of work (compaction, rollups, retention) lasts: "
+        "other maintainers of the vault skip that day meanwhile, and take it over once a "
+        "dead maintainer's claim has expired.",
+    )
     maintain_interval: str = _setting(
         "60s", "Pause between rounds of 'metricvault maintain --loop'."
     )
@@ -343,6 +349,7 @@ class Settings:
             "flush_interval",
             "counter_lookback",
             "orphan_grace",
+            "maintain_claim_ttl",
             "maintain_interval",
             "gateway_keep_alive",
             "gateway_header_timeout",

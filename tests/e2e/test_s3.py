@@ -154,7 +154,7 @@ def parquet_keys(server: S3Server, bucket: str) -> set[str]:
 
 
 def catalog_keys(server: S3Server, bucket: str) -> list[str]:
-    return sorted(k for k in bucket_keys(server, bucket) if k.startswith(f"{PREFIX}/catalog/"))
+    return sorted(k for k in bucket_keys(server, bucket) if k.startswith(f"{PREFIX}/catalog/v"))
 
 
 def referenced_keys(vault: Vault, bucket: str) -> set[str]:
@@ -668,7 +668,9 @@ def test_maintenance_whose_inputs_another_writer_replaced_is_refused_and_nothing
         host_samples("w", T0, T0 + 12 * HOUR),
         host_samples("w", T0 + 12 * HOUR, T0 + DAY),
     )
-    with open_vault(s3_server, s3_bucket, tmp_path / "a") as a:
+    # a's claim on the day lapses at once: a stands for a maintainer slower than its lease,
+    # so b takes the day over; the catalog, not the claim, must refuse a's late commit
+    with open_vault(s3_server, s3_bucket, tmp_path / "a", maintain_claim_ttl="1ms") as a:
         for part in (morning, evening):
             a.write(to_arrow(part))
             a.flush()

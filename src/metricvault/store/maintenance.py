@@ -2,14 +2,18 @@
 
 Every step is idempotent and commits atomically, so ``metricvault maintain`` may be killed at
 any moment and simply run again. Each step holds the vault's writer lock for one partition at a
-time: flushes wait a little, writes (which only append to the durable buffer) never do.
+time: flushes wait a little, writes (which only append to the durable buffer) never do. Across
+state directories (maintainers on other machines), each day's work is claimed first through
+the vault (store/claims.py), so two maintainers never do the same day at once.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +28,7 @@ from metricvault.selector import parse_selector
 from metricvault.store import files as fmt
 from metricvault.store import rollup
 from metricvault.store.catalog import Change, DataFile
+from metricvault.store.claims import Claims
 from metricvault.store.layout import DATA_DIR, SERIES_DIR, written_by
 from metricvault.store.reader import float_columns
 
@@ -44,6 +49,7 @@ def maintain(
     vault: Vault, now: int | None = None, progress: ProgressCallback | None = None
 ) -> dict[str, Any]:
     now = now_ms() if now is None else now
+    skipped = _claims(vault).skipped
     report: dict[str, Any] = {"flushed_samples": vault.flush() + vault.flush_other_buffers()}
     report["compacted_partitions"] = compact(vault, now, progress)
     report["rolled_up_hours"] = roll_up(vault, progress)
@@ -51,7 +57,28 @@ def maintain(
     report["expired"] = expire(vault, now)
     lag = vault.snapshot().dirty_hours
     report["rollup_pending_hours"] = len(lag)
+    report["claimed_elsewhere"] = _claims(vault).skipped - skipped
     return report
+
+
+# One claimant per open vault (so its own claims stay its own across rounds), gone with it.
+_CLAIMANTS: weakref.WeakKeyDictionary[Vault, Claims] = weakref.WeakKeyDictionary()
+
+
+def _claims(vault: Vault) -> Claims:
+    claims = _CLAIMANTS.get(vault)
+    if claims is None:
+        ttl = parse_duration_ms(vault.settings.maintain_claim_ttl)
+        claims = _CLAIMANTS[vault] = Claims(vault.location, ttl)
+    return claims
+
+
+@contextmanager
+def _claimed(vault: Vault, key: str) -> Iterator[bool]:
+    """Whether this maintainer has ``key``'s work (another maintainer of the vault may hold
+    it: then the work is skipped this round). See store/claims.py."""
+    with _claims(vault).hold(key) as lease:
+        yield lease is not None
 
 
 def _track(progress: ProgressCallback | None, items: list[Any], step: str) -> Iterable[Any]:
@@ -78,7 +105,9 @@ def compact(vault: Vault, now: int, progress: ProgressCallback | None = None) ->
     todo = [k for k, v in groups.items() if len(_compactable(vault, v, k[1], now)) >= 2]
     done = 0
     for tier, day in _track(progress, sorted(todo), "compacting"):
-        with vault.writer_lock():
+        with _claimed(vault, f"day/{day}") as mine, vault.writer_lock():
+            if not mine:
+                continue
             snap = vault.snapshot()
             files = [f for f in snap.files if f.tier == tier and f.day == day]
             chosen = _compactable(vault, files, day, now)
@@ -144,7 +173,10 @@ def roll_up(vault: Vault, progress: ProgressCallback | None = None) -> int:
         by_day[h * HOUR_MS // DAY_MS].append(h)
     total = 0
     for day_no in _track(progress, sorted(by_day), "rolling up"):
-        with vault.writer_lock():
+        day = str(np.datetime64(day_no, "D"))
+        with _claimed(vault, f"day/{day}") as mine, vault.writer_lock():
+            if not mine:
+                continue
             snap = vault.snapshot()
             hours = [h for h in snap.dirty_hours if h * HOUR_MS // DAY_MS == day_no]
             final = [h for h in hours if h * HOUR_MS < vault.min_writable_ms()]
@@ -243,8 +275,9 @@ def apply_retention(
         due = [d for d in days if _day_end(d) <= now - shortest]
         count = 0
         for day in _track(progress, due, f"retention {tier}"):
-            with vault.writer_lock():
-                count += _expire_day(vault, tier, day, now, default, rules)
+            with _claimed(vault, f"day/{day}") as mine, vault.writer_lock():
+                if mine:
+                    count += _expire_day(vault, tier, day, now, default, rules)
         dropped[tier] = count
     return dropped
 
@@ -336,7 +369,9 @@ def expire(vault: Vault, now: int) -> dict[str, int]:
     """
     grace = parse_duration_ms(vault.settings.orphan_grace)
     keep = vault.settings.keep_snapshots
-    with vault.writer_lock():
+    with _claimed(vault, "expire") as mine, vault.writer_lock():
+        if not mine:
+            return {"snapshots": 0, "files": 0, "unproven": 0}
         kept, removed = vault.catalog.expire(keep)
         current = vault.snapshot()
         in_use = set().union(*(s.paths() for s in [current, *kept]))

@@ -1,0 +1,144 @@
+"""Claims: which maintainer does which piece of work, agreed through the vault itself.
+
+Any number of maintainers (``maintain --loop``, gateways with ``gateway_maintain``), each with its
+own state directory, may run against one vault. Before compacting, rolling up or expiring a
+day, a maintainer claims it: a lease object ``claims/<key>/g<generation>.json`` naming the
+claimant and an expiry, created with the same create-if-absent write the catalog commits with
+(``link(2)`` locally, ``If-None-Match: *`` on S3). The newest generation is the claim. Taking an
+expired or released claim over is creating the next generation, so of two maintainers that
+both saw it free exactly one succeeds; a maintainer killed mid-round holds its days until
+its claim expires (``maintain_claim_ttl``), then the next maintainer redoes that work.
+
+A lease is a promise about work, not a lock on the catalog: a maintainer slower than its lease
+may still commit, and then the catalog's own compare-and-swap refuses a commit whose input
+files another maintainer already replaced (CommitConflictError), so no file is ever merged
+twice. Claims only make that refusal rare, and spare the work it would waste.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+from metricvault.errors import NotFoundError, StorageError
+from metricvault.store.layout import Location
+
+log = logging.getLogger("metricvault.maintain")
+
+CLAIMS_DIR = "claims"
+_GEN_RE = re.compile(r"/g(\d{12})\.json$")
+
+
+@dataclass(frozen=True)
+class Lease:
+    key: str
+    generation: int
+    owner: str
+    expires_ms: int
+    released: bool = False
+
+    def held_at(self, now_ms: int) -> bool:
+        return not self.released and now_ms < self.expires_ms
+
+
+def claimant_id() -> str:
+    """Who claims: host, process and a random part (two maintainers in one process differ)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Claims:
+    """Leases on keys (``"day/2026-01-01"``, ``"expire"``) in one vault, for one claimant."""
+
+    def __init__(self, location: Location, ttl_ms: int, owner: str | None = None) -> None:
+        if ttl_ms <= 0:
+            raise ValueError(f"a claim must last longer than 0 ms, not {ttl_ms}")
+        self.loc = location
+        self.ttl_ms = ttl_ms
+        self.owner = owner or claimant_id()
+        self.taken = 0  # claims this claimant won
+        self.skipped = 0  # claims another claimant held
+
+    def _dir(self, key: str) -> str:
+        if not re.fullmatch(r"\w[\w.=-]*(/\w[\w.=-]*)*", key, re.ASCII):
+            raise ValueError(f"claim key {key!r} is not a plain path (letters, digits, _.=-)")
+        return f"{CLAIMS_DIR}/{key}"
+
+    def _path(self, key: str, generation: int) -> str:
+        return self.loc.path(self._dir(key), f"g{generation:012d}.json")
+
+    def _generations(self, key: str) -> list[int]:
+        found = []
+        for info in self.loc.list_files(self._dir(key)):
+            m = _GEN_RE.search(info.path)
+            if m:
+                found.append(int(m.group(1)))
+        return sorted(found)
+
+    def current(self, key: str) -> Lease | bool | None:
+        """The newest lease on ``key``; None when there never was one; False when it cannot
+        be read just now (deleted under us, or damaged): then nobody should take it."""
+        gens = self._generations(key)
+        if not gens:
+            return None
+        try:
+            body = json.loads(self.loc.read_bytes(self._path(key, gens[-1])))
+            return Lease(**body)
+        except NotFoundError:
+            return False  # superseded and cleaned up while we listed: someone is active
+        except (ValueError, TypeError) as exc:
+            # A torn lease cannot exist (writes are atomic); a damaged one is taken over
+            # by the next generation, as an expired one would be.
+            log.warning("claim %s generation %d is unreadable (%s)", key, gens[-1], exc)
+            return Lease(key, gens[-1], "", 0, released=True)
+
+    def acquire(self, key: str, now_ms: int | None = None) -> Lease | None:
+        """A lease on ``key`` for ``ttl_ms``, or None when another claimant holds it or won
+        the race for it (skip the work: it is being done)."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        cur = self.current(key)
+        if cur is False or (
+            isinstance(cur, Lease) and cur.held_at(now) and cur.owner != self.owner
+        ):
+            self.skipped += 1
+            return None
+        generation = (cur.generation if isinstance(cur, Lease) else 0) + 1
+        lease = Lease(key, generation, self.owner, now + self.ttl_ms)
+        if not self._write(lease):
+            self.skipped += 1
+            return None
+        self.taken += 1
+        for old in self._generations(key):  # only the newest generation matters
+            if old < generation:
+                self.loc.delete(self._path(key, old))
+        return lease
+
+    def release(self, lease: Lease) -> None:
+        """Give ``lease`` up: the next claimant need not wait for its expiry. Best effort: a
+        claimant that took it over meanwhile (it had expired) keeps its own."""
+        try:
+            self._write(Lease(lease.key, lease.generation + 1, self.owner, 0, released=True))
+        except StorageError as exc:
+            log.warning("claim %s not released (%s): it expires by itself", lease.key, exc)
+
+    def _write(self, lease: Lease) -> bool:
+        data = json.dumps(asdict(lease), separators=(",", ":")).encode()
+        return self.loc.write_bytes_exclusive(self._path(lease.key, lease.generation), data)
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[Lease | None]:
+        """``with claims.hold(key) as lease:`` -- lease is None when the work is someone
+        else's; released on leaving the block (an exception included)."""
+        lease = self.acquire(key)
+        try:
+            yield lease
+        finally:
+            if lease is not None:
+                self.release(lease)

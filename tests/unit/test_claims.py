@@ -1,0 +1,73 @@
+"""Maintenance claims through the vault: one claimant per piece of work at a time, a dead
+claimant's claim expires, a released one is free at once, and a race has one winner.
+
+Two ``Claims`` on one local vault stand for maintainers with their own state directories (on
+S3 the same create-if-absent is a conditional PUT; tests/e2e/test_multi_writer.py runs it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from metricvault.config import Settings
+from metricvault.store.claims import Claims
+from metricvault.store.layout import Location, open_location
+
+TTL = 60_000
+NOW = 1_767_225_600_000
+
+
+@pytest.fixture
+def loc(tmp_path: Path) -> Location:
+    return open_location(str(tmp_path / "vault"), Settings())
+
+
+@pytest.mark.parametrize(
+    ("first_does", "later_ms", "second_gets_it"),
+    [
+        ("holds", 0, False),  # held and fresh: skip the work
+        ("holds", TTL - 1, False),  # still fresh a moment before expiry
+        ("holds", TTL, True),  # expired: a dead maintainer's day is taken over
+        ("releases", 0, True),  # released: free at once
+    ],
+)
+def test_a_claim_is_the_first_claimants_until_it_expires_or_is_released(
+    loc: Location, first_does: str, later_ms: int, second_gets_it: bool
+) -> None:
+    a, b = Claims(loc, TTL), Claims(loc, TTL)
+    lease = a.acquire("day/2026-01-01", now_ms=NOW)
+    assert lease is not None and lease.owner == a.owner
+    if first_does == "releases":
+        a.release(lease)
+    got = b.acquire("day/2026-01-01", now_ms=NOW + later_ms)
+    assert (got is not None) == second_gets_it
+    assert a.acquire("day/2026-01-02", now_ms=NOW) is not None, "other days stay free"
+
+
+def test_of_two_claimants_that_both_saw_a_claim_free_exactly_one_wins(
+    loc: Location, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = Claims(loc, TTL), Claims(loc, TTL)
+    real = b.current
+    monkeypatch.setattr(b, "current", lambda key: (real(key), a.acquire(key, now_ms=NOW))[0])
+    assert b.acquire("expire", now_ms=NOW) is None  # a won between b's read and b's write
+    lease = a.current("expire")
+    assert not isinstance(lease, bool) and lease is not None and lease.owner == a.owner
+    assert b.skipped == 1
+
+
+def test_old_generations_are_removed_and_only_the_newest_counts(loc: Location) -> None:
+    a = Claims(loc, TTL)
+    for n in range(4):
+        lease = a.acquire("day/2026-01-01", now_ms=NOW + n * TTL)
+        assert lease is not None
+        a.release(lease)
+    names = sorted(p.name for p in Path(loc.path("claims", "day", "2026-01-01")).iterdir())
+    assert len(names) <= 2, names
+
+
+def test_a_claim_key_that_is_not_a_plain_path_is_refused(loc: Location) -> None:
+    with pytest.raises(ValueError, match="not a plain path"):
+        Claims(loc, TTL).acquire("../escape")
