@@ -638,6 +638,9 @@ def run_workload(
         source = memory_source(memory)
         memory.clear()
         if vm is not None:
+            # idle through the maintenance (minutes on a loaded machine): VictoriaMetrics
+            # has closed that keep-alive connection
+            vm._reset_connection()
             vm.force_flush()
             merged = vm.force_merge_and_wait()
             print(f"VictoriaMetrics {vm_version()}: {vm.series_count()} series, "

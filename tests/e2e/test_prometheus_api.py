@@ -96,6 +96,34 @@ def test_query_api_answers_as_prometheus_does(oracle: Oracle, served: Any) -> No
     )
 
 
+def test_a_dashboard_refresh_answered_partly_from_the_result_cache_agrees(
+    oracle: Oracle,  # noqa: F811
+    served: Any,
+) -> None:
+    """A range query, then the same query over the range moved two steps forward (a Grafana
+    refresh): the second answer joins cached steps and newly evaluated ones, and must be
+    Prometheus's answer for the moved range."""
+    disagreements, compared = [], 0
+    for expr, path, params, (start, stop, step) in _cases(oracle.t0)[1::7]:
+        if path != "query_range" or any(name in expr for name in NOT_IN_VAULT):
+            continue
+        post_form(served.url, "/api/v1/query_range", list(params.items()))  # fills the cache
+        moved = {**params, "start": f"{(start + 2 * step) / 1000:.3f}",
+                 "end": f"{(stop + 2 * step) / 1000:.3f}"}  # fmt: skip
+        expected = _prometheus(oracle.url, path, moved)
+        status, reply = post_form(served.url, "/api/v1/query_range", list(moved.items()))
+        got = normal_reply(reply)
+        compared += 1
+        want_status = 200 if expected[0] != "error" else {"bad_data": 400}.get(expected[1][0], 422)
+        if status != want_status or not _agree(expected, got, False):
+            disagreements.append(f"{expr!r} {moved}: {status}\n  prometheus {expected}"
+                                 f"\n  gateway    {str(got)[:400]}")  # fmt: skip
+    assert compared >= 60
+    assert not disagreements, f"{len(disagreements)} of {compared}:\n" + "\n".join(
+        disagreements[:20]
+    )
+
+
 def test_rfc3339_times_and_get_requests(oracle: Oracle, served: Any) -> None:  # noqa: F811
     end = oracle.t0 + 30 * 60_000
     rfc = datetime.fromtimestamp(end / 1000, UTC).isoformat().replace("+00:00", "Z")
