@@ -15,8 +15,9 @@ import json
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -80,7 +81,7 @@ def ha_counters(url: str) -> dict[str, float]:
     return {k: v for k, v in parse_exposition(body.decode()).items() if "_ha_" in k}
 
 
-def wait_until(what: str, check, procs) -> None:  # type: ignore[no-untyped-def]
+def wait_until(what: str, check: Callable[[], bool], procs: list[Any]) -> None:
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         for proc in procs:

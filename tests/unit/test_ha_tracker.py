@@ -7,6 +7,7 @@ directory, written with the store's conditional write."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pyarrow as pa
@@ -33,7 +34,7 @@ def tracker(tmp_path: Path, clock: Clocks, settings: Settings = SETTINGS) -> HAT
     return HATracker(location, settings, clock=clock.monotonic)
 
 
-def table(*rows: dict[str, str | None]) -> pa.Table:
+def table(*rows: Mapping[str, str | None]) -> pa.Table:
     """A decoded request in the long shape, one sample per row (label columns by name)."""
     names = sorted({k for row in rows for k in row})
     columns: dict[str, pa.Array] = {
@@ -291,3 +292,32 @@ def test_without_deduplication_the_replica_label_is_refused_as_reserved(
     client, _ = make_client(ha_replica_label="")
     r = client.post("/api/v1/write", content=_body("r1", 1_767_225_600_000), headers=RW1)
     assert r.status_code == 400 and "reserved" in r.text
+
+
+@pytest.mark.parametrize(("internal_label", "accepted"), [("__replica__", True), ("", False)])
+def test_the_decoder_lets_only_the_replica_label_through_of_the_reserved_names(
+    reserved_names_encodable, internal_label, accepted
+):
+    from metricvault.errors import LabelError as Refused
+    from metricvault.ingest.protocols.remote_write import DecodedWrite, decode_remote_write
+
+    def decode(body: bytes) -> object:
+        return decode_remote_write(
+            body,
+            content_type=RW1["Content-Type"],
+            content_encoding="snappy",
+            version_header="0.1.0",
+            internal_label=internal_label,
+        )
+
+    body = _body("r1", 1_767_225_600_000)
+    if accepted:
+        decoded = decode(body)
+        assert isinstance(decoded, DecodedWrite)
+        assert decoded.table.column("__replica__").to_pylist() == ["r1"]
+    else:
+        with pytest.raises(Refused, match="reserved"):
+            decode(body)
+    other = encode_write_request([("up", {"__other__": "x"}, 1_767_225_600_000, 1.0)])
+    with pytest.raises(Refused, match="reserved"):  # any other reserved name stays refused
+        decode(other)
