@@ -316,6 +316,23 @@ def test_the_remote_write_snippet_points_at_the_gateway_with_its_token() -> None
     }
 
 
+def test_the_prometheus_pair_carries_the_labels_the_gateway_deduplicates_by() -> None:
+    """kube-prometheus-stack runs ``replicas`` Prometheus pods; the operator sets each one's
+    pod name as external label ``replicaExternalLabelName`` (default ``prometheus_replica``):
+    it must be the gateway's ha_replica_label, and externalLabels must hold ha_cluster_label."""
+    spec = yaml.safe_load((DEPLOY / HELM_VALUES).read_text())["prometheus"]["prometheusSpec"]
+    defaults = Settings()
+    assert spec["replicas"] >= 2
+    assert spec["replicaExternalLabelName"] == defaults.ha_replica_label
+    assert spec["externalLabels"][defaults.ha_cluster_label]
+    assert defaults.ha_replica_label not in spec["externalLabels"]  # the operator sets it
+    # each field is one of the Prometheus CRD's PrometheusSpec (a structural check)
+    assert set(spec) <= {"replicas", "replicaExternalLabelName", "externalLabels", "remoteWrite"}
+    gateway_env = {env["name"] for c in containers() for env in c.get("env", []) if "name" in env}
+    for name in ("ha_replica_label", "ha_cluster_label"):  # the defaults are what is deployed
+        assert f"METRICVAULT_{name.upper()}" not in gateway_env
+
+
 def test_network_policies_let_the_agents_and_prometheus_in() -> None:
     gateway = one("NetworkPolicy", "metricvault-gateway")["spec"]
     agent_labels = one("DaemonSet", "metricvault-agent")["spec"]["template"]["metadata"]["labels"]
