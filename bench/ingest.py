@@ -44,6 +44,7 @@ import http.client
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import struct
@@ -109,6 +110,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", default=None, help="where temporary files go (default TMP)")
     parser.add_argument("--keep", action="store_true", help="keep the vault and logs afterwards")
     parser.add_argument("--markdown", metavar="FILE", help="write the markdown report here")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="sample each gateway (and its workers) with py-spy during the load (raw stacks to "
+        "DIR) and print the top functions by own and by total time (pip install py-spy)",
+    )
     parser.add_argument("--load", metavar="PAYLOADS", help=argparse.SUPPRESS)  # internal
     args = parser.parse_args(argv)
     if args.quick:
@@ -778,12 +785,75 @@ class SystemRun:
     check: str = ""  # the correctness check, in words
     check_ok: bool | None = None
     note: str = ""
+    profile: list[str] = field(default_factory=list)  # --profile: the top functions, in words
 
     @property
     def server_cores(self) -> float:
         if self.load is None or self.load.elapsed_s <= 0:
             return float("nan")
         return self.server_cpu_s / self.load.elapsed_s
+
+
+PROFILE_TOP = 15
+
+
+def _start_profiler(directory: str | None, pid: int, name: str) -> tuple[Any, Path] | None:
+    """py-spy sampling ``pid`` and its subprocesses (the workers) until it exits."""
+    if not directory:
+        return None
+    binary = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(binary).exists():
+        raise SystemExit("--profile needs py-spy: .venv/bin/pip install py-spy")
+    out = Path(directory).resolve() / f"{name}.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = [binary, "record", "-p", str(pid), "--subprocesses", "--function", "--nonblocking"]
+    command += ["--format", "raw", "--rate", "100", "-o", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the load starts
+    return process, out
+
+
+def _finish_profiler(spy: tuple[Any, Path]) -> list[str]:
+    process, out = spy
+    try:
+        process.wait(timeout=60)  # it writes its file when the gateway has exited
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=30)
+    return summarize_profile(out)
+
+
+def summarize_profile(path: Path, top: int = PROFILE_TOP) -> list[str]:
+    """The top functions of py-spy's raw stacks, by own time and by total (inclusive) time,
+    as a share of all samples of the gateway's busy threads (idle ones are not sampled)."""
+    own: dict[str, int] = {}
+    total: dict[str, int] = {}
+    samples = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [
+            re.sub(r"^(\S+) \((?:.*/)?([^/]+)(:\d+)?\)$", r"\1 (\2)", f) for f in stack.split(";")
+        ]
+        frames = [f for f in frames if not f.startswith("process ")]
+        if not frames:
+            continue
+        samples += count
+        own[frames[-1]] = own.get(frames[-1], 0) + count
+        for frame in set(frames):
+            total[frame] = total.get(frame, 0) + count
+    if not samples:
+        return [f"profile {path}: no samples"]
+    lines = [f"profile {path.name}: {samples:,} samples (100 Hz, busy threads)"]
+    for title, table in (("own", own), ("total", total)):
+        ranked = sorted(table.items(), key=lambda kv: -kv[1])[:top]
+        lines.append(
+            f"top {top} by {title} time: "
+            + "; ".join(f"{name} {count / samples:.1%}" for name, count in ranked)
+        )
+    return lines
 
 
 def gateway_label(workers: int, otlp: bool = False) -> str:
@@ -806,6 +876,7 @@ def bench_gateway(
             f"  gateway ready on port {gateway.port} (pid {gateway.process.pid}, "
             f"descendants {gateway.worker_pids()})"
         )
+        spy = _start_profiler(args.profile, gateway.process.pid, workdir.name)
         cpu_before = cpu_seconds(gateway.process.pid)
         if otlp:
             url = gateway.url.replace("/api/v1/write", "/v1/metrics")
@@ -818,6 +889,8 @@ def bench_gateway(
     finally:
         stop_s = gateway.stop()
     log(f"  gateway stopped by SIGTERM in {stop_s:.1f} s (drain + flush)")
+    if spy is not None:
+        run.profile = _finish_profiler(spy)
     with Vault.open(str(data_dir), create=False) as vault:
         vault.flush()
         stored = int(vault.stats()["tiers"]["raw"]["rows"])
@@ -963,6 +1036,7 @@ def verdict_lines(runs: list[SystemRun]) -> list[str]:
             lines.append(f"Check {run.name}: {run.check}: {state}")
         if run.note:
             lines.append(f"Note {run.name}: {run.note}")
+        lines += [f"Profile {run.name}: {line}" for line in run.profile]
     return lines
 
 

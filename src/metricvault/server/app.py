@@ -39,7 +39,7 @@ from metricvault.config import Settings
 from metricvault.credentials import Principal, authenticate
 from metricvault.durations import parse_duration_ms
 from metricvault.errors import MetricVaultError, RetryLater, TooLargeError
-from metricvault.ingest.protocols.remote_write import DecodedWrite
+from metricvault.ingest.protocols.remote_write import DecodedWrite, ResolvedSamples
 from metricvault.open import open as open_store
 from metricvault.protocols import ServingStore
 from metricvault.redact import redact_logs
@@ -49,6 +49,7 @@ from metricvault.server.connections import quiet_accept_errors
 from metricvault.server.limits import NewSeriesLimiter
 from metricvault.server.metrics import GatewayMetrics
 from metricvault.store.layout import worker_buffer_name
+from metricvault.store.vault import Vault
 
 log = logging.getLogger("metricvault.gateway")
 
@@ -108,6 +109,11 @@ class Gateway:
                 self.metrics.kind_changes.labels(change.old, change.new, "refused").inc()
         if decoded.histograms:
             self.metrics.dropped.labels("histogram").inc(decoded.histograms)
+        resolved = decoded.prepared()
+        if resolved is not None and not who.tenant and isinstance(self.vault, Vault):
+            # series the decoder already knew: no table to build, no series to find again
+            stored = await run_in_threadpool(self._store_resolved, resolved, who, protocol)
+            return stored
         stored = 0
         if decoded.table.num_rows:
             stored = await run_in_threadpool(
@@ -115,6 +121,18 @@ class Gateway:
             )
             if stored < decoded.table.num_rows:  # InfluxDB holds no NaN, ±Inf or markers
                 self.metrics.dropped.labels("non_finite").inc(decoded.table.num_rows - stored)
+        return stored
+
+    def _store_resolved(self, resolved: ResolvedSamples, who: Principal, protocol: str) -> int:
+        assert isinstance(self.vault, Vault)
+        stored = self.vault.write_resolved(
+            resolved.series_ids,
+            resolved.timestamps,
+            resolved.values,
+            resolved.series,
+            admit_new_series=lambda n: self.limiter.admit(who.tenant, n),
+        )
+        self.metrics.stored.labels(protocol).inc(stored)
         return stored
 
     async def handle(

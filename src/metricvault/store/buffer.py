@@ -1,10 +1,16 @@
 """The durable ingest buffer: SQLite in WAL mode with ``synchronous=FULL``.
 
 ``append`` returns only after the batch (and any series it introduces) is committed and
-fsynced, so an acknowledged write survives ``kill -9`` and power loss. Each buffer has a
-random id; the catalog records, per buffer id, the highest sequence number already turned into
-Parquet files. A flush that crashed before its catalog commit is simply redone, and one that
-crashed after it finds its batches at or below the watermark and deletes them: exactly once.
+fsynced, so an acknowledged write survives ``kill -9`` and power loss. Appends from concurrent
+threads share commits (group commit, as the WALs of Prometheus and VictoriaMetrics do): while
+one transaction is being fsynced the next appends queue up, and the first of them commits all
+queued batches in one transaction with one fsync; each caller returns only after the commit
+that holds its batch, and a failed commit fails every batch in it (none is stored).
+
+Each buffer has a random id; the catalog records, per buffer id, the highest sequence number
+already turned into Parquet files. A flush that crashed before its catalog commit is simply
+redone, and one that crashed after it finds its batches at or below the watermark and deletes
+them: exactly once.
 """
 
 from __future__ import annotations
@@ -50,6 +56,18 @@ CREATE TABLE IF NOT EXISTS series (
 _SHRINK_FREE_PAGES = 2048  # 8 MiB of 4 KiB pages
 
 
+@dataclass
+class _Queued:
+    """One append waiting for the group commit that will hold it."""
+
+    samples: int
+    payload: bytes
+    series: list[tuple[int, str, str, str]]
+    seq: int = 0
+    error: BaseException | None = None
+    done: bool = False
+
+
 @dataclass(frozen=True)
 class Pending:
     """What a flush takes out of the buffer: samples and new series up to ``max_seq``."""
@@ -66,6 +84,10 @@ class IngestBuffer:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._queue: list[_Queued] = []  # appends waiting for the next group commit
+        self._queue_changed = threading.Condition(threading.Lock())
+        self._committing = False  # a thread is committing a group (and others queue)
+        self.commits = 0  # transactions (fsyncs) appends took: appends / commits = group size
         self._conn: sqlite3.Connection | None = None
         self._id = ""
         self.read_only = False  # opened for reading only: nothing could be written there
@@ -133,26 +155,56 @@ class IngestBuffer:
         return str(row[0])
 
     def append(self, samples: pa.Table, new_series: Iterable[tuple[int, str, str, str]]) -> int:
-        """Durably store one batch; returns its sequence number."""
-        payload = _to_ipc(samples)
+        """Durably store one batch; returns its sequence number once it is fsynced."""
+        mine = _Queued(samples.num_rows, _to_ipc(samples), list(new_series))
+        with self._queue_changed:
+            self._queue.append(mine)
+            while not mine.done:
+                if self._committing:
+                    self._queue_changed.wait()
+                    continue
+                group, self._queue, self._committing = self._queue, [], True
+                self._queue_changed.release()
+                try:
+                    self._commit_group(group)
+                finally:
+                    self._queue_changed.acquire()
+                    self._committing = False
+                    self._queue_changed.notify_all()
+        if mine.error is not None:
+            raise mine.error
+        return mine.seq
+
+    def _commit_group(self, group: list[_Queued]) -> None:
+        """One transaction (one fsync) for every batch of ``group``; all stored or none."""
+        error: BaseException | None = None
         with self._lock:
-            self._writable()
             try:
+                self._writable()
                 self._db.execute("BEGIN IMMEDIATE")
-                cur = self._db.execute(
-                    "INSERT INTO batches (samples, payload) VALUES (?, ?)",
-                    (samples.num_rows, payload),
-                )
-                seq = int(cur.lastrowid or 0)
-                self._db.executemany(
-                    "INSERT OR IGNORE INTO series VALUES (?, ?, ?, ?, ?)",
-                    [(sid, seq, metric, labels, kind) for sid, metric, labels, kind in new_series],
-                )
+                for queued in group:
+                    cur = self._db.execute(
+                        "INSERT INTO batches (samples, payload) VALUES (?, ?)",
+                        (queued.samples, queued.payload),
+                    )
+                    queued.seq = int(cur.lastrowid or 0)
+                    self._db.executemany(
+                        "INSERT OR IGNORE INTO series VALUES (?, ?, ?, ?, ?)",
+                        [
+                            (sid, queued.seq, m, labels, kind)
+                            for sid, m, labels, kind in queued.series
+                        ],
+                    )
                 self._db.execute("COMMIT")
+                self.commits += 1
             except sqlite3.Error as exc:
                 self._rollback()
-                raise self._storage_error(exc, "cannot append to ingest buffer") from exc
-        return seq
+                error = self._storage_error(exc, "cannot append to ingest buffer")
+            except BaseException as exc:  # the callers waiting on this commit must not hang
+                self._rollback()
+                error = exc
+        for queued in group:
+            queued.error, queued.done = error, True
 
     def _rollback(self) -> None:
         """Undo a failed append. On a full disk SQLite may already have rolled back by itself

@@ -50,7 +50,7 @@ from metricvault.store import query as q
 from metricvault.store.buffer import IngestBuffer
 from metricvault.store.catalog import Catalog, Change, DataFile, SeriesFile, Snapshot
 from metricvault.store.layout import Location, open_location
-from metricvault.store.normalize import normalize
+from metricvault.store.normalize import from_resolved, normalize
 from metricvault.store.reader import FileCache, Reader, read_error
 from metricvault.store.reading import SeriesArrays, check_horizon, run_query, select_series
 from metricvault.store.series_index import SeriesIndex, series_spans
@@ -208,7 +208,24 @@ class Vault:
         _refuse_unwritable(data)
         if kinds:  # for the series this write creates; a known kind stands (model.py)
             kinds = admissible_write_kinds(kinds, self._known_kinds(kinds))
-        batch = normalize(data, kinds)
+        return self._write_batch(normalize(data, kinds), admit_new_series)
+
+    def write_resolved(
+        self,
+        series_ids: Any,
+        timestamps: Any,
+        values: Any,
+        series: list[tuple[int, str, str, str]],
+        *,
+        admit_new_series: Callable[[int], None] | None = None,
+    ) -> int:
+        """Store samples whose series a decoder already resolved (the gateway's fast path for
+        series it has seen): per row its series id, and the distinct series as (series_id,
+        metric, labels_json, kind). The same checks and durability as :meth:`write`."""
+        batch = from_resolved(series_ids, timestamps, values, series)
+        return self._write_batch(batch, admit_new_series)
+
+    def _write_batch(self, batch: Any, admit_new_series: Callable[[int], None] | None) -> int:
         if batch.samples.num_rows == 0:
             return 0
         self._check_horizon(batch.samples)
@@ -217,8 +234,10 @@ class Vault:
         if new and admit_new_series is not None:
             admit_new_series(len(new))
         self.index.check_known(batch.series)  # SeriesCollisionError if an id means another series
+        # Outside the write lock: concurrent appends share one commit and fsync (group
+        # commit in the buffer); a series two of them introduce is stored once either way.
+        self.buffer.append(batch.samples, new)
         with self._write_lock:
-            self.buffer.append(batch.samples, new)
             for sid, metric, labels, kind in new:
                 self.index.add(sid, metric, labels, kind)
             self._pending_samples += batch.samples.num_rows

@@ -38,6 +38,8 @@ module is the entry point. The encoder it mirrors is ``metricvault.wire.remote_w
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from metricvault.ingest.protocols.decode_limits import DecodeBudget
 from metricvault.ingest.protocols.remote_write_columns import (
     LABEL_CACHE,
@@ -45,6 +47,7 @@ from metricvault.ingest.protocols.remote_write_columns import (
     DecodedWrite,
     LabelPairCache,
     Limits,
+    ResolvedSamples,
 )
 from metricvault.ingest.protocols.remote_write_framing import (
     check_encoding,
@@ -65,6 +68,7 @@ __all__ = [
     "DecodedWrite",
     "LabelPairCache",
     "MetricMetadata",
+    "ResolvedSamples",
     "decode_remote_write",
     "decompress_snappy_block",
     "negotiate_version",
@@ -94,7 +98,9 @@ def decode_remote_write(
 
     ``label_cache``: where label bytes are remembered between requests (a
     :class:`LabelPairCache`); by default the one every decoder in the process shares. It never
-    changes a result, only how fast a request repeating earlier labels decodes.
+    changes a result, only how fast a request repeating earlier labels decodes. Given one,
+    the series cache of ``remote_write_known`` (series seen before, found by their label
+    bytes) is not used: every label is resolved through ``label_cache``.
 
     ``internal_label``: a label name the caller takes off before storing, accepted even when it
     is reserved (``__``-prefixed): the gateway's HA replica label (``ha_replica_label``).
@@ -107,6 +113,10 @@ def decode_remote_write(
     limits = Limits(
         max_series, max_label_names, budget, max_label_cells, cache, internal_label=internal_label
     )
+    if label_cache is not None or internal_label:
+        # a label cache of the caller's own asks for the label-by-label path (tests start it
+        # cold); a series with the internal label is not one the series cache may learn
+        limits = replace(limits, known_series=False)
     if version == "1.0":
         return decode_v1(raw, limits)
     return decode_v2(raw, limits)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,19 @@ BUDGET_EVERY = 4096  # labels parsed between two looks at the decode time budget
 
 
 @dataclass(frozen=True)
+class ResolvedSamples:
+    """What the store would work out again from the table: each row's series id, and the
+    request's distinct series as (series_id, metric, labels_json, kind), the kind from the
+    name alone. ``build_table`` makes the long shape itself, only when someone asks for it."""
+
+    series_ids: Any  # int64 per row
+    timestamps: Any  # int64 per row
+    values: Any  # float64 per row
+    series: list[tuple[int, str, str, str]]
+    build_table: Callable[[], pa.Table]
+
+
+@dataclass(frozen=True)
 class DecodedWrite:
     """One decoded remote-write request.
 
@@ -88,6 +102,39 @@ class DecodedWrite:
     stale_markers: int  # of ``samples``: staleness markers (stored as markers)
     non_finite: int  # of ``samples``: other NaN/±Inf values (stored as values)
     series: int = 0  # time series in the request (also those whose samples were all dropped)
+    resolved: ResolvedSamples | None = None  # only on a KnownDecodedWrite
+
+    def prepared(self) -> ResolvedSamples | None:
+        """The resolved samples, if ``table`` is still the one they describe (not replaced,
+        e.g. by a filter); None otherwise, and the table must be normalized again."""
+        return None
+
+
+class _TableOnDemand:
+    """``KnownDecodedWrite.table``: the table given, or else built from the resolved samples
+    on first use (the store does not need it, so most requests never build it)."""
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        table = obj.__dict__.get("table")
+        if table is None:
+            table = obj.__dict__["table"] = obj.resolved.build_table()
+        return table
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__["table"] = value
+        obj.__dict__["_given"] = value is not None
+
+
+class KnownDecodedWrite(DecodedWrite):
+    """A request decoded through the series cache (``remote_write_known``); built with
+    ``table=None``. ``dataclasses.replace`` gives it a table, and then ``prepared`` is None."""
+
+    table = _TableOnDemand()
+
+    def prepared(self) -> ResolvedSamples | None:
+        return None if self.__dict__.get("_given") else self.resolved
 
 
 @dataclass(frozen=True)
@@ -100,6 +147,7 @@ class Limits:
     # a reserved ('__'-prefixed) label name the gateway takes off before storing (the HA
     # replica label, ``__replica__`` by default), so it is let through here
     internal_label: str = ""
+    known_series: bool = True  # try the series cache first (remote_write_known)
 
     def check_flat(self, flat: Flat) -> None:
         """Before the long shape is built: its cost is rows x label names."""

@@ -26,12 +26,16 @@ from metricvault.ingest.protocols.remote_write_columns import (
     label_pairs,
     result,
 )
+from metricvault.ingest.protocols.remote_write_known import decode_v1_known
 from metricvault.ingest.protocols.remote_write_metadata import kinds_v1, metadata_v1
 from metricvault.wire.proto import messages
 from metricvault.wire.remote_write import CONTENT_TYPE_V2, PROTO_V1
 
 
 def decode_v1(raw: memoryview, limits: Limits) -> DecodedWrite:
+    known = decode_v1_known(raw, limits) if limits.known_series else None
+    if known is not None:  # most requests: every series was seen before
+        return known
     request = parse(messages.WriteRequestFast, raw, "1.0")
     merged = parse(messages.WriteRequestMerged, raw, "1.0").timeseries
     limits.budget.check(f"parsing {len(raw):,} bytes of protobuf")

@@ -15,6 +15,8 @@ protobuf and lets C do work that Python would otherwise do per label:
   one message: the labels (or 2.0 label references), samples, histograms and exemplars of the
   whole request, each as one flat list, with no Python loop over series. Histograms and
   exemplars are parsed (so checked) and only counted.
+- ``WriteRequestSeries``: each series as its raw bytes (the fast decoder in
+  ``ingest/protocols/remote_write_known.py`` reads the labels' bytes as a key).
 - ``*Bytes``: every ``string`` is ``bytes``, which never fails on invalid UTF-8; used only after
   a failed parse, to name the series whose label is not UTF-8.
 
@@ -48,10 +50,12 @@ __all__ = [
     "RequestFast",
     "RequestMerged",
     "Sample",
+    "TimeSeries",
     "WriteRequest",
     "WriteRequestBytes",
     "WriteRequestFast",
     "WriteRequestMerged",
+    "WriteRequestSeries",
     "file_descriptor",
 ]
 
@@ -285,6 +289,16 @@ WriteRequestFast: Any = _message_class(
     "WriteRequest",
     fields={"TimeSeries": ("repeated bytes labels = 1", "repeated bytes samples = 2")},
 )
+# the request's series as raw bytes each (the labels of a series are the start of its bytes)
+WriteRequestSeries: Any = _message_class(
+    V1_PACKAGE,
+    V1_SCHEMA,
+    "WriteRequest",
+    fields={
+        "WriteRequest": ("repeated bytes timeseries = 1", "repeated MetricMetadata metadata = 3")
+    },
+)
+TimeSeries: Any = _message_class(V1_PACKAGE, V1_SCHEMA, "TimeSeries")
 WriteRequestMerged: Any = _message_class(
     V1_PACKAGE,
     V1_SCHEMA,

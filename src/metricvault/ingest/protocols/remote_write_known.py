@@ -1,0 +1,280 @@
+"""Remote-write 1.0's fast path for series seen before: one dict lookup per series.
+
+A gateway receives the same series in every request (Prometheus sends each scrape's samples,
+time-major, so a request of 2,000 samples holds ~1,000 series with one or two samples each):
+decoding each label of each series again, then joining them into a key per row to find the
+series, was most of the ingest time. Here the request is parsed (in C) into one ``bytes`` per
+series; a series' labels are the first fields of those bytes, found for all series at once
+with numpy, and those label bytes are the key of a process-wide cache that maps them to the
+series (id, metric, labels, kind), validated and hashed once, the first time they are seen.
+The samples after the labels are located and decoded with numpy too.
+
+The result is the same :class:`DecodedWrite` as the general path's (the same table, row for
+row) plus :class:`ResolvedSamples`, which lets the store skip finding the series again.
+Anything unusual returns ``None`` and the general path decides, with its errors: a label seen
+for the first time that breaks a rule, metadata, exemplars or histograms, fields out of the
+usual order, more than :data:`MAX_SAMPLES_PER_SERIES` samples in a series (few series: the
+general path is quick for those), varints longer than usual.
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import partial
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from metricvault.errors import MetricVaultError, TooLargeError
+from metricvault.ingest.protocols.decode_limits import check_label_names
+from metricvault.ingest.protocols.remote_write_checks import (
+    check_series,
+    check_series_count,
+    show,
+)
+from metricvault.ingest.protocols.remote_write_checks import describe as describe_series
+from metricvault.ingest.protocols.remote_write_columns import (
+    DecodedWrite,
+    KnownDecodedWrite,
+    Limits,
+    ResolvedSamples,
+    _decode_canonical_samples,
+)
+from metricvault.model import KINDS, STALE_NAN_BITS, Series, kind_from_name
+from metricvault.wire.proto import messages
+
+MAX_SAMPLES_PER_SERIES = 64  # numpy steps over the samples: one per sample of a series
+MAX_LABELS_PER_SERIES = 256
+SERIES_CACHE_MAX = 1 << 18  # ~1 KB each: emptied when full (a bigger cluster only decodes slower)
+_LABEL_TAG = 0x0A  # TimeSeries.labels: field 1, length-delimited
+_SAMPLE_TAG = 0x12  # TimeSeries.samples: field 2, length-delimited
+
+
+class KnownSeries:
+    """What one series' label bytes mean: (series_id, metric, labels_json, kind, labels)."""
+
+    __slots__ = ("kind", "labels", "labels_json", "metric", "names", "row", "series_id")
+
+    def __init__(self, series: Series, kind: str, names: frozenset[str]) -> None:
+        self.series_id = series.series_id
+        self.metric = series.metric
+        self.labels_json = series.labels_json
+        self.kind = kind
+        self.labels = dict(series.labels)
+        self.names = names  # shared by all series with these label names
+        self.row = (self.series_id, self.metric, self.labels_json, self.kind)
+
+
+class SeriesKeyCache:
+    """Label bytes -> :class:`KnownSeries`, shared by the decoders of a process (lock-guarded).
+    It only holds facts about bytes, so it never changes a result, only the speed."""
+
+    def __init__(self, max_series: int = SERIES_CACHE_MAX) -> None:
+        self.max_series = max_series
+        self.known: dict[bytes, KnownSeries] = {}
+        self.name_sets: dict[frozenset[str], frozenset[str]] = {}
+        self.lock = threading.Lock()
+
+    def learn(self, key: bytes) -> KnownSeries | None:
+        """Parse, check and hash a series' labels; None if they break any rule."""
+        try:
+            parsed = messages.TimeSeries.FromString(key)
+        except messages.DecodeError:
+            return None
+        names = [label.name for label in parsed.labels]
+        values = [label.value or None for label in parsed.labels]
+        try:
+            check_series(names, values, partial(describe_series, 0, names, values))
+            metric = str(values[names.index("__name__")])
+            labels = {n: v for n, v in zip(names, values, strict=True) if v and n != "__name__"}
+            kind = kind_from_name(metric)
+            if kind not in KINDS:
+                return None
+            series = Series.make(metric, labels)
+        except (MetricVaultError, ValueError):
+            return None
+        with self.lock:
+            if len(self.known) >= self.max_series:
+                self.known.clear()
+                self.name_sets.clear()
+            names_here = frozenset(labels)
+            entry = KnownSeries(series, kind, self.name_sets.setdefault(names_here, names_here))
+            self.known[key] = entry
+        return entry
+
+
+SERIES_KEYS = SeriesKeyCache()
+_SERIES_ID = attrgetter("series_id")
+
+
+def decode_v1_known(
+    raw: memoryview, limits: Limits, cache: SeriesKeyCache = SERIES_KEYS
+) -> DecodedWrite | None:
+    """The request decoded through the series cache, or None for the general path."""
+    request = messages.WriteRequestSeries()
+    try:
+        request.ParseFromString(raw)
+    except messages.DecodeError:
+        return None
+    if request.metadata or not len(request.timeseries):
+        return None
+    series_bytes = list(request.timeseries)
+    count = len(series_bytes)
+    check_series_count(count, limits.max_series)
+    joined = b"".join(series_bytes)
+    buffer = np.frombuffer(joined + bytes(24), dtype=np.uint8)
+    lengths = np.fromiter(map(len, series_bytes), dtype=np.int64, count=count)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    label_ends = _skip_labels(buffer, starts, ends)
+    if label_ends is None:
+        return None
+    located = _locate_samples(buffer, label_ends, ends)
+    if located is None:
+        return None
+    sample_starts, sample_lengths, sample_counts = located
+    decoded = _decode_canonical_samples(buffer, sample_starts, sample_lengths)
+    if decoded is None:
+        return None
+    values, timestamps = decoded
+    limits.budget.check(f"parsing {len(raw):,} bytes of protobuf")
+    entries = _known(cache, joined, starts.tolist(), label_ends.tolist())
+    if entries is None:
+        return None
+    return _result(entries, sample_counts, values, timestamps, limits)
+
+
+def _skip_labels(buffer: Any, starts: Any, ends: Any) -> Any:
+    """Where each series' labels end (its first field that is not a label), or None."""
+    pos = starts.copy()
+    last = len(buffer) - 4
+    active = (pos < ends) & (buffer[np.minimum(pos, last)] == _LABEL_TAG)
+    for _ in range(MAX_LABELS_PER_SERIES):
+        at = np.flatnonzero(active)
+        if not at.size:
+            break
+        here = pos[at]
+        first = buffer[here + 1].astype(np.int64)
+        second = buffer[here + 2].astype(np.int64)
+        short = first < 0x80
+        if not (short | (second < 0x80)).all():
+            return None  # a label over 16 KB: the general path
+        size = np.where(short, first, (first & 0x7F) | (second << 7))
+        pos[at] = here + np.where(short, 2, 3) + size
+        active[at] = (pos[at] < ends[at]) & (buffer[np.minimum(pos[at], last)] == _LABEL_TAG)
+    else:
+        return None
+    if (pos > ends).any():
+        return None
+    return pos
+
+
+def _locate_samples(buffer: Any, begins: Any, ends: Any) -> tuple[Any, Any, Any] | None:
+    """(start, length) of every Sample message, series after series, and the count per series,
+    if everything after each series' labels is samples; else None."""
+    pos = begins.copy()
+    count = np.zeros(len(pos), dtype=np.int64)
+    found_series, found_starts, found_lengths, found_steps = [], [], [], []
+    active = np.flatnonzero(pos < ends)
+    step = 0
+    while active.size:
+        if step == MAX_SAMPLES_PER_SERIES:
+            return None
+        here = pos[active]
+        size = buffer[here + 1].astype(np.int64)
+        if (buffer[here] != _SAMPLE_TAG).any() or (size >= 0x80).any():
+            return None  # another field (exemplar, histogram, a late label) or a long sample
+        found_series.append(active)
+        found_starts.append(here + 2)
+        found_lengths.append(size)
+        found_steps.append(np.full(active.size, step, dtype=np.int64))
+        pos[active] = here + 2 + size
+        count[active] += 1
+        active = active[pos[active] < ends[active]]
+        step += 1
+    if (pos != ends).any():
+        return None
+    if not count.all():
+        return None  # a series without samples: the general path leaves its labels out
+    total = int(count.sum())
+    series = np.concatenate(found_series)
+    at = (np.cumsum(count) - count)[series] + np.concatenate(found_steps)  # series-major order
+    sample_starts = np.empty(total, dtype=np.int64)
+    sample_lengths = np.empty(total, dtype=np.int64)
+    sample_starts[at] = np.concatenate(found_starts)
+    sample_lengths[at] = np.concatenate(found_lengths)
+    return sample_starts, sample_lengths, count
+
+
+def _known(
+    cache: SeriesKeyCache, joined: bytes, starts: list[int], label_ends: list[int]
+) -> list[KnownSeries] | None:
+    keys = [joined[start:end] for start, end in zip(starts, label_ends, strict=True)]
+    known = cache.known
+    with cache.lock:
+        entries = [known.get(key) for key in keys]
+    if None in entries:
+        for i, entry in enumerate(entries):
+            if entry is None:
+                entry = entries[i] = cache.learn(keys[i])
+                if entry is None:
+                    return None  # the general path names the rule it breaks
+    return entries  # type: ignore[return-value]  # no None is left
+
+
+def _result(
+    entries: list[KnownSeries], counts: Any, values: Any, timestamps: Any, limits: Limits
+) -> DecodedWrite:
+    distinct = list(dict.fromkeys(entries))  # by identity: one entry per label bytes
+    names: set[str] = set().union(*{entry.names for entry in distinct})
+    shown = ", ".join(map(show, sorted(names)[:3]))
+    check_label_names(len(names), limits.max_label_names, shown)
+    rows = np.repeat(np.arange(len(entries)), counts)
+    series_ids = np.fromiter(map(_SERIES_ID, entries), np.int64, len(entries))[rows]
+    _check_cells(len(entries), len(rows), len(names) + 1, limits.max_label_cells)
+    stale = int(np.count_nonzero(values.view(np.uint64) == STALE_NAN_BITS))
+    non_finite = len(values) - int(np.count_nonzero(np.isfinite(values))) - stale
+    series = [entry.row for entry in distinct]
+    build = partial(_table, entries, rows, names, timestamps, values)
+    return KnownDecodedWrite(
+        table=None,
+        kinds={},
+        metadata=(),
+        version="1.0",
+        samples=len(values),
+        histograms=0,
+        exemplars=0,
+        stale_markers=stale,
+        non_finite=non_finite,
+        series=len(entries),
+        resolved=ResolvedSamples(series_ids, timestamps, values, series, build),
+    )
+
+
+def _check_cells(series: int, rows: int, names: int, max_label_cells: int) -> None:
+    """The general path's bound on the long shape (rows x label names), the same 413."""
+    if names * max(rows, series) > max_label_cells:
+        raise TooLargeError(
+            f"the request's {series:,} series use {names:,} distinct label names: a table of "
+            f"{rows:,} rows would need {names * rows:,} label cells, over the limit of "
+            f"{max_label_cells:,}; send fewer series per request"
+        )
+
+
+def _table(
+    entries: list[KnownSeries], rows: Any, names: set[str], timestamps: Any, values: Any
+) -> pa.Table:
+    """The long shape, as the general path builds it: metric, timestamp, value, then one
+    string column per label name (sorted), null where a row's series lacks the label."""
+    take = pa.array(rows)
+    columns: dict[str, Any] = {
+        "metric": pa.array([e.metric for e in entries], pa.string()).take(take),
+        "timestamp": pa.array(timestamps, type=pa.int64()),
+        "value": pa.array(values, type=pa.float64()),
+    }
+    for name in sorted(names):
+        per_series = pa.array([e.labels.get(name) for e in entries], pa.string())
+        columns[name] = per_series.take(take)
+    return pa.table(columns)
