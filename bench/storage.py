@@ -249,7 +249,7 @@ class ScenarioRun:
     before_bytes: dict[str, int] = field(default_factory=dict)  # format-1 writer, same rows
     vm_data_bytes: int | None = None
     vm_total_bytes: int | None = None
-    vm_note: str = ""
+    vm_note: str = "not measured"
 
     def per_series_day(self, stored: int) -> float:
         return stored / max(self.series, 1) / self.days
@@ -262,15 +262,15 @@ class ScenarioRun:
 def run_scenario(args: argparse.Namespace, workdir: Path) -> ScenarioRun:
     """Write ``--days`` simulated days into a fresh vault, maintain it (raw kept, 1m and 1h
     rows built), measure each tier's files; the same samples into VictoriaMetrics."""
-    from metricvault import Vault
     from metricvault.sim import ClusterSpec, generate
     from metricvault.store import files as fmt
     from metricvault.store.rollup import ROLLUP_COLUMNS
+    from metricvault.store.vault import Vault
 
     spec = ClusterSpec(nodes=args.nodes, gpus_per_node=args.gpus_per_node, days=args.days)
     first_day = datetime.fromtimestamp(spec.start_ms / 1000, UTC).strftime("%Y-%m-%d")
     run = ScenarioRun(args.nodes, args.nodes * args.gpus_per_node, args.days, first_day)
-    vault = Vault.open(str(workdir / "metricvault"))
+    vault = Vault.open_local(str(workdir / "metricvault"))
     try:
         log.print(f"  metricvault: writing {run.gpus} GPUs x {args.days:g} d ...")
         run.samples = sum(int(vault.write(chunk)) for chunk in generate(spec))
