@@ -321,3 +321,28 @@ def test_the_decoder_lets_only_the_replica_label_through_of_the_reserved_names(
     other = encode_write_request([("up", {"__other__": "x"}, 1_767_225_600_000, 1.0)])
     with pytest.raises(Refused, match="reserved"):  # any other reserved name stays refused
         decode(other)
+
+
+def test_the_documented_ha_pair_config_is_valid_and_carries_the_default_labels(tmp_path):
+    """docs/gateway.md shows each replica's external labels; promtool must accept them, and
+    they must be the labels the gateway deduplicates by."""
+    import shutil
+    import subprocess
+
+    import yaml
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "gateway.md"
+    section = docs.read_text().split("## HA Prometheus pairs", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    labels = yaml.safe_load(block)["global"]["external_labels"]
+    defaults = Settings()
+    assert set(labels) == {defaults.ha_cluster_label, defaults.ha_replica_label}
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed: apt-get install prometheus")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(block)
+    checked = subprocess.run(
+        [promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=30
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
