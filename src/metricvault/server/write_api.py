@@ -72,9 +72,13 @@ class Writes:
                 **gateway.decode_limits(),
             )
             ha = None
-            if self.ha.enabled and decoded.table.num_rows:  # HA pairs: the elected replica's
+            # HA pairs: keep the elected replica's samples. A request decoded through the
+            # series cache (prepared) has no series with the replica label (the decoder sends
+            # those down the full path), and its table is never built.
+            if self.ha.enabled and decoded.prepared() is None and decoded.table.num_rows:
                 ha = await run_in_threadpool(self.ha.filter, decoded.table, who.tenant)
-                decoded = dataclasses.replace(decoded, table=ha.table)
+                if ha.table is not decoded.table:
+                    decoded = dataclasses.replace(decoded, table=ha.table)
             stored = await gateway.store_decoded(decoded, who, "remote_write")
             if ha is not None:  # counted once the request is answered 2xx, never on a retry
                 self.count_ha(ha)

@@ -38,6 +38,7 @@ module is the entry point. The encoder it mirrors is ``metricvault.wire.remote_w
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from metricvault.ingest.protocols.decode_limits import DecodeBudget
@@ -109,6 +110,9 @@ def decode_remote_write(
     version = negotiate_version(content_type, version_header)
     check_encoding(content_encoding)
     raw = decompress_snappy_block(body, max_decoded_bytes)
+    if internal_label and re.search(re.escape(internal_label.encode()), raw) is None:
+        # no series carries it (label names are plain bytes in the body): decode as usual
+        internal_label = ""
     cache = LABEL_CACHE if label_cache is None else label_cache
     limits = Limits(
         max_series, max_label_names, budget, max_label_cells, cache, internal_label=internal_label
