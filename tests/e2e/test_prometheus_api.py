@@ -104,8 +104,9 @@ def test_a_dashboard_refresh_answered_partly_from_the_result_cache_agrees(
     refresh): the second answer joins cached steps and newly evaluated ones, and must be
     Prometheus's answer for the moved range."""
     disagreements, compared = [], 0
-    for expr, path, params, (start, stop, step) in _cases(oracle.t0)[1::7]:
-        if path != "query_range" or any(name in expr for name in NOT_IN_VAULT):
+    ranges = [case for case in _cases(oracle.t0) if case[1] == "query_range"]
+    for expr, path, params, (start, stop, step) in ranges[1::5]:
+        if any(name in expr for name in NOT_IN_VAULT):
             continue
         post_form(served.url, "/api/v1/query_range", list(params.items()))  # fills the cache
         moved = {**params, "start": f"{(start + 2 * step) / 1000:.3f}",
