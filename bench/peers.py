@@ -213,12 +213,20 @@ class VictoriaMetrics:
     def _request(
         self, method: str, path: str, body: bytes | None = None, timeout_s: float = 600.0
     ) -> tuple[int, bytes]:
+        fresh = self._conn is None
         if self._conn is None:
             self._conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
         try:
             self._conn.request(method, path, body=body)
             response = self._conn.getresponse()
             return response.status, response.read()
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # VictoriaMetrics closes a keep-alive connection left idle (a loaded machine
+            # between two imports): once more on a new one
+            self._reset_connection()
+            if fresh:
+                raise
+            return self._request(method, path, body, timeout_s)
         except (OSError, http.client.HTTPException):
             self._reset_connection()
             raise
