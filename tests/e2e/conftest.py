@@ -439,3 +439,13 @@ def prometheus(tmp_path: Path) -> Iterator[Any]:
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A throwaway PostgreSQL cluster on 127.0.0.1 (tests/e2e/postgres_fixture.py): ``.uri``
+    is the SQLAlchemy URI of an empty database ``iceberg``."""
+    from tests.e2e.postgres_fixture import running_postgres
+
+    with running_postgres(tmp_path_factory.mktemp("postgres")) as server:
+        yield server

@@ -9,7 +9,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -19,39 +18,22 @@ from metricvault.errors import ConfigError, InputError
 from metricvault.store import iceberg
 from metricvault.store.upkeep import MaintenanceLoop
 from metricvault.store.vault import Vault
+from tests.iceberg_data import (
+    DAY,
+    ENERGY,
+    HOUR,
+    T0,
+    UTIL,
+    VIEWS,
+    assert_same_rows,
+    gpu_labels,
+    samples,
+    table_frame,
+)
 
 pytest.importorskip("pyiceberg")
 
-HOUR = 3_600_000
-DAY = 24 * HOUR
-T0 = 1_774_958_400_000  # 2026-03-31T12:00Z: the data crosses a day (and a quarter) boundary
 NOW = T0 + 3 * DAY
-UTIL, ENERGY = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
-VIEWS = {"raw": "raw", "1m": "rollup_1m", "1h": "rollup_1h"}
-
-
-def gpu_labels(node: int, gpu: int) -> dict[str, str]:
-    return {
-        "Hostname": f"node{node}",
-        "gpu": str(gpu),
-        "UUID": f"GPU-{node}-{gpu}",
-        "modelName": "NVIDIA H100 80GB HBM3",
-        "team": "vision" if node == 0 else "nlp",
-        "pod": f"train-{node}",
-    }
-
-
-def samples(
-    start: int, hours: int, step: int = 60_000
-) -> list[tuple[str, dict[str, str], int, float]]:
-    out = []
-    for node in range(2):
-        for gpu in range(2):
-            labels = gpu_labels(node, gpu)
-            for k, ts in enumerate(range(start, start + hours * HOUR, step)):
-                out.append((UTIL, labels, ts, float((k * 7 + node * 13 + gpu) % 101) / 1.0))
-                out.append((ENERGY, labels, ts, 1_000_000.0 * k + 0.25 * gpu))
-    return out
 
 
 def settings(tmp_path: Path, **extra: Any) -> Settings:
@@ -61,33 +43,6 @@ def settings(tmp_path: Path, **extra: Any) -> Settings:
         iceberg_catalog=f"sqlite:///{tmp_path}/ice/catalog.db",
         **extra,
     )
-
-
-def table_frame(s: Settings, tier: str) -> pd.DataFrame:
-    catalog = iceberg.open_catalog(s)
-    table = catalog.load_table(f"{s.iceberg_namespace}.{VIEWS[tier]}")
-    frame = table.scan().to_pandas()
-    return frame
-
-
-def sql_frame(vault: Vault, tier: str) -> pd.DataFrame:
-    cols = "series_id, ts, value" if tier == "raw" else "series_id, ts, count, sum, min, max, last"
-    return vault.sql(f"SELECT {cols} FROM {VIEWS[tier]} ORDER BY series_id, ts")
-
-
-def assert_same_rows(vault: Vault, s: Settings) -> None:
-    """Every Iceberg table holds the rows of the vault's SQL view, once each, decoded."""
-    for tier in VIEWS:
-        got = table_frame(s, tier)
-        if tier != "raw":
-            got = got[got["count"] > 0]  # the SQL views leave NaN-only buckets out
-        got = got.assign(ts=got["ts"].astype("int64") // 1000)  # µs -> ms
-        cols = list(sql_frame(vault, tier).columns)
-        got = got[cols].sort_values(["series_id", "ts"]).reset_index(drop=True)
-        want = sql_frame(vault, tier)
-        assert len(got) == len(want), tier
-        assert not got.duplicated(["series_id", "ts"]).any(), tier
-        pd.testing.assert_frame_equal(got, want, check_dtype=False, obj=tier)
 
 
 @pytest.fixture

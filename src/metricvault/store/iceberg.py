@@ -63,6 +63,11 @@ PROMOTED_LABELS = (
 PUBLISHED = "metricvault.published-files"  # vault file ids in the table after this snapshot
 VAULT_ID = "metricvault.vault-id"
 CATALOG_VERSION = "metricvault.catalog-version"
+# pyiceberg retries a commit that lost the compare-and-swap by re-applying the append on top
+# of the winner's snapshot: right for blind appends, wrong here, where the winner may have
+# appended the same vault files and our snapshot record would then be stale. With no retries
+# the loss surfaces as CommitFailedException and the publish recomputes from the new table.
+TABLE_PROPERTIES = {"commit.retry.num-retries": "0"}
 COMMIT_ATTEMPTS = 10  # lost compare-and-swap races in a row before a publish gives up
 ROWS_PER_COMMIT = 4_000_000  # decoded rows held in memory per Iceberg commit
 _EARLIEST, _LATEST = -(2**62), 2**62
@@ -210,12 +215,22 @@ def _table(catalog: Any, namespace: str, tier: str) -> Any:
         catalog.create_namespace(namespace)
     name = f"{namespace}.{TABLE_NAMES[tier]}"
     if catalog.table_exists(name):
-        return catalog.load_table(name)
-    schema = iceberg_schema(tier)
-    try:
-        return catalog.create_table(name, schema=schema, partition_spec=_partition_spec(schema))
-    except TableAlreadyExistsError:  # another publisher created it first
-        return catalog.load_table(name)
+        table = catalog.load_table(name)
+    else:
+        schema = iceberg_schema(tier)
+        try:
+            table = catalog.create_table(
+                name,
+                schema=schema,
+                partition_spec=_partition_spec(schema),
+                properties=TABLE_PROPERTIES,
+            )
+        except TableAlreadyExistsError:  # another publisher created it first
+            table = catalog.load_table(name)
+    if any(table.properties.get(k) != v for k, v in TABLE_PROPERTIES.items()):
+        with table.transaction() as tx:  # a table made by someone else: make it ours to commit
+            tx.set_properties(TABLE_PROPERTIES)
+    return table
 
 
 # --------------------------------------------------------------------------- id sets
