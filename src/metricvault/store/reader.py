@@ -39,23 +39,26 @@ class RowGroup:
     max_ts: int
 
 
+CacheKey = tuple[str, int, bool]  # (file path, row group, decoded: else as stored)
+
+
 class FileCache:
-    """Decoded row groups by (path, index), least recently used out first, bounded in bytes."""
+    """Row groups by (path, index, decoded), least recently used out first, bounded in bytes."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._items: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
+        self._items: OrderedDict[CacheKey, pa.Table] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[str, int]) -> pa.Table | None:
+    def get(self, key: CacheKey) -> pa.Table | None:
         with self._lock:
             table = self._items.get(key)
             if table is not None:
                 self._items.move_to_end(key)
             return table
 
-    def put(self, key: tuple[str, int], table: pa.Table) -> None:
+    def put(self, key: CacheKey, table: pa.Table) -> None:
         size = table.nbytes
         if size > self.max_bytes // 4:
             return
@@ -64,6 +67,9 @@ class FileCache:
                 return
             self._items[key] = table
             self._bytes += size
+            stored = (key[0], key[1], False)
+            if key[2] and stored in self._items:  # decoded now: the stored form is not needed
+                self._bytes -= self._items.pop(stored).nbytes
             while self._bytes > self.max_bytes and self._items:
                 _, old = self._items.popitem(last=False)
                 self._bytes -= old.nbytes
@@ -116,7 +122,7 @@ class Reader:
             for g in groups
             if g.max_ts >= start and g.min_ts < end and (ids is None or _hits(ids, g))
         ]
-        tables = [self._group(f, metadata, g.index, use_cache) for g in wanted]
+        tables = [self._group(f, metadata, g.index, ids, use_cache) for g in wanted]
         if not tables:
             return _empty(f.tier)
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
@@ -142,23 +148,49 @@ class Reader:
         return found
 
     def _group(
-        self, f: DataFile, metadata: pq.FileMetaData, index: int, use_cache: bool
+        self,
+        f: DataFile,
+        metadata: pq.FileMetaData,
+        index: int,
+        ids: np.ndarray | None,
+        use_cache: bool,
     ) -> pa.Table:
-        key = (f.path, index)
+        """The decoded rows of one row group: all of them, or (where ``ids`` holds a small
+        part of a group not read before) only those series' rows."""
+        key = (f.path, index, True)
         table = self.cache.get(key) if use_cache else None
-        if table is None:
-            try:
-                with self.loc.fs.open_input_file(f.path) as handle:
-                    pf = pq.ParquetFile(handle, metadata=metadata, **fmt.VERIFY)
-                    raw = pf.read_row_group(index)
-            except (OSError, pa.ArrowException) as exc:
-                raise read_error(f.path, f"{f.tier} data file", exc) from exc
-            table = fmt.decode(raw, float_columns(f.tier))
-            if f.tier != "raw":
-                table = conform(table)
-            if use_cache:
-                self.cache.put(key, table)
+        if table is not None:
+            return table
+        stored = self.cache.get((f.path, index, False)) if use_cache else None
+        if stored is None:
+            stored = self._read_group(f, metadata, index)
+            if ids is not None:
+                # The first read of a group for a few series (one GPU of a hundred) decodes
+                # only their rows: decoding costs as much as reading, and is what a fresh
+                # process pays on its first query. The group is kept as stored; a second
+                # query decodes it whole (below), as every later one finds it decoded.
+                part = _slice_series(stored, ids)
+                if part.num_rows * SMALL_PART < stored.num_rows:
+                    if use_cache:
+                        self.cache.put((f.path, index, False), stored)
+                    return self._decode(f, part)
+        table = self._decode(f, stored)
+        if use_cache:
+            self.cache.put(key, table)
         return table
+
+    def _read_group(self, f: DataFile, metadata: pq.FileMetaData, index: int) -> pa.Table:
+        try:
+            with self.loc.fs.open_input_file(f.path) as handle:
+                pf = pq.ParquetFile(handle, metadata=metadata, **fmt.VERIFY)
+                return pf.read_row_group(index)
+        except (OSError, pa.ArrowException) as exc:
+            raise read_error(f.path, f"{f.tier} data file", exc) from exc
+
+    @staticmethod
+    def _decode(f: DataFile, stored: pa.Table) -> pa.Table:
+        table = fmt.decode(stored, float_columns(f.tier))
+        return table if f.tier == "raw" else conform(table)
 
 
 # What pyarrow says when a file's bytes are not what was written (as opposed to a file that
@@ -205,6 +237,7 @@ def _hits(ids: np.ndarray, group: RowGroup) -> bool:
 
 
 _MAX_SLICES = 32
+SMALL_PART = 4  # under a quarter of a group's rows: decode only those on its first read
 
 
 def _slice_series(table: pa.Table, ids: np.ndarray) -> pa.Table:

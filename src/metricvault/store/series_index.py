@@ -65,12 +65,7 @@ class SeriesIndex:
         known = self._by_id.get(series_id)
         if known is not None:
             if known.metric != metric or known.labels_json != labels_json:
-                raise SeriesCollisionError(
-                    f"series id {series_id} already belongs to {known.metric}{known.labels_json}; "
-                    f"{metric}{labels_json} hashes to the same 64-bit id. Nothing was written. "
-                    "Add a distinguishing label to one of them and report this (it is a "
-                    "one-in-2^64 event per pair)"
-                )
+                raise _collision(known, metric, labels_json)
             return False
         with self._lock:
             info = SeriesInfo(series_id, metric, json.loads(labels_json), kind, labels_json)
@@ -95,21 +90,36 @@ class SeriesIndex:
             self.add(sid, metric, labels, kind)
 
     def load_table(self, table: pa.Table) -> None:
-        cols = [table.column(n).to_pylist() for n in SERIES_SCHEMA.names]
-        self.load(zip(*cols, strict=True))
-        ids = cols[0]
+        """Register a series file's rows. Every process that opens a vault does this before
+        its first answer, so it is one pass: the labels of all rows parsed by one JSON call,
+        one lock, spans set directly where a series has none yet."""
+        ids, metrics, labels, kinds = (table.column(n).to_pylist() for n in SERIES_SCHEMA.names)
+        parsed = json.loads("[" + ",".join(labels) + "]") if labels else []
         if all(c in table.column_names for c in SPAN_COLUMNS):
             firsts = table.column("first_ms").to_pylist()
             lasts = table.column("last_ms").to_pylist()
         else:  # written before series files carried times
             firsts = lasts = [None] * len(ids)
+        by_id, by_metric = self._by_id, self._by_metric
+        with self._lock:
+            for sid, metric, labels_json, kind, label_map in zip(
+                ids, metrics, labels, kinds, parsed, strict=True
+            ):
+                known = by_id.get(sid)
+                if known is None:
+                    by_id[sid] = SeriesInfo(sid, metric, label_map, kind, labels_json)
+                    by_metric.setdefault(metric, []).append(sid)
+                elif known.metric != metric or known.labels_json != labels_json:
+                    raise _collision(known, metric, labels_json)
+        seen, saved = self._seen, self._saved_days
         for sid, first, last in zip(ids, firsts, lasts, strict=True):
-            self._merge_span(
-                sid,
-                UNKNOWN_FIRST if first is None else first,
-                UNKNOWN_LAST if last is None else last,
-                saved=True,
-            )
+            first = UNKNOWN_FIRST if first is None else first
+            last = UNKNOWN_LAST if last is None else last
+            if sid in seen or sid in saved:
+                self._merge_span(sid, first, last, saved=True)
+            else:
+                seen[sid] = (first, last)
+                saved[sid] = (_day(first), _day(last))
 
     def match(self, selector: Selector | SelectorUnion) -> list[int]:
         if isinstance(selector, SelectorUnion):
@@ -267,3 +277,12 @@ def series_spans(series_id: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, ...
     starts = np.flatnonzero(np.r_[True, series_id[1:] != series_id[:-1]])
     ends = np.r_[starts[1:], len(series_id)] - 1
     return series_id[starts], ts[starts], ts[ends]
+
+
+def _collision(known: SeriesInfo, metric: str, labels_json: str) -> SeriesCollisionError:
+    return SeriesCollisionError(
+        f"series id {known.series_id} already belongs to {known.metric}{known.labels_json}; "
+        f"{metric}{labels_json} hashes to the same 64-bit id. Nothing was written. "
+        "Add a distinguishing label to one of them and report this (it is a "
+        "one-in-2^64 event per pair)"
+    )

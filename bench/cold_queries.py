@@ -1,0 +1,271 @@
+"""Cold and warm Q1/Q2 (bench/queries.py) on metricvault and VictoriaMetrics, same data, same run.
+
+Q1  mean and max of the GPU utilisation per GPU over the whole day (104 GPUs by default).
+Q2  one GPU's utilisation at 1-minute resolution over the day.
+
+*Warm*: the median of ``--warm-runs`` repeats in a process that has already answered once.
+*Cold*: the first answer of a fresh process. For metricvault a new Python process imports
+``metricvault`` and pandas (timed apart, as "import": VictoriaMetrics's counterpart is its
+binary's start, which is not timed either), then times ``metricvault.open(path)`` plus the one
+query (default pandas output); for VictoriaMetrics the server is restarted on the same data
+directory, waited healthy, and its first answer to the query is timed (HTTP round trip
+included, its caches empty). Both read the data files through the OS page cache (no cache is
+dropped). Each cold figure is the median of ``--cold-runs`` fresh processes.
+
+    .venv/bin/python bench/cold_queries.py --quick       # 2 nodes x 8 GPUs x 1 d, ~2 min
+    .venv/bin/python bench/cold_queries.py               # 13 nodes x 8 GPUs (104 GPUs) x 1 d
+    .venv/bin/python bench/cold_queries.py --quick --profile   # + where a cold query spends
+
+The machine's load average is printed beside the table: compare the ratios, not the times.
+"""
+
+# ruff: noqa: E402  (the path set-up below must precede the project imports)
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+for _path in (REPO_ROOT, REPO_ROOT / "src"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import partial
+
+from bench.datasets import Summary, simulated
+from bench.peers import VM_INSTALL_HINT, VictoriaMetrics, find_victoria_metrics
+from bench.queries import QueryCase, Timing, query_cases, time_runs
+
+HOUR_MS = 3_600_000
+
+# What a fresh process runs: imports timed apart, then open + the one query. The query's
+# arguments come as JSON (argv[2]); it prints one JSON line of milliseconds.
+COLD_SCRIPT = r"""
+import json, sys, time
+started = time.perf_counter()
+import metricvault
+imported = time.perf_counter()
+import pandas
+with_pandas = time.perf_counter()
+args = json.loads(sys.argv[2])
+vault = metricvault.open(sys.argv[1], need="read")
+opened = time.perf_counter()
+rows = len(vault.query(*args["args"], **args["kwargs"]))
+answered = time.perf_counter()
+print(json.dumps({
+    "import_ms": (imported - started) * 1000,
+    "pandas_ms": (with_pandas - imported) * 1000,
+    "open_ms": (opened - with_pandas) * 1000,
+    "query_ms": (answered - opened) * 1000,
+    "rows": rows,
+}))
+"""
+
+# The same, under cProfile: the top entries of a cold open + query (--profile).
+PROFILE_SCRIPT = r"""
+import cProfile, json, pstats, sys
+import metricvault, pandas
+args = json.loads(sys.argv[2])
+profile = cProfile.Profile()
+profile.enable()
+vault = metricvault.open(sys.argv[1], need="read")
+vault.query(*args["args"], **args["kwargs"])
+profile.disable()
+pstats.Stats(profile).sort_stats("cumulative").print_stats(25)
+"""
+
+
+@dataclass(frozen=True)
+class Cold:
+    import_ms: float  # import metricvault (numpy, pyarrow with it)
+    pandas_ms: float
+    open_ms: float
+    query_ms: float
+    rows: int
+
+    @property
+    def first_ms(self) -> float:
+        """What the target compares: open + the first query."""
+        return self.open_ms + self.query_ms
+
+
+def vault_call(case: QueryCase, summary: Summary) -> dict[str, object]:
+    """The arguments of the case's ``vault.query`` call (bench/queries.py's Q1/Q2)."""
+    if case.key == "Q1":
+        metric, start, end = summary.workload.util_metric, summary.min_ts, summary.max_ts + 1
+        return {"args": [metric, start, end], "kwargs": {"step": "all", "aggs": ["mean", "max"]}}
+    if case.key == "Q2":
+        start = summary.min_ts - summary.min_ts % 60_000
+        return {
+            "args": [summary.probe_selector(), start, summary.max_ts + 1],
+            "kwargs": {"step": "1m", "aggs": ["mean"]},
+        }
+    raise ValueError(f"no cold call for {case.key}")
+
+
+def cold_vault(path: Path, call: dict[str, object], runs: int) -> list[Cold]:
+    found = []
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
+    for _ in range(runs):
+        done = subprocess.run(
+            [sys.executable, "-c", COLD_SCRIPT, str(path), json.dumps(call)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        )
+        found.append(Cold(**json.loads(done.stdout.strip().splitlines()[-1])))
+    return found
+
+
+def profile_vault(path: Path, call: dict[str, object]) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
+    done = subprocess.run(
+        [sys.executable, "-c", PROFILE_SCRIPT, str(path), json.dumps(call)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    return done.stdout
+
+
+def cold_vm(vm: VictoriaMetrics, case: QueryCase, runs: int) -> list[float]:
+    """The first answer of a freshly started VictoriaMetrics on the same data, ``runs`` times."""
+    found = []
+    for _ in range(runs):
+        vm.stop()
+        vm.start()
+        started = time.perf_counter()
+        case.run_vm(vm)
+        found.append((time.perf_counter() - started) * 1000)
+    return found
+
+
+def build(summary: Summary, vault_path: Path, vm: VictoriaMetrics | None) -> int:
+    """Write the workload into the vault (then maintain it) and into VictoriaMetrics."""
+    import metricvault
+
+    samples = 0
+    with metricvault.Vault.open_local(str(vault_path)) as vault:
+        for chunk in summary.workload.chunks():
+            summary.observe(chunk)
+            samples += int(vault.write(chunk))
+            if vm is not None:
+                vm.ingest(chunk)
+        if vm is not None:  # now: its keep-alive connection would time out during maintain
+            vm.force_flush()
+            vm.force_merge_and_wait()
+        vault.maintain(now_ms=summary.max_ts + HOUR_MS)
+    return samples
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _ratio(mine: float, peer: float | None) -> str:
+    return "-" if peer is None or peer <= 0 else f"{mine / peer:.2f}x"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def report(
+    summary: Summary,
+    samples: int,
+    warm: dict[str, tuple[Timing, Timing | None]],
+    cold: dict[str, tuple[list[Cold], list[float]]],
+    args: argparse.Namespace,
+) -> None:
+    load = os.getloadavg()
+    print(
+        f"\n{summary.workload.title}: {samples:,} samples, {len(summary.gpus)} GPUs; "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores; "
+        f"cold: median of {args.cold_runs} fresh processes, warm: median of {args.warm_runs}"
+    )
+    print(
+        "\n| query | metricvault warm ms | VictoriaMetrics warm ms | ratio | metricvault cold "
+        "(open + query) ms | VictoriaMetrics cold ms | ratio | rows |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for key, (mine, peer) in warm.items():
+        colds, vm_colds = cold[key]
+        first = _median([c.first_ms for c in colds])
+        vm_first = _median(vm_colds) if vm_colds else None
+        peer_ms = peer.median_ms if peer else None
+        print(
+            f"| {key} | {mine.median_ms:.1f} | {_ms(peer_ms)} | {_ratio(mine.median_ms, peer_ms)} "
+            f"| {first:.1f} | {_ms(vm_first)} | {_ratio(first, vm_first)} | {mine.rows} |"
+        )
+    print("\nmetricvault cold, per stage (medians, ms):\n")
+    print("| query | import metricvault | import pandas | open | first query | rows |")
+    print("|---|---|---|---|---|---|")
+    for key, (colds, _) in cold.items():
+        print(
+            f"| {key} | {_median([c.import_ms for c in colds]):.1f} "
+            f"| {_median([c.pandas_ms for c in colds]):.1f} "
+            f"| {_median([c.open_ms for c in colds]):.1f} "
+            f"| {_median([c.query_ms for c in colds]):.1f} | {colds[0].rows} |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=13, help="8 GPUs each (13: 104 GPUs)")
+    parser.add_argument("--days", type=float, default=1.0)
+    parser.add_argument("--quick", action="store_true", help="2 nodes (16 GPUs) x 1 day")
+    parser.add_argument("--cold-runs", type=int, default=5)
+    parser.add_argument("--warm-runs", type=int, default=20)
+    parser.add_argument("--profile", action="store_true", help="print a cold query's profile")
+    args = parser.parse_args()
+    nodes = 2 if args.quick else args.nodes
+    summary = Summary(simulated(nodes, args.days))
+    binary = find_victoria_metrics()
+    if binary is None:
+        print(VM_INSTALL_HINT, file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="cold-queries-") as tmp:
+        work = Path(tmp)
+        vault_path = work / "metricvault"
+        vm = VictoriaMetrics(binary, work) if binary else None
+        try:
+            if vm is not None:
+                vm.start()
+            samples = build(summary, vault_path, vm)
+            if vm is not None:  # a fresh connection: maintain outlasted its keep-alive
+                vm.stop()
+                vm.start()
+            cases = [c for c in query_cases(summary) if c.key in ("Q1", "Q2")]
+            warm: dict[str, tuple[Timing, Timing | None]] = {}
+            cold: dict[str, tuple[list[Cold], list[float]]] = {}
+            import metricvault
+
+            with metricvault.open(str(vault_path), need="read") as vault:
+                for case in cases:
+                    mine = time_runs(partial(case.run_vault, vault), args.warm_runs)
+                    peer = time_runs(partial(case.run_vm, vm), args.warm_runs) if vm else None
+                    warm[case.key] = (mine, peer)
+            for case in cases:
+                call = vault_call(case, summary)
+                colds = cold_vault(vault_path, call, args.cold_runs)
+                vm_colds = cold_vm(vm, case, args.cold_runs) if vm else []
+                cold[case.key] = (colds, vm_colds)
+                if args.profile:
+                    print(f"\n--- cold {case.key} profile ---\n{profile_vault(vault_path, call)}")
+        finally:
+            if vm is not None:
+                vm.stop()
+        report(summary, samples, warm, cold, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""A fresh process's first reads: the same answers however little of a row group they decode.
+
+The first query of a few series in a row group not read before decodes only their rows and
+keeps the group as stored; a later query decodes it whole. Every step of that (first, second,
+third query; a few series then all of them) must answer exactly what was written.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from metricvault import Vault
+from metricvault.store.reader import SMALL_PART
+
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+H = 3_600_000
+SERIES = 8 * SMALL_PART  # one series is far under a quarter of a group
+SAMPLES = 240  # 20 minutes at 5 s
+
+
+def _value(gpu: int, i: int) -> float:
+    return [0.5 * i + gpu, float("nan"), -0.0, 1e300][i % 7] if i % 7 < 4 else float(i % 13)
+
+
+def _rows() -> list[tuple[str, dict[str, str], int, float]]:
+    return [
+        ("gpu_util", {"gpu": str(g)}, T0 + i * 5000, _value(g, i))
+        for g in range(SERIES)
+        for i in range(SAMPLES)
+    ]
+
+
+@pytest.fixture
+def stored(tmp_path):
+    """A maintained vault: raw and rollup files whose one row group holds every series."""
+    path = str(tmp_path / "v")
+    with Vault.open_local(path) as v:
+        v.write(_rows())
+        v.maintain(now_ms=T0 + 3 * H)
+    return path
+
+
+def _expected_raw(gpu: int) -> np.ndarray:
+    return np.array([_value(gpu, i) for i in range(SAMPLES)])
+
+
+QUERIES = [  # (name, selector, step, aggs)
+    ("raw one series", 'gpu_util{gpu="3"}', None, ("mean",)),
+    ("1m one series", 'gpu_util{gpu="3"}', "1m", ("mean", "max", "count", "last")),
+    ("1m two series", 'gpu_util{gpu=~"3|17"}', "1m", ("sum", "min")),
+    ("whole range one series", 'gpu_util{gpu="5"}', "all", ("mean", "max")),
+]
+
+
+@pytest.mark.parametrize(("name", "selector", "step", "aggs"), QUERIES, ids=[q[0] for q in QUERIES])
+def test_first_second_and_later_reads_answer_the_same(stored, name, selector, step, aggs):
+    with Vault.open_local(stored) as reference:  # decodes whole groups: asks for every series
+        everything = reference.query("gpu_util", T0, T0 + H, step=step, aggs=aggs)
+    wanted = everything[everything["gpu"].isin(_gpus(selector))].reset_index(drop=True)
+    with Vault.open_local(stored) as fresh:
+        answers = [fresh.query(selector, T0, T0 + H, step=step, aggs=aggs) for _ in range(3)]
+        after = fresh.query("gpu_util", T0, T0 + H, step=step, aggs=aggs)
+    for answer in answers:
+        pd.testing.assert_frame_equal(answer.reset_index(drop=True), wanted)
+    pd.testing.assert_frame_equal(after, everything)
+
+
+def _gpus(selector: str) -> list[str]:
+    return selector.split('"')[1].split("|")
+
+
+def test_a_fresh_vaults_first_raw_read_is_bit_exact(stored):
+    with Vault.open_local(stored) as fresh:
+        first = fresh.query('gpu_util{gpu="3"}', T0, T0 + H)
+    got = first["value"].to_numpy()
+    want = _expected_raw(3)
+    assert got.view(np.int64).tolist() == want.view(np.int64).tolist()  # NaN and -0.0 bits too
+
+
+def test_first_read_of_a_few_series_keeps_the_group_stored_until_a_second_read(stored):
+    with Vault.open_local(stored) as fresh:
+        fresh.query('gpu_util{gpu="3"}', T0, T0 + H)
+        kinds = {key[2] for key in fresh.reader.cache._items}
+        assert kinds == {False}  # kept as stored, nothing decoded whole yet
+        fresh.query('gpu_util{gpu="3"}', T0, T0 + H)
+        kinds = {key[2] for key in fresh.reader.cache._items}
+        assert kinds == {True}  # decoded whole; the stored copy is dropped
