@@ -148,3 +148,12 @@ def test_a_pointer_that_names_an_expired_version_is_only_a_hint(loc: Location) -
     Path(loc.path("catalog", "NEWEST")).write_text('{"version": 1}')  # went backwards
     writer.expire(keep=1)
     assert Catalog(loc).current().version == 3
+
+
+def test_every_version_records_the_version_it_was_computed_from(loc: Location) -> None:
+    a, b = Catalog(loc), Catalog(loc)
+    a.commit(Change())
+    seen_by_a = a.current()
+    b.commit(flush(b, loc, "theirs", "b", b.current()))
+    a.commit(flush(a, loc, "mine", "a", seen_by_a))  # rebased: its parent is b's version
+    assert [(s.version, s.parent) for s in Catalog(loc).history()] == [(1, 0), (2, 1), (3, 2)]

@@ -105,6 +105,9 @@ class Snapshot:
     vault_id: str = ""  # "" only before the first commit and in format-1 catalogs
     replaced: tuple[Replaced, ...] = ()  # removed files not deleted yet
     kind_changes: tuple[KindChange, ...] = ()  # every change of metric_kinds, oldest first
+    # The version this one was computed from (after any rebase): version - 1 in a linear
+    # history; higher gaps only where a damaged version was skipped. 0 before it was recorded.
+    parent: int = 0
 
     def tier_files(self, tier: str) -> list[DataFile]:
         return [f for f in self.files if f.tier == tier]
@@ -157,6 +160,7 @@ class Snapshot:
                 for r in body.get("replaced", [])
             ),
             kind_changes=tuple(KindChange(**c) for c in body.get("kind_changes", [])),
+            parent=int(body.get("parent", 0)),
         )
 
 
@@ -233,6 +237,7 @@ class Change:
         return replace(
             base,
             version=version,
+            parent=base.version,
             committed_ms=committed_ms,
             vault_id=base.vault_id or uuid.uuid4().hex,
             replaced=tuple(replaced),
