@@ -24,6 +24,7 @@ for _path in (REPO_ROOT, REPO_ROOT / "src"):
         sys.path.insert(0, str(_path))
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -133,6 +134,8 @@ def main() -> None:
             if prometheus:
                 prometheus.terminate()
                 prometheus.wait(timeout=30)
+    load = os.getloadavg()  # the machine is shared: read the times beside it
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores\n")
     print(f"| command ({args.runs} runs) | median s | min s | max s |")
     print("|---|---|---|---|")
     for name, median, low, high in rows:
