@@ -199,7 +199,7 @@ class HATracker:
         if not self.enabled or self.replica_label not in names:
             return HADecision(table)
         if self.cluster_label not in names:
-            self._check_lone_replicas(table, pa.chunked_array([pa.array([True] * len(table))]))
+            self._check_lone_replicas(table, pc.is_valid(table.column(self.replica_label)))
             return HADecision(table)
         clusters = table.column(self.cluster_label)
         replicas = table.column(self.replica_label)
