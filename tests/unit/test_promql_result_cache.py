@@ -4,6 +4,7 @@ maintenance and tenants never let a cached answer be wrong (promql/result_cache.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,11 @@ def test_a_late_sample_changes_the_next_answer(client: tuple[TestClient, Vault])
     after = _range(test_client, A, "max_over_time(gpu_util[1m])")
     assert after != before
     assert after == _range(test_client, A, "max_over_time(gpu_util[1m])", nocache="1")
+    params = {"query": "max_over_time(gpu_util[1m])", "start": str(T0 / 1000),
+              "end": str((T0 + 3_000_000) / 1000), "step": "60"}  # fmt: skip
+    cached = test_client.get("/api/v1/query_range", params=params, headers=A).content
+    fresh = test_client.get("/api/v1/query_range", params={**params, "nocache": "1"}, headers=A)
+    assert cached == fresh.content
     points = dict(after["data"]["result"][0]["values"])
     assert points[(T0 + 660_000) / 1000] == "50"
 
@@ -190,3 +196,27 @@ def test_a_retention_run_changes_the_next_answer(client: tuple[TestClient, Vault
     after = _range(test_client, A, "gpu_util")
     assert after != before
     assert after == _range(test_client, A, "gpu_util", nocache="1")
+
+
+def test_a_cached_answer_is_written_byte_for_byte_as_an_evaluated_one(vault: Vault) -> None:
+    from metricvault.server.prometheus_json import answer_body
+
+    ts = T0 + np.arange(8, dtype=np.int64) * STEP
+    odd = np.array([0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-300, 1e21, 0.1])
+    plain = QueryResult("matrix", [({"__name__": "x", "a": "é"}, ts, odd),
+                                   ({"b": "1"}, ts[2:], odd[2:] * 3)])  # fmt: skip
+    for settle_ms in (0, 3 * STEP):  # all points cached, or the last ones evaluated anew
+        now_s = (T0 + 7 * STEP + settle_ms) / 1000
+        cache = ResultCache(settle_ms=settle_ms, clock=partial(float, now_s))
+
+        def evaluate(lo: int, hi: int) -> tuple[QueryResult, list[str]]:
+            part = [(labels, t[(t >= lo) & (t <= hi)], v[(t >= lo) & (t <= hi)])
+                    for labels, t, v in plain.series]  # fmt: skip
+            return QueryResult("matrix", [p for p in part if len(p[1])]), ["a warning"]
+
+        for _ in range(2):  # evaluated, then from the cache
+            got, notes = cache.query_range(
+                (), "x", T0, ts[-1], STEP, vault.catalog_version, evaluate
+            )
+            body = got.body(notes)  # type: ignore[attr-defined]
+            assert body == answer_body(plain, ["a warning"])

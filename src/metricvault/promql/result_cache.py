@@ -27,6 +27,7 @@ negative ``offset``) and instant queries are never cached. Cached points are bou
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -38,10 +39,13 @@ import promql_parser as pp
 
 from metricvault.errors import PromQLError
 from metricvault.promql.parse import duration_ms, parse
-from metricvault.promql.values import QueryResult
+from metricvault.promql.values import QueryResult, format_value
 
 SETTLE_MS = 5 * 60_000  # VictoriaMetrics's -search.cacheTimestampOffset default
-MAX_POINTS = 4_000_000  # about 64 MB of timestamps and values
+MAX_POINTS = 2_000_000  # about 100 MB: 16 B of numbers and ~35 B of JSON text a point
+_DUMPS = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+).encode  # as server/prometheus_json.py and Starlette's JSONResponse write
 
 
 class _File(Protocol):
@@ -158,6 +162,73 @@ Evaluate = Callable[[int, int], tuple[QueryResult, list[str]]]
 LabelKey = tuple[tuple[str, str], ...]
 
 
+@dataclass(frozen=True)
+class _Text:
+    """A series' points as the JSON of a Prometheus matrix writes them (``[<s>,"<v>"]``,
+    comma-joined), with the offset of each point: a cached point is formatted once, and an
+    answer's body joins slices of these strings."""
+
+    text: str
+    starts: np.ndarray  # offset of point i; starts[n] = len(text) + 1
+
+    def slice(self, a: int, b: int) -> _Text:
+        if b <= a:
+            return _EMPTY_TEXT
+        lo = int(self.starts[a])
+        return _Text(self.text[lo : int(self.starts[b]) - 1], self.starts[a : b + 1] - lo)
+
+    def __add__(self, other: _Text) -> _Text:
+        if not self.text:
+            return other
+        if not other.text:
+            return self
+        shift = len(self.text) + 1
+        return _Text(self.text + "," + other.text,
+                     np.concatenate([self.starts[:-1], other.starts + shift]))  # fmt: skip
+
+
+_EMPTY_TEXT = _Text("", np.zeros(1, np.int64))
+
+
+def _format_points(ts: np.ndarray, vs: np.ndarray) -> _Text:
+    heads: dict[int, str] = {}
+    values: dict[float, str] = {}
+    parts = []
+    for t, v in zip(ts.tolist(), vs.tolist(), strict=True):
+        head = heads.get(t)
+        if head is None:
+            head = heads[t] = "[" + repr(t / 1000) + ',"'
+        if v == 0:  # 0.0 and -0.0 are one key
+            text = format_value(v)
+        else:
+            found = values.get(v)
+            text = values[v] = format_value(v) if found is None else found
+        parts.append(head + text + '"]')
+    if not parts:
+        return _EMPTY_TEXT
+    starts = np.zeros(len(parts) + 1, np.int64)
+    np.cumsum([len(p) + 1 for p in parts], out=starts[1:])
+    return _Text(",".join(parts), starts)
+
+
+@dataclass
+class CachedAnswer(QueryResult):
+    """A matrix answered through the cache, with each series' points already written as
+    JSON (``texts``, in ``series`` order): :meth:`body` is the bytes
+    ``server/prometheus_json.answer_body`` writes for the same answer."""
+
+    texts: list[str] = field(default_factory=list)
+
+    def body(self, warnings: list[str]) -> bytes:
+        result = ",".join(
+            '{"metric":' + _DUMPS(labels) + ',"values":[' + text + "]}"
+            for (labels, _, _), text in zip(self.series, self.texts, strict=True)
+        )
+        tail = ',"warnings":' + _DUMPS(warnings) if warnings else ""
+        data = '{"resultType":"matrix","result":[' + result + "]}"
+        return ('{"status":"success","data":' + data + tail + "}").encode("utf-8")
+
+
 @dataclass
 class _Entry:
     start_ms: int
@@ -167,6 +238,7 @@ class _Entry:
     series: dict[LabelKey, tuple[np.ndarray, np.ndarray]]
     warnings: list[str]
     served_by: set[str] = field(default_factory=set)
+    texts: dict[LabelKey, _Text] = field(default_factory=dict)
 
     @property
     def points(self) -> int:
@@ -229,28 +301,36 @@ class ResultCache:
             self.stats.misses += 1
             result, warnings = evaluate(start_ms, end_ms)
             self.stats.steps_evaluated += _steps(start_ms, end_ms, step_ms)
+            if result.result_type != "matrix":
+                return result, warnings
             merged = _Entry(start_ms, start_ms - step_ms, version, result.result_type,
                             _keyed(result), list(warnings), set(result.served_by))  # fmt: skip
+            merged.texts = {k: _format_points(ts, vs) for k, (ts, vs) in merged.series.items()}
         else:
             tail_start = entry.settled_end_ms + step_ms
-            merged = _Entry(start_ms, entry.settled_end_ms, version, entry.result_type,
-                            _sliced(entry.series, start_ms, end_ms), list(entry.warnings),
-                            set(entry.served_by))  # fmt: skip
+            series, texts = _sliced_with_text(entry, start_ms, end_ms)
+            merged = _Entry(start_ms, entry.settled_end_ms, version, entry.result_type, series,
+                            list(entry.warnings), set(entry.served_by), texts)  # fmt: skip
             self.stats.steps_reused += _steps(start_ms, min(end_ms, entry.settled_end_ms), step_ms)
             if tail_start <= end_ms:
                 self.stats.partial += 1
                 tail, tail_warnings = evaluate(tail_start, end_ms)
                 self.stats.steps_evaluated += _steps(tail_start, end_ms, step_ms)
-                _append(merged.series, _keyed(tail))
+                fresh = _keyed(tail)
+                _append(merged.series, fresh)
+                for k, (ts, vs) in fresh.items():
+                    merged.texts[k] = merged.texts.get(k, _EMPTY_TEXT) + _format_points(ts, vs)
                 merged.warnings += [w for w in tail_warnings if w not in merged.warnings]
                 merged.served_by |= tail.served_by
             else:
                 self.stats.hits += 1
-        answer = QueryResult(
+        keys = sorted(merged.series)
+        answer = CachedAnswer(
             merged.result_type,
-            [(dict(k), ts, vs) for k, (ts, vs) in sorted(merged.series.items())],
+            [(dict(k), *merged.series[k]) for k in keys],
             warnings=list(merged.warnings),
             served_by=set(merged.served_by),
+            texts=[merged.texts[k].text for k in keys],
         )
         self._keep(key, merged, end_ms, step_ms)
         return answer, list(merged.warnings)
@@ -278,7 +358,7 @@ class ResultCache:
             self._drop(key)
             if settled < merged.start_ms:
                 return
-            merged.series = _sliced(merged.series, merged.start_ms, settled)
+            merged.series, merged.texts = _sliced_with_text(merged, merged.start_ms, settled)
             merged.settled_end_ms = settled
             points = merged.points
             if points > self.max_points:
@@ -305,15 +385,17 @@ def _keyed(result: QueryResult) -> dict[LabelKey, tuple[np.ndarray, np.ndarray]]
     }
 
 
-def _sliced(
-    series: dict[LabelKey, tuple[np.ndarray, np.ndarray]], lo: int, hi: int
-) -> dict[LabelKey, tuple[np.ndarray, np.ndarray]]:
-    out = {}
-    for key, (ts, vs) in series.items():
-        a, b = np.searchsorted(ts, lo, "left"), np.searchsorted(ts, hi, "right")
+def _sliced_with_text(
+    entry: _Entry, lo: int, hi: int
+) -> tuple[dict[LabelKey, tuple[np.ndarray, np.ndarray]], dict[LabelKey, _Text]]:
+    """The points of ``entry`` (and their JSON) from ``lo`` to ``hi``, both included."""
+    series, texts = {}, {}
+    for key, (ts, vs) in entry.series.items():
+        a, b = int(np.searchsorted(ts, lo, "left")), int(np.searchsorted(ts, hi, "right"))
         if b > a:
-            out[key] = (ts[a:b], vs[a:b])
-    return out
+            series[key] = (ts[a:b], vs[a:b])
+            texts[key] = entry.texts[key].slice(a, b)
+    return series, texts
 
 
 def _append(

@@ -43,7 +43,7 @@ from metricvault.model import is_label_name
 from metricvault.promql import Engine, EngineOptions, QueryResult
 from metricvault.promql import parse as parse_module
 from metricvault.promql.limits import check_resolution, timed_out, too_many_series
-from metricvault.promql.result_cache import CatalogVersion, ResultCache
+from metricvault.promql.result_cache import CachedAnswer, CatalogVersion, ResultCache
 from metricvault.promql.source import TenantSource
 from metricvault.protocols import Reading, has
 from metricvault.selector import Matcher, Selector, parse_selector
@@ -274,6 +274,8 @@ class PrometheusAPI:
                 bare = bare and not isinstance(exc, _Worded)
                 prefix = 'invalid parameter "query": ' if bare else ""
                 return _error(exc.kind, prefix + exc.message)
+            if isinstance(data, CachedAnswer):  # its points' JSON kept with the cached steps
+                return Response(data.body(warnings), media_type="application/json")
             if isinstance(data, QueryResult):  # the same bytes, written without to_prometheus()
                 return Response(answer_body(data, warnings), media_type="application/json")
             body: dict[str, Any] = {"status": "success", "data": data}
