@@ -968,6 +968,7 @@ HEADERS = (
     "retries (429/503)",
     "errors",
     "server CPU (cores)",
+    "samples per server CPU-s",
     "server peak RSS MiB",
     "load CPU (cores)",
     "stopped by",
@@ -1003,6 +1004,7 @@ def result_rows(runs: list[SystemRun]) -> list[tuple[str, ...]]:
                 f"{load.retries} ({load.retry_sleep_s:.0f} s slept)",
                 errors,
                 _f(run.server_cores, 2),
+                _f(_per_cpu(run), 0),
                 _f(run.server_rss_mib, 0),
                 _f(load.load_cpu_s / load.elapsed_s if load.elapsed_s else float("nan"), 2),
                 f"{load.stopped_by} after {load.elapsed_s:.1f} s",
@@ -1028,7 +1030,9 @@ def verdict_lines(runs: list[SystemRun]) -> list[str]:
         if mv.load is not None and vm is not None and vm.load is not None and vm.load.rate > 0:
             lines.append(
                 f"Ratio {mv.name} / VictoriaMetrics: {mv.load.rate / vm.load.rate:.3f} "
-                f"(p99 {mv.load.p99_ms:,.1f} ms vs {vm.load.p99_ms:,.1f} ms)"
+                f"(p99 {mv.load.p99_ms:,.1f} ms vs {vm.load.p99_ms:,.1f} ms); per server "
+                f"CPU-second: {_per_cpu(mv) / _per_cpu(vm):.3f} (load-independent: what each "
+                "would do with the same cores)"
             )
     for run in runs:
         if run.check:
@@ -1038,6 +1042,13 @@ def verdict_lines(runs: list[SystemRun]) -> list[str]:
             lines.append(f"Note {run.name}: {run.note}")
         lines += [f"Profile {run.name}: {line}" for line in run.profile]
     return lines
+
+
+def _per_cpu(run: SystemRun) -> float:
+    """Acknowledged samples per CPU-second of the server (NaN if not measured)."""
+    if run.load is None or not run.server_cpu_s > 0:
+        return float("nan")
+    return run.load.samples_acked / run.server_cpu_s
 
 
 def describe(payloads: PayloadSet, args: argparse.Namespace) -> list[str]:
@@ -1084,7 +1095,7 @@ def print_rich(head: list[str], runs: list[SystemRun]) -> None:
     console = Console(highlight=False, width=shutil.get_terminal_size((200, 40)).columns)
     table = Table(title="ingest: remote_write 1.0 (OTLP rows: the same samples as OTLP/HTTP)")
     for i, name in enumerate(HEADERS):
-        table.add_column(name, justify="left" if i in (0, 12, 13) else "right")
+        table.add_column(name, justify="left" if i in (0, 13, 14) else "right")
     for row in result_rows(runs):
         table.add_row(*row)
     for line in head:
