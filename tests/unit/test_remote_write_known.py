@@ -32,10 +32,10 @@ def _body(series: list[tuple[list[tuple[str, str]], list[tuple[float, int]]]]) -
     request = messages.WriteRequest()
     for labels, samples in series:
         one = request.timeseries.add()
-        for name, value in labels:
-            one.labels.add(name=name, value=value)
-        for value, ts in samples:
-            one.samples.add(value=value, timestamp=ts)
+        for name, text in labels:
+            one.labels.add(name=name, value=text)
+        for number, ts in samples:
+            one.samples.add(value=number, timestamp=ts)
     return bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
 
 
