@@ -189,3 +189,13 @@ def test_cli_publish_prints_a_row_per_table_and_refuses_bad_input(tmp_path: Path
     unset = runner.invoke(app, ["iceberg", "publish", "--data", s.data])
     assert isinstance(unset.exception, InputError)
     assert "iceberg_catalog is not set" in str(unset.exception)
+
+
+def test_publish_has_a_manual_page_and_is_listed():
+    runner = CliRunner()
+    listed = runner.invoke(app, ["--help"])
+    assert listed.exit_code == 0 and "iceberg" in listed.output
+    page = runner.invoke(app, ["iceberg", "publish", "--help"], terminal_width=200)
+    assert page.exit_code == 0
+    for words in ("iceberg_catalog", "iceberg_warehouse", "--tier", "--data", "never doubled"):
+        assert words in page.output, words
