@@ -50,6 +50,7 @@ from metricvault.rules.convergence import (
     firing_alerts,
     targets_down,
 )
+from metricvault.rules.group import RESEND_DELAY_MS
 from metricvault.sim.incidents import SCENARIOS, incident_run
 from metricvault.store.vault import Vault
 
@@ -104,7 +105,8 @@ def evaluate_scenario(name: str, end_ms: int, send: Send | None = None) -> Scena
             def write(samples: list[tuple[str, dict[str, str], int, float]]) -> None:
                 vault.write(samples)
 
-            converger = Converger()
+            # as serve's: a first send waits one resend interval for its incident to form
+            converger = Converger(hold_ms=RESEND_DELAY_MS)
             fired: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
             first = run.evaluate_from_ms
             for at in run.evaluation_times():

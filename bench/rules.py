@@ -17,7 +17,9 @@ evaluate "now" over full windows. Per evaluation round (all groups once):
 
 - metricvault: ``RuleGroup.evaluate`` with ``engine_query(Engine(vault))``, recorded samples
   and ``ALERTS`` written back into the vault as the server does; wall time (sum of the
-  groups' times) and CPU time (``time.process_time``) of this process;
+  groups' times, and the round's elapsed time) and CPU time (``time.process_time``) of this
+  process; once with the groups one after another and once ``--concurrency`` at a time in
+  a thread pool, as the evaluator runs them (``rules_max_concurrent_groups``);
 - Prometheus: the sum of the groups' ``evaluationTime`` from ``/api/v1/rules`` (its own timer
   around each group's round) and the process's CPU time (``/proc/PID/stat`` utime + stime)
   between the first and the last round observed, per round.
@@ -53,6 +55,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -312,6 +315,7 @@ class Rounds:
     alerts: int  # pending or firing alerts after the last round
     messages: dict[str, str]  # rule -> its error, the last round
     times: list[dict[str, int]]  # per round (the unmeasured first one too): group -> eval ms
+    elapsed_s: list[float] | None = None  # per round, first group start to last group end
 
 
 def prometheus_rounds(url: str, pid: int, groups: int, rounds: int) -> Rounds:
@@ -353,32 +357,45 @@ def rfc3339_ms(text: str) -> int:
 
 # --------------------------------------------------------------------------- metricvault
 def metricvault_rounds(
-    vault: Any, rule_file: Path, rounds: int, times: list[dict[str, int]] | None
+    vault: Any,
+    rule_file: Path,
+    rounds: int,
+    times: list[dict[str, int]] | None,
+    concurrency: int = 1,
 ) -> Rounds:
     """``rounds + 1`` rounds, the first unmeasured; at Prometheus's evaluation times where it
     ran (each group's aligned time at its ``lastEvaluation``), else at the aligned times of
-    now."""
+    now; ``concurrency`` groups at a time."""
     groups = [RuleGroup(spec) for spec in read_rule_files([str(rule_file)])]
     query = engine_query(Engine(vault))
-    wall, cpu = [], []
+    wall, cpu, elapsed = [], [], []
     messages: dict[str, str] = {}
+    pool = ThreadPoolExecutor(concurrency) if concurrency > 1 else None
     for r in range(rounds + 1):
         now = int(time.time() * 1000)
-        wall_s, cpu_started = 0.0, time.process_time()
+        wall_s, cpu_started, started = 0.0, time.process_time(), time.perf_counter()
         messages = {}
-        for g in groups:
-            at = g.eval_timestamp(times[r][g.name] if times else now)
-            result = g.evaluate(at, query, vault.write)
+        stamps = [g.eval_timestamp(times[r][g.name] if times else now) for g in groups]
+        if pool is None:
+            pairs = zip(groups, stamps, strict=True)
+            results = [g.evaluate(at, query, vault.write) for g, at in pairs]
+        else:
+            results = list(pool.map(lambda g, at: g.evaluate(at, query, vault.write),
+                                    groups, stamps))  # fmt: skip
+        for result in results:
             wall_s += result.seconds
             messages.update(result.errors)
         if r:  # the first round reads files into the caches: left out, as for Prometheus
             wall.append(wall_s)
             cpu.append(time.process_time() - cpu_started)
+            elapsed.append(time.perf_counter() - started)
+    if pool is not None:
+        pool.shutdown()
     alerts = sum(
         a.state != "inactive" for g in groups for rule in g.alerting_rules()
         for a in rule.active.values()
     )  # fmt: skip
-    return Rounds(wall, cpu, len(messages), alerts, messages, [])
+    return Rounds(wall, cpu, len(messages), alerts, messages, [], elapsed)
 
 
 def long_rule(args: argparse.Namespace, directory: Path) -> list[list[str]]:
@@ -468,27 +485,38 @@ def rules_part(
         vault.maintain(now_ms=spec.end_ms)
         print(f"vault: {sum(t.num_rows for t in tables):,} samples loaded and maintained "
               f"in {time.perf_counter() - started:.0f} s")  # fmt: skip
-        mv = metricvault_rounds(vault, rule_file, args.rounds, prom.times if prom else None)
+        prom_times = prom.times if prom else None
+        mv = metricvault_rounds(vault, rule_file, args.rounds, prom_times)
+        mv_pool = metricvault_rounds(vault, rule_file, args.rounds, prom_times, args.concurrency)
     tables.clear()
     print()
-    head = ["evaluator", "size", "wall per round (median)", "per rule", "CPU per round",
-            "rules in error", "active alerts"]  # fmt: skip
-    for name, r in (("metricvault", mv), ("Prometheus 2.42", prom)):
+    head = ["evaluator", "size", "wall per round (sum of groups, median)", "round elapsed",
+            "per rule", "CPU per round", "rules in error", "active alerts"]  # fmt: skip
+    runs = (("metricvault, groups one after another", mv),
+            (f"metricvault, {args.concurrency} groups at once", mv_pool),
+            ("Prometheus 2.42 (a goroutine per group)", prom))  # fmt: skip
+    for name, r in runs:
         if r is None:
-            rows.append([name, size, "-", "-", "-", "-", "-"])
+            rows.append([name, size, "-", "-", "-", "-", "-", "-"])
             continue
         wall = statistics.median(r.wall_s)
-        rows.append([name, size, f"{wall * 1000:,.0f} ms",
+        took = f"{statistics.median(r.elapsed_s) * 1000:,.0f} ms" if r.elapsed_s else "-"
+        rows.append([name, size, f"{wall * 1000:,.0f} ms", took,
                      f"{wall * 1000 / len(rules):.2f} ms",
                      f"{statistics.median(r.cpu_s) * 1000:,.0f} ms", str(r.errors),
                      str(r.alerts)])  # fmt: skip
     table(head, rows)
+    print(f"load average (1, 5, 15 min) after the rounds: {_load()}")
     for name, r in (("metricvault", mv), ("Prometheus", prom)):
         for rule, error in sorted((r.messages if r else {}).items())[:5]:
             print(f"{name}: {rule}: {error}")
 
 
 # --------------------------------------------------------------------------- the run
+def _load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def table(head: list[str], rows: list[list[str]]) -> None:
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -506,6 +534,8 @@ def main() -> None:
     parser.add_argument("--long-interval", type=int, default=300,
                         help="scrape interval (s) of the 28-day data")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="evaluation rounds measured")
+    parser.add_argument("--concurrency", type=int, default=4,
+                        help="groups evaluated at once in the pooled run")  # fmt: skip
     parser.add_argument("--no-prometheus", action="store_true")
     parser.add_argument("--skip-long", action="store_true", help="skip the 28-day rule")
     parser.add_argument("--skip-rules", action="store_true", help="only the 28-day rule")
@@ -529,6 +559,7 @@ def main() -> None:
             print()
             table(["28-day rule", "evaluated at", "series", "served_by",
                    "per evaluation (median of 5)", "target"], long_rows)  # fmt: skip
+            print(f"load average (1, 5, 15 min): {_load()}")
 
 
 if __name__ == "__main__":

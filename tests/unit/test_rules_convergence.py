@@ -213,3 +213,39 @@ def test_bad_settings_are_refused_with_the_defaults(options: dict[str, int]) -> 
             resend_delay_ms=options.get("resend_delay_ms", 60_000),
             resolved_retention_ms=options.get("resolved_retention_ms", 900_000),
         )
+
+
+def test_a_held_first_send_goes_out_with_the_incident_that_formed_meanwhile() -> None:
+    conv = Converger(hold_ms=MIN)
+    clock = node("ClockOffsetTooLarge", "node03")  # alone: no incident yet
+    assert conv.round(T0, [clock], [_out(clock)], TOPOLOGY) == []
+    down = _at(node("NodeDown", "node03", severity="critical"), T0 + 30_000)
+    sent = conv.round(T0 + 30_000, [clock, down], [_out(down)], TOPOLOGY)
+    names = sorted(a.labels["alertname"] for a in sent)
+    assert names == ["ClockOffsetTooLarge", "NodeDown", ROOT_CAUSE_ALERT]
+    assert {a.labels["incident"] for a in sent} == {"node03"}
+
+
+@pytest.mark.parametrize(
+    ("later", "expect"),
+    [
+        ("still firing", ["ClockOffsetTooLarge"]),  # the hold is over: sent as it is
+        ("resolved", []),  # resolved while held: Alertmanager never heard of it
+    ],
+)
+def test_a_held_alert_that_joins_nothing(later: str, expect: list[str]) -> None:
+    conv = Converger(hold_ms=MIN)
+    clock = node("ClockOffsetTooLarge", "node03")
+    assert conv.round(T0, [clock], [_out(clock)], TOPOLOGY) == []
+    assert conv.round(T0 + 30_000, [clock], [], TOPOLOGY) == []
+    firing = [clock] if later == "still firing" else []
+    sent = conv.round(T0 + MIN, firing, [], TOPOLOGY)
+    assert [a.labels["alertname"] for a in sent] == expect
+    assert all("incident" not in a.labels for a in sent)
+    assert conv.round(T0 + 2 * MIN, firing, [], TOPOLOGY) == []  # sent once
+
+
+def test_without_a_hold_a_lone_alert_is_sent_at_once() -> None:
+    clock = node("ClockOffsetTooLarge", "node03")
+    sent = Converger().round(T0, [clock], [_out(clock)], TOPOLOGY)
+    assert [a.labels["alertname"] for a in sent] == ["ClockOffsetTooLarge"]

@@ -425,17 +425,26 @@ class Converger:
         resend_delay_ms: int = RESEND_DELAY_MS,
         resolved_retention_ms: int = RESOLVED_RETENTION_MS,
         external_url: str = "",
+        hold_ms: int = 0,
     ) -> None:
-        if window_ms <= 0 or resend_delay_ms <= 0 or resolved_retention_ms < 0:
+        if window_ms <= 0 or resend_delay_ms <= 0 or resolved_retention_ms < 0 or hold_ms < 0:
             raise ConfigError(
-                f"convergence window {window_ms} ms, resend delay {resend_delay_ms} ms and "
-                f"resolved retention {resolved_retention_ms} ms: the window and the delay must "
-                "be positive, the retention not negative (defaults 3600000, 60000, 900000)"
+                f"convergence window {window_ms} ms, resend delay {resend_delay_ms} ms, "
+                f"resolved retention {resolved_retention_ms} ms and hold {hold_ms} ms: the "
+                "window and the delay must be positive, the retention and the hold not "
+                "negative (defaults 3600000, 60000, 900000, 0)"
             )
         self.window_ms = window_ms
         self.resend_delay_ms = resend_delay_ms
         self.resolved_retention_ms = resolved_retention_ms
         self.external_url = external_url
+        # A new alert about something (a node, a job) that is in no incident yet waits this
+        # long before its first send, as Alertmanager's group_wait: an incident forming in
+        # the meantime labels it, so Alertmanager inhibits it under the root cause instead
+        # of notifying it alone. 0: sent at once.
+        self.hold_ms = hold_ms
+        self._held: dict[Key, tuple[OutgoingAlert, int]] = {}  # first sends waiting, since
+        self._released: set[Key] = set()  # firing alerts sent at least once
         self.incidents: dict[str, Incident] = {}  # open and recently resolved, by name
         self._member_of: dict[Key, str] = {}
         self._former: dict[Key, tuple[str, int]] = {}  # resolved members: incident, until
@@ -490,8 +499,42 @@ class Converger:
             fresh = classify(list(incident.members.values()), all_targets_down)
             if CAUSES.index(fresh.cause) < CAUSES.index(incident.diagnosis.cause):
                 incident.diagnosis = fresh  # only a stronger cause replaces the one named
-        out = [self._labelled(a) for a in outgoing]
+        out = self._hold(at_ms, outgoing, now, about)
         out += self._root_causes_due(at_ms)
+        return out
+
+    def _hold(
+        self,
+        at_ms: int,
+        outgoing: Sequence[OutgoingAlert],
+        now: Mapping[Key, FiringAlert],
+        about: Mapping[Key, set[Subject]],
+    ) -> list[OutgoingAlert]:
+        """``outgoing`` labelled with their incident, less the first sends held back
+        (``hold_ms``), plus the held ones whose incident formed or whose hold is over."""
+        self._released &= now.keys()
+        out = []
+        for alert in outgoing:
+            key = _key(alert.labels)
+            fresh = key in now and key not in self._released and about.get(key)
+            if self.hold_ms and fresh and not self.incident_of(alert.labels):
+                since = self._held.get(key, (alert, at_ms))[1]
+                self._held[key] = (alert, since)
+                continue
+            if key in self._held and key not in now:
+                del self._held[key]  # resolved before it was ever sent: nothing to tell
+                continue
+            self._held.pop(key, None)
+            if key in now:
+                self._released.add(key)
+            out.append(self._labelled(alert))
+        for key, (alert, since) in list(self._held.items()):
+            if key not in now:
+                del self._held[key]
+            elif self.incident_of(alert.labels) or at_ms - since >= self.hold_ms:
+                del self._held[key]
+                self._released.add(key)
+                out.append(self._labelled(alert))
         return out
 
     def _drop_gone(self, at_ms: int, now: Mapping[Key, FiringAlert]) -> None:

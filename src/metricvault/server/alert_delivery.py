@@ -38,8 +38,11 @@ class Delivery:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.groups: dict[str, RuleGroup] = {}  # by file and name: a reload replaces them
-        self.converger = Converger()
         options = manager_options(gateway)
+        # a first send waits one resend interval for its incident to form (group_wait-like)
+        self.converger = Converger(
+            resend_delay_ms=options.resend_delay_ms, hold_ms=options.resend_delay_ms
+        )
         self.query = engine_query(Engine(rules_source(gateway), options.engine))
         self.cache = RoundCache(self.query)  # the topology, once per evaluation round
         self.lock = threading.Lock()  # groups end their rounds in threads of their own
