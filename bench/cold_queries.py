@@ -111,31 +111,30 @@ def vault_call(case: QueryCase, summary: Summary) -> dict[str, object]:
     raise ValueError(f"no cold call for {case.key}")
 
 
-def cold_vault(path: Path, call: dict[str, object], runs: int) -> list[Cold]:
-    found = []
+def _child(script: str, path: Path, call: dict[str, object]) -> str:
+    """Run ``script`` in a fresh Python process; its stdout (its stderr if it fails)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
-    for _ in range(runs):
-        done = subprocess.run(
-            [sys.executable, "-c", COLD_SCRIPT, str(path), json.dumps(call)],
-            capture_output=True,
-            text=True,
-            check=True,
-            env=env,
-        )
-        found.append(Cold(**json.loads(done.stdout.strip().splitlines()[-1])))
-    return found
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path), json.dumps(call)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    if done.returncode:
+        raise RuntimeError(f"the cold query process failed:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def cold_vault(path: Path, call: dict[str, object], runs: int) -> list[Cold]:
+    return [
+        Cold(**json.loads(_child(COLD_SCRIPT, path, call).strip().splitlines()[-1]))
+        for _ in range(runs)
+    ]
 
 
 def profile_vault(path: Path, call: dict[str, object]) -> str:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
-    done = subprocess.run(
-        [sys.executable, "-c", PROFILE_SCRIPT, str(path), json.dumps(call)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-    )
-    return done.stdout
+    return _child(PROFILE_SCRIPT, path, call)
 
 
 def cold_vm(vm: VictoriaMetrics, case: QueryCase, runs: int) -> list[float]:

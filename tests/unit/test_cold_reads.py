@@ -82,8 +82,33 @@ def test_a_fresh_vaults_first_raw_read_is_bit_exact(stored):
 def test_first_read_of_a_few_series_keeps_the_group_stored_until_a_second_read(stored):
     with Vault.open_local(stored) as fresh:
         fresh.query('gpu_util{gpu="3"}', T0, T0 + H)
-        kinds = {key[2] for key in fresh.reader.cache._items}
-        assert kinds == {False}  # kept as stored, nothing decoded whole yet
+        kinds = {key[2:] for key in fresh.reader.cache._items}
+        assert kinds == {(False, False)}  # raw: kept as stored, nothing decoded whole yet
         fresh.query('gpu_util{gpu="3"}', T0, T0 + H)
-        kinds = {key[2] for key in fresh.reader.cache._items}
-        assert kinds == {True}  # decoded whole; the stored copy is dropped
+        kinds = {key[2:] for key in fresh.reader.cache._items}
+        assert kinds == {(True, False)}  # decoded whole; the stored copy is dropped
+
+
+def test_a_quantile_after_a_read_without_sketches_reads_them(stored):
+    aggs = ("p95", "mean", "stddev")
+    with Vault.open_local(stored) as reference:
+        want = reference.query('gpu_util{gpu="3"}', T0, T0 + H, step="10m", aggs=aggs)
+    with Vault.open_local(stored) as fresh:
+        fresh.query('gpu_util{gpu="3"}', T0, T0 + H, step="10m", aggs=("mean",))  # no sketch
+        fresh.query("gpu_util", T0, T0 + H, step="10m", aggs=("max",))  # decoded, no sketch
+        got = fresh.query('gpu_util{gpu="3"}', T0, T0 + H, step="10m", aggs=aggs)
+    assert want["p95"].notna().any()
+    pd.testing.assert_frame_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("name", "selector", "step", "aggs"), QUERIES[1:], ids=[q[0] for q in QUERIES[1:]]
+)
+def test_aggregates_read_without_sketches_equal_those_read_with_them(
+    stored, name, selector, step, aggs
+):
+    with Vault.open_local(stored) as fresh:
+        lean = fresh.query(selector, T0, T0 + H, step=step, aggs=aggs)
+    with Vault.open_local(stored) as fresh:  # a quantile: the rollup rows are read whole
+        full = fresh.query(selector, T0, T0 + H, step=step, aggs=(*aggs, "p50"))
+    pd.testing.assert_frame_equal(lean, full.drop(columns=["p50"]))

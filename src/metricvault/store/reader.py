@@ -39,11 +39,12 @@ class RowGroup:
     max_ts: int
 
 
-CacheKey = tuple[str, int, bool]  # (file path, row group, decoded: else as stored)
+# (file path, row group, decoded: else as stored, lean: without the rollups' sketch columns)
+CacheKey = tuple[str, int, bool, bool]
 
 
 class FileCache:
-    """Row groups by (path, index, decoded), least recently used out first, bounded in bytes."""
+    """Row groups by :data:`CacheKey`, least recently used out first, bounded in bytes."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -67,9 +68,9 @@ class FileCache:
                 return
             self._items[key] = table
             self._bytes += size
-            stored = (key[0], key[1], False)
-            if key[2] and stored in self._items:  # decoded now: the stored form is not needed
-                self._bytes -= self._items.pop(stored).nbytes
+            for other in _superseded(key):  # forms of the group this one answers for
+                if other in self._items:
+                    self._bytes -= self._items.pop(other).nbytes
             while self._bytes > self.max_bytes and self._items:
                 _, old = self._items.popitem(last=False)
                 self._bytes -= old.nbytes
@@ -93,17 +94,20 @@ class Reader:
         end: int,
         tier: str = "raw",
         use_cache: bool = True,
+        sketches: bool = True,
     ) -> pa.Table:
         """Decoded rows with ``start <= ts < end`` for the given series (None: all).
 
         ``use_cache=False`` is for maintenance scans, which would only evict what queries need.
+        ``sketches=False``: rollup rows may come without their quantile sketches (null).
         """
+        lean = not sketches and tier != "raw"
         chosen = [f for f in files if f.max_ts >= start and f.min_ts < end]
         ids = None if series_ids is None else np.unique(np.asarray(series_ids, np.int64))
         chosen.sort(key=lambda f: f.order)  # later commits win on duplicate samples
         pairs = []
         for f in chosen:
-            table = self._read_one(f, ids, start, end, use_cache)
+            table = self._read_one(f, ids, start, end, use_cache, lean)
             if table.num_rows:
                 pairs.append((f, table))
         if not pairs:
@@ -114,7 +118,13 @@ class Reader:
         return fmt.sort_dedup(pa.concat_tables(tables))
 
     def _read_one(
-        self, f: DataFile, ids: np.ndarray | None, start: int, end: int, use_cache: bool
+        self,
+        f: DataFile,
+        ids: np.ndarray | None,
+        start: int,
+        end: int,
+        use_cache: bool,
+        lean: bool = False,
     ) -> pa.Table:
         metadata, groups = self._footer(f)
         wanted = [
@@ -122,7 +132,7 @@ class Reader:
             for g in groups
             if g.max_ts >= start and g.min_ts < end and (ids is None or _hits(ids, g))
         ]
-        tables = [self._group(f, metadata, g.index, ids, use_cache) for g in wanted]
+        tables = [self._group(f, metadata, g.index, ids, use_cache, lean) for g in wanted]
         if not tables:
             return _empty(f.tier)
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
@@ -154,16 +164,26 @@ class Reader:
         index: int,
         ids: np.ndarray | None,
         use_cache: bool,
+        lean: bool = False,
     ) -> pa.Table:
         """The decoded rows of one row group: all of them, or (where ``ids`` holds a small
-        part of a group not read before) only those series' rows."""
-        key = (f.path, index, True)
-        table = self.cache.get(key) if use_cache else None
-        if table is not None:
-            return table
-        stored = self.cache.get((f.path, index, False)) if use_cache else None
+        part of a group not read before) only those series' rows; ``lean``: the sketch
+        columns may be left out."""
+        # Any cached form that holds what is asked: decoded before stored, and with the
+        # sketches as well as (``lean``) without them.
+        leanness = (False, True) if lean else (False,)
+        stored = None
+        if use_cache:
+            for decoded in (True, False):
+                for without in leanness:
+                    found = self.cache.get((f.path, index, decoded, without))
+                    if found is not None and decoded:
+                        return found
+                    if found is not None and stored is None:
+                        stored, lean = found, without
+        key = (f.path, index, True, lean)
         if stored is None:
-            stored = self._read_group(f, metadata, index)
+            stored = self._read_group(f, metadata, index, lean)
             if ids is not None:
                 # The first read of a group for a few series (one GPU of a hundred) decodes
                 # only their rows: decoding costs as much as reading, and is what a fresh
@@ -172,18 +192,24 @@ class Reader:
                 part = _slice_series(stored, ids)
                 if part.num_rows * SMALL_PART < stored.num_rows:
                     if use_cache:
-                        self.cache.put((f.path, index, False), stored)
+                        self.cache.put((f.path, index, False, lean), stored)
                     return self._decode(f, part)
         table = self._decode(f, stored)
         if use_cache:
             self.cache.put(key, table)
         return table
 
-    def _read_group(self, f: DataFile, metadata: pq.FileMetaData, index: int) -> pa.Table:
+    def _read_group(
+        self, f: DataFile, metadata: pq.FileMetaData, index: int, lean: bool
+    ) -> pa.Table:
         try:
             with self.loc.fs.open_input_file(f.path) as handle:
                 pf = pq.ParquetFile(handle, metadata=metadata, **fmt.VERIFY)
-                return pf.read_row_group(index)
+                if not lean:
+                    return pf.read_row_group(index)
+                # every column a sketch is stored in (its keys, its counts in any encoding)
+                names = [n for n in pf.schema_arrow.names if not n.startswith(SKETCH_PREFIX)]
+                return pf.read_row_group(index, names)
         except (OSError, pa.ArrowException) as exc:
             raise read_error(f.path, f"{f.tier} data file", exc) from exc
 
@@ -237,6 +263,19 @@ def _hits(ids: np.ndarray, group: RowGroup) -> bool:
 
 
 _MAX_SLICES = 32
+
+
+def _superseded(key: CacheKey) -> list[CacheKey]:
+    """The cached forms of a row group that ``key``'s form makes useless: a decoded group
+    replaces the stored one, and one with sketches the lean ones."""
+    path, index, decoded, lean = key
+    found = [(path, index, False, lean)] if decoded else []
+    if not lean:
+        found += [(path, index, False, True)] + ([(path, index, True, True)] if decoded else [])
+    return [k for k in found if k != key]
+
+
+SKETCH_PREFIX = "sketch_"  # rollup columns of the quantile sketches (rollup.SKETCH_COLUMNS)
 SMALL_PART = 4  # under a quarter of a group's rows: decode only those on its first read
 
 
