@@ -6,6 +6,7 @@ settings are refused before anything is written."""
 from __future__ import annotations
 
 import math
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from typer.testing import CliRunner
 
 from metricvault.cli.main import app
 from metricvault.config import Settings
-from metricvault.errors import ConfigError, InputError
+from metricvault.errors import ConfigError, InputError, StorageError
 from metricvault.store import iceberg
 from metricvault.store.upkeep import MaintenanceLoop
 from metricvault.store.vault import Vault
@@ -199,3 +200,14 @@ def test_publish_has_a_manual_page_and_is_listed():
     assert page.exit_code == 0
     for words in ("iceberg_catalog", "iceberg_warehouse", "--tier", "--data", "never doubled"):
         assert words in page.output, words
+
+
+def test_an_unreachable_catalog_is_a_storage_error_without_the_password(tmp_path: Path):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    uri = f"postgresql+psycopg://mv:hunter2@127.0.0.1:{port}/iceberg"
+    bad = Settings(iceberg_catalog=uri, iceberg_warehouse=str(tmp_path / "wh"))
+    with pytest.raises(StorageError, match="cannot open the Iceberg catalog") as caught:
+        iceberg.open_catalog(bad)
+    assert "hunter2" not in str(caught.value)
