@@ -3,8 +3,10 @@ that ``metricvault maintain [--loop]`` and the gateway's maintainer share.
 
 A round takes ``state/maintain.lock`` (an ``flock``), so the workers of one ``serve`` and a
 ``maintain --loop`` beside them never compact the same files at once; a maintainer that finds
-the lock taken skips its round (a loop) or waits for it (a one-off ``maintain``). Rounds are
-safe to kill at any moment: each step commits atomically and the next round finishes it.
+the lock taken skips its round (a loop) or waits for it (a one-off ``maintain``). Maintainers
+with other state directories (other machines) are kept apart per day by claims in the vault
+itself (store/claims.py), not by this lock. Rounds are safe to kill at any moment: each step
+commits atomically and the next round finishes it.
 """
 
 from __future__ import annotations
