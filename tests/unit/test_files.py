@@ -204,10 +204,52 @@ def test_a_rollup_file_of_the_first_layout_reads_as_it_did_and_rewrites_to_the_s
         ("sum_i", "BYTE_STREAM_SPLIT"),
         ("m2_f", "BYTE_STREAM_SPLIT"),
         ("sketch_keys.list.element", "BYTE_STREAM_SPLIT"),
-        ("sketch_counts.list.element", "BYTE_STREAM_SPLIT"),
+        ("sketch_counts_head.list.element", "BYTE_STREAM_SPLIT"),
+        ("first_d", "BYTE_STREAM_SPLIT"),
         ("count", "RLE_DICTIONARY"),
     ],
 )
 def test_rollup_files_of_this_layout_use_the_recorded_encodings(column, encoding):
     expected = pq.read_table(LAYOUT / "rollup-1m-format1.expected.parquet")
     assert encoding in _column_encodings(files.write_parquet(expected, files.ROLLUP_FLOATS))[column]
+
+
+def _sketch_rows(counts: list[list[int] | None], count: list[int]) -> pa.Table:
+    n = len(count)
+    lists = pa.list_(pa.int32())
+    return pa.table(
+        {
+            "series_id": pa.array([5] * n, pa.int64()),
+            "ts": pa.array(np.arange(n) * 60_000, pa.int64()),
+            "count": pa.array(count, pa.int64()),
+            "sum": [10.5, 7.25, 3.0, 0.0][:n],
+            "min": [1.5, 1 / 3, 3.0, None][:n],  # 1/3: min in the float column, first not
+            "max": [4.0, 5.0, 3.0, None][:n],
+            "first": [2.25, 4.0, 3.0, None][:n],
+            "last": [1.5, 1.75, 3.0, None][:n],
+            "sketch_keys": pa.array(
+                [None if c is None else list(range(len(c))) for c in counts], lists
+            ),
+            "sketch_counts": pa.array(counts, lists),
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("counts", "count", "head_stored"),
+    [
+        ([[1, 2, 2], [3, 1], [1], None], [5, 4, 1, 0], True),  # counts add up: last dropped
+        ([[1, 2, 2], [], [1], None], [5, 4, 1, 0], True),  # an empty sketch stays empty
+        ([[1, 2, 2], [3, 1], [1], None], [5, 4, 2, 0], False),  # one does not: all kept
+    ],
+)
+def test_rollup_rows_of_every_format_version_read_back_bit_exact(counts, count, head_stored):
+    rows = _sketch_rows(counts, count)
+    for version in (1, 2, files.FORMAT_VERSION):
+        data = files.write_parquet(rows, files.ROLLUP_FLOATS, version)
+        stored = pq.read_table(io.BytesIO(data))
+        assert ("sketch_counts_head" in stored.column_names) == (head_stored and version >= 3)
+        assert ("first_d" in stored.column_names) == (version >= 3)
+        back = files.read_parquet(io.BytesIO(data), files.ROLLUP_FLOATS)
+        for column in ("first", "min", "max", "last", "sketch_keys", "sketch_counts"):
+            assert back[column].to_pylist() == rows[column].to_pylist(), (version, column)

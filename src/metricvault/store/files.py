@@ -28,13 +28,15 @@ RAW_FLOATS = ("value",)
 ZSTD_LEVEL = 15  # a little smaller than 9 at small CPU cost: bench/encoding.py
 # Raw files: 256 Ki rows per row group; rollup rows are wider and read a few series at a time.
 ROW_GROUP_ROWS = {False: 256 * 1024, True: 64 * 1024}
-# The layout version this writer records in each data file's key-value metadata. 1: files
-# written before the key existed (dictionary-encoded sketch lists); 2: sketch lists
-# byte-stream-split (docs/decisions/0006). Every version reads through :func:`decode`: the
-# physical columns are the same, only their page encodings differ, which Parquet describes.
+# The layout version this writer records in each data file's key-value metadata
+# (docs/decisions/0006). 1: files written before the key existed; 2: the sketch lists
+# byte-stream-split; 3: also, in rollup files, ``first`` stored as ``first_d`` (its distance
+# from the bucket's ``min``) where both are scaled integers, and ``sketch_counts`` without its
+# last count (``sketch_counts_head``; the last is ``count`` less the others). Every version
+# reads through :func:`decode`, which knows each by its physical columns.
 FORMAT_KEY = b"metricvault.format"
-FORMAT_VERSION = 2
-_LIST_ELEMENTS = ("sketch_keys", "sketch_counts")
+FORMAT_VERSION = 3
+_LIST_ELEMENTS = ("sketch_keys", "sketch_counts", "sketch_counts_head")
 
 
 def _row_scales(values: np.ndarray) -> np.ndarray:
@@ -62,7 +64,9 @@ def _series_scales(series_id: np.ndarray, row_scale: np.ndarray) -> np.ndarray:
     return np.repeat(np.maximum(per_series, 0), lengths).astype(np.int8)
 
 
-def encode(table: pa.Table, float_columns: Sequence[str]) -> pa.Table:
+def encode(
+    table: pa.Table, float_columns: Sequence[str], format_version: int = FORMAT_VERSION
+) -> pa.Table:
     """Logical table (float64 columns) -> physical table (scaled ints + float fallbacks)."""
     sid = table.column("series_id").to_numpy()
     float_columns = [c for c in float_columns if c in table.column_names]
@@ -86,7 +90,75 @@ def encode(table: pa.Table, float_columns: Sequence[str]) -> pa.Table:
         cols[f"{c}_i"], cols[f"{c}_f"] = _split(arrays[c], scale, optional=rollup)
     if not rollup:
         cols["value_i"], cols["value_j"] = _split_by_shape(sid, cols["value_i"])
+    elif format_version >= 3:
+        _first_from_min(cols)
+        _counts_but_last(cols)
     return pa.table(cols)
+
+
+def _first_from_min(cols: dict[str, pa.Array]) -> None:
+    """A bucket's first sample lies between its min and max: as a distance from ``min`` it
+    is a small non-negative integer, which byte-stream-split and zstd store in fewer bytes
+    than the value itself (docs/decisions/0006). Exact: both are integers below 2**53."""
+    if "first_i" not in cols:
+        return
+    first, low = cols["first_i"], cols["min_i"]
+    both = pc.and_(pc.is_valid(first), pc.is_valid(low))
+    cols["first_i"] = pc.if_else(both, pa.scalar(None, pa.int64()), first)
+    cols["first_d"] = pc.if_else(both, pc.subtract(first, low), pa.scalar(None, pa.int64()))
+
+
+def _absolute_first(table: pa.Table) -> pa.Table:
+    if "first_d" not in table.column_names:
+        return table
+    from_min = pc.add(table.column("first_d"), table.column("min_i"))
+    first = pc.coalesce(table.column("first_i"), from_min)
+    index = table.column_names.index("first_i")
+    return table.set_column(index, "first_i", first).drop_columns(["first_d"])
+
+
+def _counts_but_last(cols: dict[str, pa.Array]) -> None:
+    """Each sketch's counts add up to the bucket's ``count``, so its last count follows from
+    the others; stored without it only when that holds for every row of the file."""
+    if "sketch_counts" not in cols:
+        return
+    counts, keys = cols["sketch_counts"], cols["sketch_keys"]
+    lengths = pc.fill_null(pc.list_value_length(counts), 0).to_numpy()
+    key_lengths = pc.fill_null(pc.list_value_length(keys), 0).to_numpy()
+    if not np.array_equal(lengths, key_lengths) or counts.null_count != keys.null_count:
+        return
+    values = pc.list_flatten(counts).to_numpy().astype(np.int64)
+    ends = np.cumsum(lengths)
+    sums = np.r_[0, np.cumsum(values)][ends] - np.r_[0, np.cumsum(values)][ends - lengths]
+    held = lengths > 0
+    if not np.array_equal(sums[held], cols["count"].to_numpy()[held]):
+        return
+    keep = np.ones(len(values), bool)
+    keep[ends[held] - 1] = False
+    head_offsets = np.r_[0, np.cumsum(lengths - held)].astype(np.int32)
+    cols["sketch_counts_head"] = pa.ListArray.from_arrays(
+        pa.array(head_offsets), pa.array(values[keep], pa.int32()), mask=pc.is_null(counts)
+    )
+    del cols["sketch_counts"]
+
+
+def _full_counts(table: pa.Table) -> pa.Table:
+    if "sketch_counts_head" not in table.column_names:
+        return table
+    head = table.column("sketch_counts_head").combine_chunks()
+    keys = table.column("sketch_keys").combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(keys), 0).to_numpy()
+    head_lengths = pc.fill_null(pc.list_value_length(head), 0).to_numpy()
+    values = pc.list_flatten(head).to_numpy().astype(np.int64)
+    ends = np.cumsum(head_lengths)
+    sums = np.r_[0, np.cumsum(values)][ends] - np.r_[0, np.cumsum(values)][ends - head_lengths]
+    short = lengths > head_lengths
+    last = table.column("count").to_numpy()[short] - sums[short]
+    full = np.insert(values, ends[short], last).astype(np.int32)
+    offsets = pa.array(np.r_[0, np.cumsum(lengths)].astype(np.int32))
+    counts = pa.ListArray.from_arrays(offsets, pa.array(full), mask=pc.is_null(head))
+    index = table.column_names.index("sketch_counts_head")
+    return table.set_column(index, "sketch_counts", counts)
 
 
 def _split_by_shape(sid: np.ndarray, ints: pa.Array) -> tuple[pa.Array, pa.Array]:
@@ -173,6 +245,7 @@ def decode_column(table: pa.Table, name: str) -> pa.Array:
 
 
 def decode(table: pa.Table, float_columns: Sequence[str]) -> pa.Table:
+    table = _full_counts(_absolute_first(table))
     out = {
         c: table.column(c)
         for c in table.column_names
@@ -196,7 +269,7 @@ def _column_encodings(physical: pa.Schema, rollup: bool) -> dict[str, str]:
     for f in physical:
         if f.name in ("ts", "first_ts", "last_ts") or (f.name.endswith("_i") and not rollup):
             enc[f.name] = "DELTA_BINARY_PACKED"
-        elif f.name.endswith(("_f", "_i", "_j")):
+        elif f.name.endswith(("_f", "_i", "_j", "_d")):
             enc[f.name] = "BYTE_STREAM_SPLIT"
         elif f.name in _LIST_ELEMENTS:
             enc[f"{f.name}.list.element"] = "BYTE_STREAM_SPLIT"
@@ -214,7 +287,7 @@ def write_parquet(
 ) -> bytes:
     """Encode and serialise a table sorted by ``(series_id, ts)``; returns the file bytes.
     ``format_version`` 1 writes the layout from before versions (benchmarks' "before")."""
-    physical = encode(table, float_columns)
+    physical = encode(table, float_columns, format_version)
     rollup = "count" in table.column_names
     encodings = _column_encodings(physical.schema, rollup)
     if format_version == 1:
