@@ -302,9 +302,11 @@ class Catalog:
         has (``v<N+1>`` absent: one GET) instead of listing catalog/, whose cost grows with
         the versions kept; a cold one starts from catalog/NEWEST. Only a vault without the
         pointer, or a cached version that expiry deleted, falls back to listing."""
-        start = self._cached or self._from_pointer()
+        start, fresh = self._cached, False
+        if start is None:
+            start, fresh = self._from_pointer(), True
         if start is not None:
-            found = self._probe_from(start)
+            found = self._probe_from(start, fresh)
             if found is not None:
                 return found
         return self._current_by_listing()
@@ -329,9 +331,10 @@ class Catalog:
         data = self._read_optional(self.version_path(version))
         return None if data is None else self._parse(version, data)
 
-    def _probe_from(self, start: Snapshot) -> Snapshot | None:
+    def _probe_from(self, start: Snapshot, fresh: bool = False) -> Snapshot | None:
         """The newest version at or after ``start``, or None when that cannot be proven by
-        probing (``start`` was expired meanwhile: versions above it may have been too)."""
+        probing (``start`` was expired meanwhile: versions above it may have been too).
+        ``fresh``: ``start`` was just read, so it is known to exist."""
         newest, last = start, start.version
         while True:
             self.probes += 1
@@ -344,7 +347,7 @@ class Catalog:
                 newest = snap
         if last != newest.version:
             return None  # stopped at a damaged version: let the listing decide
-        if newest is start:
+        if newest is start and not fresh:
             exists = self.loc.s3.exists if self.loc.s3 is not None else self.loc.exists
             if not exists(self.version_path(start.version)):
                 return None
