@@ -7,7 +7,10 @@ writer's version. Writers sharing a state directory also share its lock; writers
 (two gateways with their own state dirs on one S3 vault) can race for a version number: the
 loser re-reads the winner's version and re-applies its change on top (:meth:`Change.rebase`),
 so a flush is never lost, and maintenance whose inputs the winner replaced is discarded with a
-:class:`~metricvault.errors.CommitConflictError`. Each snapshot records the data files with
+:class:`~metricvault.errors.CommitConflictError`. Duplicate samples are resolved by commit
+order: each data file records the version that added it (``DataFile.added_in``). Readers find
+the newest version by probing ``v<N+1>`` from the one they have, or from ``catalog/NEWEST``,
+never by listing per query (docs/scale-out.md). Each snapshot records the data files with
 their tier, day, row count and time range, the series files, the per-buffer watermarks that make
 flushes exactly-once, and the hours whose rollups must be recomputed ("dirty" hours).
 
@@ -50,8 +53,8 @@ POINTER = "NEWEST"  # catalog/NEWEST: the newest version's number, a hint for co
 COMMIT_ATTEMPTS = 30  # lost races in a row before a commit gives up (each re-reads first)
 MANY_WRITERS = (
     "another writer (a process with its own state directory) is committing to this vault: "
-    "give each gateway its own vault or state directory shared by its workers; many writers "
-    "on one vault are fenced, not coordinated, and their maintenance conflicts"
+    "expected with several gateways on one vault (docs/scale-out.md); if it is frequent, "
+    "commits are too: raise flush_interval, or give each gateway its own vault"
 )
 
 
