@@ -338,10 +338,17 @@ def scenario_report(run: ScenarioRun, command: str) -> str:
             f"{stored / max(run.samples, 1):.3f} | {before_text} | {days_kept} | "
             f"{scaled / 1e9:.2f} |"
         )
+    before_total = sum(
+        run.scaled(run.before_bytes.get(tier, run.tier_bytes.get(tier, 0)), days_kept)
+        for tier, days_kept in SCENARIO_TIERS
+    )
     verdict = "PASS" if total <= SEED_TARGET_BYTES else "MISS"
     lines.append(f"| **total** | | | | | | | **{total / 1e9:.2f}** |")
-    lines += ["", f"- total {total / 1e9:.2f} GB vs target {SEED_TARGET_BYTES / 1e9:.0f} GB: "
-              f"**{verdict}**"]  # fmt: skip
+    lines += [
+        "",
+        f"- total {total / 1e9:.2f} GB vs target {SEED_TARGET_BYTES / 1e9:.0f} GB: **{verdict}**"
+        f"; with the rollups in format 1 (before): {before_total / 1e9:.2f} GB",
+    ]
     raw = run.tier_bytes.get("raw", 0)
     if run.vm_data_bytes is None:
         lines.append(f"- VictoriaMetrics: {run.vm_note}")
