@@ -295,8 +295,8 @@ class ResultCache:
         if snap is None:
             return evaluate(start_ms, end_ms)
         key = (scope, expr, step_ms, start_ms % step_ms)
-        version = Version.of(snap)
         entry = self._lookup(key, snap, start_ms)
+        version = entry.version if entry is not None else Version.of(snap)
         if entry is None:
             self.stats.misses += 1
             result, warnings = evaluate(start_ms, end_ms)
@@ -347,7 +347,8 @@ class ResultCache:
             if not entry.start_ms <= start_ms <= entry.settled_end_ms:
                 return None  # a range starting earlier, or after all it holds: evaluate anew
             self._entries.move_to_end(key)
-            entry.version = Version.of(snap)  # only newer raw files: compare with those next
+            if entry.version.version != snap.version:  # only newer raw files came
+                entry.version = Version.of(snap)  # compare with those next time
             return entry
 
     def _keep(self, key: tuple[Any, ...], merged: _Entry, end_ms: int, step_ms: int) -> None:
