@@ -316,6 +316,21 @@ class Settings:
         "A maintain round recomputes the baselines trained longer ago than this and copies "
         "the others' values forward.",
     )
+    anomaly_score_selectors: tuple[str, ...] = _setting(
+        (),
+        "Series that maintain scores online as they arrive (docs/anomaly.md, Online scoring): "
+        "PromQL selectors, semicolon-separated in the environment; their scores are the "
+        "metricvault_anomaly_score series. Empty: none.",
+    )
+    anomaly_detector: str = _setting(
+        "novelty",
+        "The detector that scores anomaly_score_selectors' series (docs/anomaly.md, Detectors).",
+    )
+    anomaly_score_interval: str = _setting(
+        "1m",
+        "`maintain --loop` scores the new samples at most this often (each one-off maintain "
+        "scores them once).",
+    )
 
     archive_dir: str = _setting(
         "artifacts/metrics",
@@ -361,6 +376,7 @@ class Settings:
             "rules_for_grace_period",
             "rules_resend_delay",
             "baseline_interval",
+            "anomaly_score_interval",
             "ha_failover_timeout",
             "ha_update_timeout",
             "ha_cache_ttl",
@@ -529,7 +545,8 @@ def _coerce(name: str, value: Any) -> Any:
     kind = type(getattr(Settings(), name)) if name in setting_names() else str
     if kind is tuple:  # a list of strings (rules_files): TOML list, or comma-separated text
         if isinstance(value, str):
-            sep = ";" if name == "baselines" else ","  # its entries hold `by a,b`
+            # their entries hold commas (`by a,b`, `{a="1",b="2"}`)
+            sep = ";" if name in ("baselines", "anomaly_score_selectors") else ","
             return tuple(part.strip() for part in value.split(sep) if part.strip())
         return tuple(str(v) for v in value)
     if kind is bool and isinstance(value, str):

@@ -21,6 +21,9 @@ from metricvault.protocols import SeriesSamples
 from metricvault.selector import Matcher, parse_selector
 
 SCORE_METRIC = "metricvault_anomaly_score"
+# 1 where the score reaches the detector's fixed threshold (the CSV's is_anomaly), else 0
+FLAG_METRIC = "metricvault_anomaly"
+KINDS = {SCORE_METRIC: "gauge", FLAG_METRIC: "gauge"}
 WEEK_MS = 7 * 86_400_000
 
 
@@ -29,7 +32,7 @@ class _Vault(Protocol):
         self, matchers: Sequence[Matcher], start_ms: int, end_ms: int, hints: Any = None
     ) -> list[SeriesSamples]: ...
 
-    def write(self, data: Any) -> int: ...
+    def write(self, data: Any, kinds: Any = None) -> int: ...
 
 
 def score_labels(labels: dict[str, str], detector: str) -> dict[str, str]:
@@ -49,15 +52,17 @@ def score_new_samples(
     warmup_ms: int = WEEK_MS,
 ) -> int:
     """Score every not yet scored sample in ``(now_ms - warmup_ms, now_ms]`` of the series the
-    ``selectors`` match; returns the number of scores written."""
-    make_detector(detector)  # an unknown name fails before anything is read
+    ``selectors`` match; returns the number of scores written. Beside each score goes a
+    ``metricvault_anomaly`` sample, 1 where the score reaches the detector's threshold."""
+    threshold = make_detector(detector).threshold()  # an unknown name fails before any read
     parsed = [parse_selector(text) for text in selectors]
     start = now_ms - warmup_ms
     rows: list[tuple[str, dict[str, str], int, float]] = []
+    flags: list[tuple[str, dict[str, str], int, float]] = []
     seen: set[tuple[tuple[str, str], ...]] = set()
     for selector in parsed:
         for series in vault.select(list(selector.matchers), start, now_ms):
-            if series.labels.get("__name__") == SCORE_METRIC:
+            if series.labels.get("__name__") in KINDS:
                 continue
             key = tuple(sorted(series.labels.items()))
             if key in seen:
@@ -72,8 +77,10 @@ def score_new_samples(
                 score = float(det.update(np.array([value]))[0])
                 if ts > last:
                     rows.append((SCORE_METRIC, labels, int(ts), score))
+                    flags.append((FLAG_METRIC, labels, int(ts), float(score >= threshold)))
     if rows:
-        vault.write(rows)
+        # one write: the flags and the scores (which mark what is done) are durable together
+        vault.write(rows + flags, KINDS)
     return len(rows)
 
 

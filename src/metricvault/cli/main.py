@@ -264,12 +264,19 @@ def maintain(
     # the `baselines` setting, refreshed every baseline_interval; a bad entry is refused
     # before anything runs
     specs = [BaselineSpec.parse(entry) for entry in settings.baselines]
+    from metricvault.analysis.online_step import OnlineScoring
+
+    # anomaly_score_selectors and anomaly_detector, likewise refused before anything runs
+    scoring = OnlineScoring.from_settings(settings)
     with open_with(settings, need="maintain") as vault:
 
         def on_report(report: Any, seconds: float) -> None:
             console.print(_report_line(report, seconds))
             if specs:
                 _maintain_baselines(vault, specs, settings.baseline_interval, at)
+            scored = scoring.run(vault, at)
+            if scored is not None:
+                console.print(f"anomaly scores: {scored} new sample(s) scored ({scoring.detector})")
 
         maintainer = MaintenanceLoop(
             vault, parse_duration_ms(settings.maintain_interval) / 1000, on_report=on_report
