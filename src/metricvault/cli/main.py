@@ -274,12 +274,18 @@ def maintain(
             console.print(_report_line(report, seconds))
             if specs:
                 _maintain_baselines(vault, specs, settings.baseline_interval, at)
-            scored = scoring.run(vault, at)
-            if scored is not None:
+            if report.get("anomaly_scores") is not None:
+                scored = report["anomaly_scores"]
                 console.print(f"anomaly scores: {scored} new sample(s) scored ({scoring.detector})")
 
+        def score(report: Any) -> None:
+            report["anomaly_scores"] = scoring.run(vault, at)
+
         maintainer = MaintenanceLoop(
-            vault, parse_duration_ms(settings.maintain_interval) / 1000, on_report=on_report
+            vault,
+            parse_duration_ms(settings.maintain_interval) / 1000,
+            on_report=on_report,
+            steps=[score] if scoring.enabled else [],
         )
         if loop:  # one line a round; a gateway's maintainer may take some rounds
             maintainer.run(threading.Event(), now_ms=at)

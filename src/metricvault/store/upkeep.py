@@ -15,7 +15,7 @@ import fcntl
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,17 +39,21 @@ class MaintenanceLoop:
     """``vault.maintain`` every ``interval_s`` seconds under ``maintain.lock``.
 
     ``on_report`` sees each round's report and its seconds; a failed round is logged and
-    retried next round (what it did not commit is redone then)."""
+    retried next round (what it did not commit is redone then). ``steps`` run after the
+    round's commits, still under its lock, each given the report to add to (the CLI's online
+    anomaly scoring: under the lock, two maintainers never score the same samples at once)."""
 
     def __init__(
         self,
         vault: Maintainable,
         interval_s: float,
         on_report: Callable[[Report, float], None] | None = None,
+        steps: Sequence[Callable[[Report], None]] = (),
     ) -> None:
         self.vault = vault
         self.interval_s = interval_s
         self.on_report = on_report
+        self.steps = tuple(steps)
         self.lock_path = vault.state_dir / MAINTAIN_LOCK
 
     def round(
@@ -71,6 +75,8 @@ class MaintenanceLoop:
                 published = publish_configured(self.vault)
                 if published is not None:
                     report["iceberg"] = iceberg_report(published)
+                for step in self.steps:
+                    step(report)
             finally:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
         if self.on_report is not None:
