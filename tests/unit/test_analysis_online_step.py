@@ -3,6 +3,8 @@ the vault), a spike scored high and flagged, and a rule over the scores firing."
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -179,3 +181,46 @@ def test_nothing_configured_is_no_step(tmp_path: Path) -> None:
 def test_bad_settings_name_the_setting() -> None:
     with pytest.raises(ConfigError, match="anomaly_detector: unknown detector"):
         OnlineScoring.from_settings(Settings.load(env={}, anomaly_detector="nope"))
+
+
+def test_a_maintenance_loop_scores_samples_as_they_arrive(tmp_path: Path) -> None:
+    from metricvault.durations import now_ms
+    from metricvault.store.upkeep import MaintenanceLoop
+
+    x = _values(120)
+    start = now_ms() - 120 * STEP
+    settings = Settings.load(
+        env={}, anomaly_score_selectors=("gpu_temp",), anomaly_score_interval="1ms"
+    )
+    step = OnlineScoring.from_settings(settings)
+
+    def rows(lo: int, hi: int) -> list[tuple[str, dict[str, str], int, float]]:
+        return [("gpu_temp", {"gpu": "0"}, start + i * STEP, float(x[i])) for i in range(lo, hi)]
+
+    def scored(v: Vault) -> int:
+        found = v.select([Matcher("__name__", "=", SCORE_METRIC)], start, start + 200 * STEP)
+        return sum(len(s.ts) for s in found)
+
+    def wait_for(v: Vault, n: int) -> None:
+        stop_at = time.monotonic() + 25
+        while scored(v) < n and time.monotonic() < stop_at:
+            time.sleep(0.05)
+
+    with Vault.open_local(str(tmp_path / "v")) as v:
+        v.write(rows(0, 100))
+
+        def score(report: dict[str, object]) -> None:
+            report["anomaly_scores"] = step.run(v)
+
+        loop = MaintenanceLoop(v, 0.05, steps=[score])
+        stop = threading.Event()
+        thread = threading.Thread(target=loop.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            wait_for(v, 100)
+            v.write(rows(100, 120))  # arrive while the loop runs
+            wait_for(v, 120)
+        finally:
+            stop.set()
+            thread.join(timeout=25)
+        assert scored(v) == 120
