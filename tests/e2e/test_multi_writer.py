@@ -262,7 +262,7 @@ def test_four_gateways_and_two_maintainers_killed_at_random_keep_every_acknowled
     try:
         deadline = time.monotonic() + CHAOS_S
         while time.monotonic() < deadline:
-            time.sleep(rng.uniform(2.0, 4.0))
+            time.sleep(rng.uniform(4.0, 7.0))  # a restarted process gets time to work
             pool: list[S3Gateway | Maintainer] = [*gateways, *maintainers]
             victim = rng.choice(pool)
             if not victim.running:
@@ -294,7 +294,10 @@ def test_four_gateways_and_two_maintainers_killed_at_random_keep_every_acknowled
     assert kills, "the chaos loop killed nothing"
     assert reads[0] > 0 and not reader_errors, reader_errors[:3]
     with Vault.open_local(
-        uri, s3_endpoint=s3_server.endpoint, state_dir=str(tmp_path / "final")
+        uri,
+        s3_endpoint=s3_server.endpoint,
+        state_dir=str(tmp_path / "final"),
+        keep_snapshots=100_000,  # the whole history stays, to be checked
     ) as vault:
         for _ in range(10):  # the last rounds, as the loop would run them
             try:
