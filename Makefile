@@ -37,8 +37,12 @@ lint: $(VENV)/.test-deps
 	$(BIN)/mypy --strict src
 	$(BIN)/mypy tests
 
+# The suite runs its files in parallel (pytest-xdist, one file per worker at a time so that
+# module fixtures are built once): most end-to-end time is spent waiting on real servers, so
+# more workers than cores pays. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 4
 test: $(VENV)/.test-deps system-deps lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=30 tests
 
 unit: $(VENV)/.test-deps
 	$(BIN)/python -m pytest -q tests/unit

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-READY_TIMEOUT_S = 20.0
+READY_TIMEOUT_S = 120.0  # a process that dies is noticed at once; a loaded CI machine starts serve slowly
 DUMMY_AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",

@@ -32,7 +32,7 @@ import pytest
 from .conftest import free_port, stop_process
 
 INFLUXD = Path("/usr/bin/influxd")
-READY_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 15.0
 ADMIN_USER, ADMIN_PASSWORD = "admin", "s3cret pass"
 

@@ -52,7 +52,7 @@ def _start_writer(vault_dir: Path, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
+def _wait_ready(proc: subprocess.Popen[bytes], log: Path, timeout: float = 120.0) -> None:
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     line = proc.stdout.readline() if ready else b""

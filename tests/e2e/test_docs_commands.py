@@ -35,7 +35,7 @@ from .influx_fixture import influxd  # noqa: F401  (started only for pages that 
 
 VENV_BIN = Path(sys.executable).parent
 COMMAND_TIMEOUT_S = 180.0
-READY_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 120.0
 DEBIAN_PROMETHEUS_YML = Path("/etc/prometheus/prometheus.yml")
 MINIMAL_PROMETHEUS_YML = """\
 global:
