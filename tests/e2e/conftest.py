@@ -29,7 +29,8 @@ from typing import Any
 
 import pytest
 
-READY_TIMEOUT_S = 120.0  # a process that dies is noticed at once; a loaded CI machine starts serve slowly
+# A process that dies is noticed at once; a loaded CI machine starts serve slowly.
+READY_TIMEOUT_S = 120.0
 DUMMY_AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -362,8 +363,8 @@ def metric_sum(values: dict[str, float], name: str) -> float:
 def prometheus(tmp_path: Path) -> Iterator[Any]:
     """Factory: ``prometheus(remote_write_url, {job: [host:port, ...]}, self_job=None,
     external_labels=None)`` starts Debian's ``prometheus`` scraping every second (itself too,
-    as job ``self_job`` if given) and remote-writing to ``remote_write_url``. Skips the test when the binary is missing
-    (``make test`` installs it)."""
+    as job ``self_job`` if given) and remote-writing to ``remote_write_url``. Skips the test
+    when the binary is missing (``make test`` installs it)."""
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.skip("the prometheus binary is missing: apt-get install -y prometheus")
