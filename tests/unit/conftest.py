@@ -16,7 +16,7 @@ def make_client(tmp_path):
     clients: list[tuple[TestClient, Vault]] = []
 
     def make(**overrides):
-        settings = Settings.load(env={}, gateway_maintain=False, **overrides)
+        settings = Settings.load(env={}, **{"gateway_maintain": False, **overrides})
         vault = Vault.open_local(str(tmp_path / f"v{len(clients)}"), settings)
         client = TestClient(create_app(vault, settings))
         client.__enter__()

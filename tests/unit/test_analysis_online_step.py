@@ -224,3 +224,28 @@ def test_a_maintenance_loop_scores_samples_as_they_arrive(tmp_path: Path) -> Non
             stop.set()
             thread.join(timeout=25)
         assert scored(v) == 120
+
+
+def test_serves_maintainer_scores_after_its_rounds(make_client) -> None:  # type: ignore[no-untyped-def]
+    from metricvault.durations import now_ms
+
+    x = _values(60)
+    start = now_ms() - 60 * STEP
+    _, v = make_client(
+        gateway_maintain=True,
+        maintain_interval="50ms",
+        anomaly_score_selectors=("gpu_temp",),
+        anomaly_score_interval="1ms",
+    )
+    v.write([("gpu_temp", {"gpu": "0"}, start + i * STEP, float(x[i])) for i in range(60)])
+    stop_at = time.monotonic() + 60
+    found: list[int] = []
+    while time.monotonic() < stop_at:
+        found = [
+            len(s.ts)
+            for s in v.select([Matcher("__name__", "=", SCORE_METRIC)], start, start + 61 * STEP)
+        ]
+        if sum(found) >= 60:
+            break
+        time.sleep(0.1)
+    assert sum(found) == 60, f"serve's maintainer scored {found} of 60 samples"

@@ -46,8 +46,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     # runs it, so collect may import it (sim.workload's pyarrow frames stay out of the agent:
     # test_collect_agent.py checks what the agent process loads)
     "sim": {"leaf"},
-    # read routes: the engine; the UI: experiments history and compare (archive)
-    "server": {"leaf", "store", "decoders", "open", "promql", "rules", "archive"},
+    # read routes: the engine; the UI: experiments history and compare (archive); upkeep: the
+    # online anomaly scores after each maintenance round (analysis never imports server)
+    "server": {"leaf", "store", "decoders", "open", "promql", "rules", "archive", "analysis"},
     # alert and recording rules: read through the engine, write through the store's write
     # protocol (the leaf); store for the evaluator's lease (conditional writes on s3)
     "rules": {"leaf", "store", "promql"},

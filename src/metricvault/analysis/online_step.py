@@ -10,6 +10,7 @@ vault says, without scoring a sample twice or skipping one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,15 @@ class OnlineScoring:
         written = score_new_samples(vault, self.selectors, at, self.detector)
         self._last_run_ms = at
         return written
+
+    def as_step(self, vault: Any, now_ms: int | None = None) -> Callable[[dict[str, Any]], None]:
+        """A :class:`~metricvault.store.upkeep.MaintenanceLoop` step: scores after each round
+        and puts how many into the round's report as ``anomaly_scores``."""
+
+        def step(report: dict[str, Any]) -> None:
+            report["anomaly_scores"] = self.run(vault, now_ms)
+
+        return step
 
 
 def run_configured(vault: Any, settings: Any, now_ms: int | None = None) -> int | None:

@@ -278,14 +278,11 @@ def maintain(
                 scored = report["anomaly_scores"]
                 console.print(f"anomaly scores: {scored} new sample(s) scored ({scoring.detector})")
 
-        def score(report: Any) -> None:
-            report["anomaly_scores"] = scoring.run(vault, at)
-
         maintainer = MaintenanceLoop(
             vault,
             parse_duration_ms(settings.maintain_interval) / 1000,
             on_report=on_report,
-            steps=[score] if scoring.enabled else [],
+            steps=[scoring.as_step(vault, at)] if scoring.enabled else [],
         )
         if loop:  # one line a round; a gateway's maintainer may take some rounds
             maintainer.run(threading.Event(), now_ms=at)

@@ -1,6 +1,6 @@
 """The store's upkeep inside ``serve``: the buffer flushed every ``flush_interval``, and
-maintenance (compaction, rollups, retention) every ``maintain_interval`` in one worker at a
-time. Background tasks only; no routes."""
+maintenance (compaction, rollups, retention, then the configured online anomaly scores) every
+``maintain_interval`` in one worker at a time. Background tasks only; no routes."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from starlette.concurrency import run_in_threadpool
 
+from metricvault.analysis.online_step import OnlineScoring
 from metricvault.durations import parse_duration_ms
 from metricvault.server.api import BackgroundTask, ServerAPI
 from metricvault.store.upkeep import MaintenanceLoop
@@ -53,7 +54,10 @@ async def maintainer(gateway: Gateway) -> None:
     """The store's maintenance loop (store/upkeep.py) in a thread of this worker: one worker
     of all (and no ``maintain --loop`` beside them) maintains each round, by its lock."""
     interval = parse_duration_ms(gateway.settings.maintain_interval) / 1000
-    loop = MaintenanceLoop(gateway.vault, interval)
+    # the anomaly_score_* settings' online scores, after each round (as maintain --loop)
+    scoring = OnlineScoring.from_settings(gateway.settings)
+    steps = [scoring.as_step(gateway.vault)] if scoring.enabled else []
+    loop = MaintenanceLoop(gateway.vault, interval, steps=steps)
     stop = threading.Event()
     thread = threading.Thread(target=loop.run, args=(stop, False), name="maintainer", daemon=True)
     thread.start()
