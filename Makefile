@@ -50,7 +50,10 @@ unit: $(VENV)/.test-deps
 e2e: $(VENV)/.test-deps system-deps
 	$(BIN)/python -m pytest -q tests/e2e
 
+# The benches compare against VictoriaMetrics (Debian's victoria-metrics) and profile with py-spy.
 bench: $(VENV)/.test-deps
+	$(MAKE) system-deps APT_TEST_PACKAGES="$(APT_TEST_PACKAGES) victoria-metrics"
+	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/storage.py
 
 .PHONY: bench-archive
