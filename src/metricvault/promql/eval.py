@@ -75,6 +75,10 @@ class EngineOptions:
     # the 1m rollups within raw retention too, moved to whole minutes (tiers.py ROUNDED_NOTE);
     # off, answers there are exactly Prometheus's
     round_windows: bool = False
+    # Plain selectors on whole-minute steps within raw retention answered from the rows'
+    # first and last samples where that is exact (tiers.selector_from_rows; off: raw reads,
+    # the bench's peer)
+    selector_rows: bool = True
     # Points one query may hold at once (Prometheus's --query.max-samples), distinct series it
     # may select (0: no limit) and seconds it may run from evaluate()'s start (None: no
     # deadline); checked while it runs (limits.py).
@@ -375,7 +379,16 @@ class Evaluator:
             old, horizon, widened = kept
             lookback = np.where(refs - widened < horizon, widened, lookback)
             lo = max(lo, horizon)  # raw samples: only after the horizon
-        series = self.select(vs, lo, int(refs.max()), hints_for(refs))
+        # Within raw retention, on whole-minute steps: the rows' samples, where exact.
+        exact = (
+            None
+            if kept is not None
+            else tiers.selector_from_rows(self, vs, refs, self.options.lookback_delta_ms)
+        )
+        if exact is not None:
+            series = exact
+        else:
+            series = self.select(vs, lo, int(refs.max()), hints_for(refs))
         if kept is not None:
             series = tiers.merge_before(old, series)
         n, t = len(series), steps.size

@@ -243,6 +243,49 @@ def selector_before_horizon(
     return out, horizon, max(lookback_ms, width)
 
 
+def selector_from_rows(
+    ev: Evaluator, vs: Any, refs: np.ndarray, lookback_ms: int
+) -> list[RangeSeries] | None:
+    """A plain selector within raw retention from rollup rows, where they answer it exactly:
+    every evaluation time a whole minute, a step of a minute or more. The newest sample at
+    or before such a time ``t`` is the first sample of the bucket starting at ``t`` when it
+    sits on ``t``, else the last sample of the newest bucket before ``t`` (a later sample in
+    that bucket would be newer), so the rows' first and last samples, at their own times,
+    hold every sample the lookback can take; the store answers only where no raw sample
+    there is NaN, ±Inf or a staleness marker (store/query.py ``_plan_exact_selector``). The
+    samples in ``[first ref - lookback, last ref]``, as the raw read returns them; None:
+    read raw samples."""
+    if not (ev.options.use_rollups and ev.options.selector_rows) or refs.size < 2:
+        return None
+    if lookback_ms <= 0:
+        return None
+    step = int(refs[1] - refs[0])
+    first, last = int(refs.min()), int(refs.max())
+    if step < MINUTE_MS or step % MINUTE_MS or first % MINUTE_MS:
+        return None
+    hints = SelectHints(None, lookback_ms, step, first, last, ev.options.left_open_windows)
+    selection = ev.source.select_buckets(ev.matchers(vs), hints)
+    if selection is None or selection.shifted:
+        return None
+    if first - lookback_ms < selection.raw_horizon_ms or not _exact(selection, "last"):
+        return None  # retention moved under the query, or a NaN/±Inf/old row: raw samples
+    ev.count_buckets(selection, refs.size)
+    lo = first - lookback_ms
+    out = []
+    for s in selection.series:
+        c = s.columns
+        held = c["count"] > 0
+        ts = np.concatenate([c["first_ts"][held], c["last_ts"][held]])
+        values = np.concatenate([c["first"][held], c["last"][held]])
+        ts, pos = np.unique(ts, return_index=True)  # a one-sample bucket: once
+        keep = (ts >= lo) & (ts <= last)
+        if keep.any():
+            labels = make_labels(s.labels.items())
+            out.append(RangeSeries(labels, ts[keep], values[pos][keep]))
+    ev.served_by.update(t for t in selection.tiers if t != "raw")
+    return sorted(out, key=lambda s: s.labels)
+
+
 def merge_before(old: dict[Labels, RangeSeries], raw: list[RangeSeries]) -> list[RangeSeries]:
     """The rows' samples before the horizon followed by the raw samples after it, per label
     set, sorted by label set as the raw path returns them."""

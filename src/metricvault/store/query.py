@@ -85,6 +85,10 @@ class BucketChoice:
     range_ms: int
     inner: tuple[int, int] | None = None
     inner_res: int = 0
+    # A plain selector within raw retention (``_plan_exact_selector``): the rows answer it
+    # exactly only where no raw sample there is NaN, ±Inf or a staleness marker (rows keep
+    # no marker), which the store checks before answering from them.
+    finite_raw: bool = False
 
 
 MIN_SAMPLES_PER_ROW = 2.0  # below it a tier row is no smaller a read than the raw samples
@@ -157,13 +161,48 @@ def _plan_selector(
     horizon = horizons.raw_start_ms
     lo = hints.start_ms - max(hints.range_ms, 0)
     if not horizon or lo >= horizon:
-        return None
+        return _plan_exact_selector(hints, horizons, samples_per_row)
     hi = min(hints.end_ms, horizon)
     held = [(t, res) for t, res in ROLLUP_TIERS if samples_per_row(t, lo, hi) is not None]
     for _tier, res in held:  # coarsest first
         if hints.step_ms >= res:
             return BucketChoice(res, True, hints.range_ms)
     return BucketChoice(held[-1][1], True, hints.range_ms) if held else None
+
+
+def _plan_exact_selector(
+    hints: SelectHints,
+    horizons: Horizons,
+    samples_per_row: Callable[[str, int, int], float | None],
+) -> BucketChoice | None:
+    """A plain selector within raw retention, evaluated every ``step_ms`` from ``start_ms``:
+    the coarsest tier whose resolution divides every evaluation time (and the step no finer
+    than it), rolled up for most of the span, whose rows summarise at least two samples.
+    At such a time ``t`` the newest sample at or before ``t`` is the first sample of the
+    bucket starting at ``t`` when it sits on ``t``, else the last sample of the newest
+    bucket before ``t``; so each row's first and last sample answer it exactly
+    (docs/decisions/0004), where no raw sample is NaN, ±Inf or a staleness marker
+    (``finite_raw``). Else None: raw samples."""
+    step, range_ms = hints.step_ms, hints.range_ms
+    if hints.func is not None or step <= 0 or range_ms <= 0:
+        return None
+    lo, hi = hints.start_ms - range_ms, hints.end_ms
+    if not _mostly_rolled_up(horizons.rolled_up_until_ms, lo, hi):
+        return None
+    for tier, res in ROLLUP_TIERS:  # coarsest first
+        if step < res or hints.start_ms % res or step % res:
+            continue
+        per_row = samples_per_row(tier, lo, hi)
+        if per_row is not None and per_row >= MIN_SAMPLES_PER_ROW:
+            return BucketChoice(res, False, range_ms, finite_raw=True)
+    return None
+
+
+def raw_all_finite(ctx: QueryContext, series_ids: list[int], start: int, end: int) -> bool:
+    """Whether no raw sample of these series in ``[start, end)`` is NaN, ±Inf or a
+    staleness marker (``Reader.all_finite``: row groups, so possibly a little wider)."""
+    files = ctx.snapshot.tier_files("raw")
+    return ctx.reader.all_finite(files, series_ids, start, end)
 
 
 def bucket_span(hints: SelectHints, choice: BucketChoice, lookback_ms: int) -> tuple[int, int]:
@@ -326,20 +365,22 @@ def buckets(
     width: int,
     inner: tuple[int, int] | None = None,
     inner_width: int = 0,
+    sketches: bool = True,
 ) -> Buckets:
     """Buckets of ``width`` (a multiple of every tier it may use) over ``[start, end)``;
     with ``inner`` (within it, whole ``inner_width`` buckets), buckets of ``inner_width``
-    there and of ``width`` before and after (BucketChoice.inner)."""
+    there and of ``width`` before and after (BucketChoice.inner). ``sketches=False``: the
+    rollup files' quantile sketches are not read (null)."""
     if series_ids and inner is not None and start <= inner[0] < inner[1] <= end:
         parts, segments = [], []
         for lo, hi, w in ((start, inner[0], width), (*inner, inner_width), (inner[1], end, width)):
             if lo < hi:
-                part, used = aggregate(ctx, series_ids, lo, hi, w)
+                part, used = aggregate(ctx, series_ids, lo, hi, w, rollup_sketches=sketches)
                 parts.append(part)
                 segments += used
         table = _series_major(pa.concat_tables(parts, promote_options="default"))
     elif series_ids:
-        table, segments = aggregate(ctx, series_ids, start, end, width)
+        table, segments = aggregate(ctx, series_ids, start, end, width, rollup_sketches=sketches)
         table = _series_major(table)
     else:
         table, segments = rollup.empty_partials(), []

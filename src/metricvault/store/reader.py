@@ -84,6 +84,7 @@ class Reader:
         self.loc = location
         self.cache = cache
         self._footers: dict[str, tuple[pq.FileMetaData, list[RowGroup]]] = {}
+        self._nonfinite: dict[tuple[str, int], np.ndarray] = {}  # all_finite, per row group
         self._footer_lock = threading.Lock()
 
     def read(
@@ -142,6 +143,50 @@ class Reader:
             return table
         mask = pc.and_(pc.greater_equal(table["ts"], start), pc.less(table["ts"], end))
         return table.filter(mask)
+
+    def all_finite(
+        self, files: Sequence[DataFile], series_ids: Sequence[int], start: int, end: int
+    ) -> bool:
+        """Whether no raw sample of these series in the row groups of ``files`` overlapping
+        ``[start, end)`` is NaN, ±Inf or a staleness marker. Such values are never exact
+        scaled integers, so they sit in ``value_f``: each row group's ``series_id`` and
+        ``value_f`` columns are read once (the latter mostly null, so small) and the series
+        holding one are kept per group (files never change)."""
+        ids = np.unique(np.asarray(series_ids, np.int64))
+        for f in files:
+            if f.max_ts < start or f.min_ts >= end:
+                continue
+            metadata, groups = self._footer(f)
+            for g in groups:
+                if g.max_ts < start or g.min_ts >= end or not _hits(ids, g):
+                    continue
+                if np.isin(self._nonfinite_series(f, metadata, g.index), ids).any():
+                    return False
+        return True
+
+    def _nonfinite_series(self, f: DataFile, metadata: pq.FileMetaData, index: int) -> np.ndarray:
+        key = (f.path, index)
+        with self._footer_lock:
+            found = self._nonfinite.get(key)
+        if found is not None:
+            return found
+        if "value_f" not in metadata.schema.names:
+            found = np.zeros(0, np.int64)
+        else:
+            try:
+                with self.loc.fs.open_input_file(f.path) as handle:
+                    pf = pq.ParquetFile(handle, metadata=metadata, **fmt.VERIFY)
+                    table = pf.read_row_group(index, ["series_id", "value_f"])
+            except (OSError, pa.ArrowException) as exc:
+                raise read_error(f.path, f"{f.tier} data file", exc) from exc
+            values = table["value_f"].to_numpy(zero_copy_only=False)
+            bad = ~np.isfinite(values) & table["value_f"].is_valid().to_numpy(zero_copy_only=False)
+            found = np.unique(table["series_id"].to_numpy()[bad])
+        with self._footer_lock:
+            if len(self._nonfinite) > _MAX_NONFINITE_KEYS:
+                self._nonfinite.clear()  # compacted files leave theirs behind
+            self._nonfinite[key] = found
+        return found
 
     def _footer(self, f: DataFile) -> tuple[pq.FileMetaData, list[RowGroup]]:
         with self._footer_lock:
@@ -263,6 +308,7 @@ def _hits(ids: np.ndarray, group: RowGroup) -> bool:
 
 
 _MAX_SLICES = 32
+_MAX_NONFINITE_KEYS = 100_000
 
 
 def _superseded(key: CacheKey) -> list[CacheKey]:

@@ -619,6 +619,7 @@ class Vault:
         width_ms: int,
         inner: tuple[int, int] | None = None,
         inner_width_ms: int = 0,
+        sketches: bool = True,
     ) -> q.Buckets:
         """Per-series summaries of ``width_ms`` buckets over ``[start_ms, end_ms)`` from the
         coarsest tiers that hold them exactly (raw where rollups are not done yet): what the
@@ -627,7 +628,7 @@ class Vault:
         ctx = self._context()
         sel = parse_selectors(selector) if isinstance(selector, str) else selector
         ids = ctx.index.match(sel)
-        return q.buckets(ctx, ids, start_ms, end_ms, width_ms, inner, inner_width_ms)
+        return q.buckets(ctx, ids, start_ms, end_ms, width_ms, inner, inner_width_ms, sketches)
 
     # ------------------------------------------------------------------ the read seam
     def select(
@@ -652,9 +653,14 @@ class Vault:
         if choice is None:
             return None
         start, end = q.bucket_span(hints, choice, horizons.counter_lookback_ms)
-        found = self.buckets(
-            Selector(tuple(matchers)), start, end, choice.res, choice.inner, choice.inner_res
-        )
+        sel = Selector(tuple(matchers))
+        if choice.finite_raw:  # a NaN or staleness marker may be the answer: rows keep neither
+            self.flush_for_read()
+            ctx = self._context()
+            if not q.raw_all_finite(ctx, ctx.index.match(sel), start, end):
+                return None
+        sketches = hints.func is not None  # a plain selector reads first and last samples
+        found = self.buckets(sel, start, end, choice.res, choice.inner, choice.inner_res, sketches)
         return selecting.to_selection(found, choice)
 
     def select_kept(
