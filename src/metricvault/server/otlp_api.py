@@ -32,6 +32,7 @@ from metricvault.ingest.protocols.otlp import (
 )
 from metricvault.ingest.protocols.otlp_body import PROTOBUF, media_type
 from metricvault.server.api import ServerAPI
+from metricvault.store.vault import Vault
 
 if TYPE_CHECKING:
     from metricvault.server.app import Gateway
@@ -101,6 +102,9 @@ class OtlpAPI:
     async def store(self, decoded: OtlpDecoded, who: Principal) -> None:
         min_ms = await run_in_threadpool(self.gateway.vault.min_writable_ms)
         pending = self.streams.apply(decoded.points, who.tenant, min_ms)
-        write = await run_in_threadpool(to_write, decoded)
+        vault = self.gateway.vault
+        # the kinds new series get, as Vault.write decides them (a known kind stands)
+        known_kind = vault.index.kind_of_metric if isinstance(vault, Vault) else None
+        write = await run_in_threadpool(to_write, decoded, known_kind)
         await self.gateway.store_decoded(write, who, "otlp")
         pending.commit()  # only now: a refused request changes no stream

@@ -17,30 +17,46 @@ translation), ``max_label_names``, ``time_budget_s``, ``max_decoded_bytes``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from metricvault.errors import InputError
 from metricvault.ingest.protocols.decode_limits import DecodeBudget, check_label_names
 from metricvault.ingest.protocols.influx_batch import long_schema
 from metricvault.ingest.protocols.otlp_body import (
+    PROTOBUF,
     check_content_type,
     inflate,
     parse_request,
     response_body,
     status_body,
 )
-from metricvault.ingest.protocols.otlp_points import Points, Translator
+from metricvault.ingest.protocols.otlp_known import (
+    SERIES_CACHE,
+    FastRows,
+    OtlpSeries,
+    OtlpSeriesCache,
+    decode_fast,
+)
+from metricvault.ingest.protocols.otlp_points import Labels, Points, Translator
 from metricvault.ingest.protocols.otlp_streams import OtlpStreams, Pending
 from metricvault.ingest.protocols.remote_write_checks import check_series_count
-from metricvault.ingest.protocols.remote_write_columns import DecodedWrite
-from metricvault.model import STALE_NAN_BITS
+from metricvault.ingest.protocols.remote_write_columns import (
+    DecodedWrite,
+    KnownDecodedWrite,
+    ResolvedSamples,
+)
+from metricvault.model import DCGM_COUNTERS, STALE_NAN_BITS, kind_from_name
 
 __all__ = [
     "OtlpDecoded",
     "OtlpStreams",
     "Pending",
+    "decode_general",
     "decode_otlp",
     "response_body",
     "status_body",
@@ -53,6 +69,7 @@ VERSION = "otlp"
 class OtlpDecoded:
     points: Points
     content_type: str  # the request's media type: replies use it too
+    fast: FastRows | None = None  # the rows, when the fast path (otlp_known) decoded them
 
     @property
     def has_deltas(self) -> bool:
@@ -80,46 +97,78 @@ def decode_otlp(
     max_series: int | None = None,
     max_label_names: int | None = None,
     time_budget_s: float | None = None,
+    fast_cache: OtlpSeriesCache | None = None,
 ) -> OtlpDecoded:
     """Decode one OTLP metrics export body; raises a ``MetricVaultError`` (400, 413, 415)
-    when the request as a whole is refused, and nothing is to be stored."""
+    when the request as a whole is refused, and nothing is to be stored.
+
+    ``fast_cache``: where the fast path (``otlp_known``) remembers series; by default the
+    process's own; :func:`decode_general` is the general path alone."""
     budget = DecodeBudget(time_budget_s)
     kind = check_content_type(content_type)
     raw = inflate(body, content_encoding, max_decoded_bytes)
+    fast = None
+    if kind == PROTOBUF:
+        fast = decode_fast(raw, budget, fast_cache or SERIES_CACHE)
+    if fast is None:
+        return _general(raw, kind, budget, max_series, max_label_names)
+    points, rows = fast
+    budget.check("parsing the request")
+    _check_limits(points, max_series, max_label_names)
+    return OtlpDecoded(points, kind, rows)
+
+
+def decode_general(
+    body: bytes,
+    *,
+    content_type: str | None,
+    content_encoding: str | None,
+    max_decoded_bytes: int = 64 * 1024**2,
+    max_series: int | None = None,
+    max_label_names: int | None = None,
+    time_budget_s: float | None = None,
+) -> OtlpDecoded:
+    """:func:`decode_otlp` without the fast path: every point walked by ``Translator``
+    (what the fast path must agree with, row for row)."""
+    budget = DecodeBudget(time_budget_s)
+    kind = check_content_type(content_type)
+    raw = inflate(body, content_encoding, max_decoded_bytes)
+    return _general(raw, kind, budget, max_series, max_label_names)
+
+
+def _general(
+    raw: bytes,
+    kind: str,
+    budget: DecodeBudget,
+    max_series: int | None,
+    max_label_names: int | None,
+) -> OtlpDecoded:
     request = parse_request(raw, kind)
     budget.check("parsing the request")
     points = Translator(budget).request(request)
-    check_series_count(len(points.series), max_series)
-    names = sorted({name for _, labels in points.series for name, _ in labels})
-    check_label_names(len(names), max_label_names, ", ".join(repr(n) for n in names[:3]))
+    _check_limits(points, max_series, max_label_names)
     return OtlpDecoded(points, kind)
 
 
-def to_write(decoded: OtlpDecoded) -> DecodedWrite:
-    """The long-shape table of every row (after the stream state added its rows)."""
+def _check_limits(points: Points, max_series: int | None, max_label_names: int | None) -> None:
+    check_series_count(len(points.series), max_series)
+    names = sorted({name for _, labels in points.series for name, _ in labels})
+    check_label_names(len(names), max_label_names, ", ".join(repr(n) for n in names[:3]))
+
+
+def to_write(
+    decoded: OtlpDecoded, known_kind: Callable[[str], str | None] | None = None
+) -> DecodedWrite:
+    """The long-shape table of every row (after the stream state added its rows); from the
+    fast path, the rows as resolved samples (the table is built only if someone asks).
+
+    ``known_kind``: the store's kind of a metric (None if it has none), for the kinds of the
+    series this write creates, as ``Vault.write`` decides them (a known kind stands)."""
+    if decoded.fast is not None:
+        return _resolved_write(decoded, decoded.fast, known_kind)
     points = decoded.points
-    series_of: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
-    row_series = [
-        series_of.setdefault(key, len(series_of))
-        for key in zip(points.metrics, points.labels, strict=True)
-    ]
-    label_values: dict[str, list[str | None]] = {}
-    for index, (_, labels) in enumerate(series_of):
-        for name, value in labels:
-            column = label_values.get(name)
-            if column is None:
-                column = label_values[name] = [None] * len(series_of)
-            column[index] = value
-    take = pa.array(row_series, pa.int64())
-    names = sorted(label_values)
-    values = np.array(points.values, dtype=np.float64)
-    arrays = [
-        pa.array(points.metrics, pa.string()),
-        pa.array(points.timestamps, pa.int64()),
-        pa.array(values, pa.float64()),
-        *(pa.array(label_values[name], pa.string()).take(take) for name in names),
-    ]
-    table = pa.Table.from_arrays(arrays, schema=long_schema(names))
+    table = _long_table(points.metrics, points.labels, points.timestamps, points.values)
+    values = table.column("value").to_numpy()
     stale = int(np.count_nonzero(values.view(np.uint64) == STALE_NAN_BITS))
     non_finite = len(values) - int(np.count_nonzero(np.isfinite(values))) - stale
     return DecodedWrite(
@@ -132,5 +181,90 @@ def to_write(decoded: OtlpDecoded) -> DecodedWrite:
         exemplars=points.exemplars,
         stale_markers=stale,
         non_finite=non_finite,
-        series=len(series_of),
+        series=len({*zip(points.metrics, points.labels, strict=True)}),
     )
+
+
+def _resolved_write(
+    decoded: OtlpDecoded, rows: FastRows, known_kind: Callable[[str], str | None] | None
+) -> DecodedWrite:
+    points = decoded.points
+    entries = list(rows.entries)
+    timestamps, values = rows.timestamps, rows.values
+    if points.metrics:  # rows the stream state added (zero samples at counter starts)
+        for metric, labels in zip(points.metrics, points.labels, strict=True):
+            entry = SERIES_CACHE.labelled_series(metric, labels)
+            if entry is None:  # labels of a series this request already holds: valid
+                raise InputError(f"series {metric}{dict(labels)} breaks a label rule")
+            entries.append(entry)
+        timestamps = np.concatenate([timestamps, np.array(points.timestamps, dtype=np.int64)])
+        values = np.concatenate([values, np.array(points.values, dtype=np.float64)])
+    by_id: dict[int, OtlpSeries] = {}
+    for entry in entries:
+        by_id.setdefault(entry.series_id, entry)
+    distinct = list(by_id.values())
+    kind_of = {
+        metric: _new_series_kind(metric, points.kinds.get(metric), known_kind)
+        for metric in {entry.metric for entry in distinct}
+    }
+    series = [(e.series_id, e.metric, e.labels_json, kind_of[e.metric]) for e in distinct]
+    series_ids = np.fromiter((e.series_id for e in entries), np.int64, len(entries))
+    stale = int(np.count_nonzero(values.view(np.uint64) == STALE_NAN_BITS))
+    non_finite = len(values) - int(np.count_nonzero(np.isfinite(values))) - stale
+
+    def build() -> pa.Table:
+        return _long_table(
+            [e.metric for e in entries], [e.labels for e in entries], timestamps, values
+        )
+
+    return KnownDecodedWrite(
+        table=None,
+        kinds=dict(points.kinds),
+        metadata=(),
+        version=VERSION,
+        samples=len(values),
+        histograms=0,
+        exemplars=points.exemplars,
+        stale_markers=stale,
+        non_finite=non_finite,
+        series=len(distinct),
+        resolved=ResolvedSamples(series_ids, timestamps, values, series, build),
+    )
+
+
+def _new_series_kind(
+    metric: str, proposed: str | None, known_kind: Callable[[str], str | None] | None
+) -> str:
+    """The kind ``Vault.write`` gives a new series of ``metric`` for the write's ``kinds``
+    (``model.admissible_write_kinds``, then ``normalize``'s name rule)."""
+    known = known_kind(metric) if known_kind is not None else None
+    if known is not None:
+        return known
+    if proposed is None or (proposed == "gauge" and metric in DCGM_COUNTERS):
+        return kind_from_name(metric)
+    return proposed
+
+
+def _long_table(
+    metrics: Sequence[str], labels: Sequence[Labels], timestamps: Any, values: Any
+) -> pa.Table:
+    series_of: dict[tuple[str, Labels], int] = {}
+    row_series = [
+        series_of.setdefault(key, len(series_of)) for key in zip(metrics, labels, strict=True)
+    ]
+    label_values: dict[str, list[str | None]] = {}
+    for index, (_, row_labels) in enumerate(series_of):
+        for name, value in row_labels:
+            column = label_values.get(name)
+            if column is None:
+                column = label_values[name] = [None] * len(series_of)
+            column[index] = value
+    take = pa.array(row_series, pa.int64())
+    names = sorted(label_values)
+    arrays = [
+        pa.array(metrics, pa.string()),
+        pa.array(timestamps, pa.int64()),
+        pa.array(np.asarray(values, dtype=np.float64), pa.float64()),
+        *(pa.array(label_values[name], pa.string()).take(take) for name in names),
+    ]
+    return pa.Table.from_arrays(arrays, schema=long_schema(names))
