@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,8 @@ from typer.testing import CliRunner
 from metricvault.cli.main import app
 from metricvault.collect.cli import build_parser
 from metricvault.config import ENV_PREFIX, Settings, setting_names
+from metricvault.durations import parse_duration_ms
+from metricvault.server.connections import uvicorn_options
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"
@@ -185,9 +189,14 @@ def _flags(args: list[str]) -> list[str]:
 
 
 def test_every_flag_is_in_its_commands_help() -> None:
+    assert check_flags(containers()) == {"agent", "serve", "maintain"}
+
+
+def check_flags(checked_containers: list[dict[str, Any]]) -> set[str]:
+    """Each container runs ``metricvault SUB`` with flags its ``--help`` names; the SUBs."""
     commands = _subcommands()
     checked = set()
-    for container in containers():
+    for container in checked_containers:
         assert container["command"] == ["metricvault"]
         sub, *args = container["args"]
         if sub == "agent":
@@ -204,7 +213,7 @@ def test_every_flag_is_in_its_commands_help() -> None:
         for flag in _flags(args):
             assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text), f"{sub} {flag}"
         checked.add(sub)
-    assert checked == {"agent", "serve", "maintain"}
+    return checked
 
 
 # -- the parts fit together -------------------------------------------------------------------
@@ -461,3 +470,241 @@ def test_the_dockerfile_reader_follows_continuations_and_comments() -> None:
         {"from": "b", "chown": "1:1"},
         ["/w", "/x"],
     )
+
+
+# ------------------------------------------------ deploy/kubernetes-scale-out (an overlay)
+# Many gateways and maintainers on one s3:// vault. Kustomize is not a Python package, so
+# ``kustomize_build`` does what the overlay asks of it (resources: files or directories with
+# a kustomization.yaml; patches that delete an object) and refuses anything else, and
+# ``kubectl kustomize``, where it is installed, must build the same objects.
+SCALE_OUT = ROOT / "deploy" / "kubernetes-scale-out"
+KUSTOMIZATION_FIELDS = {"apiVersion", "kind", "resources", "patches"}
+
+
+def _key(doc: dict[str, Any]) -> tuple[str, str, str, str]:
+    meta = doc["metadata"]
+    return (doc["apiVersion"], doc["kind"], meta.get("namespace", ""), meta["name"])
+
+
+def kustomize_build(directory: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(file relative to deploy/, object) for what ``kubectl kustomize directory`` emits."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    unknown = set(kustomization) - KUSTOMIZATION_FIELDS
+    assert not unknown, f"{directory.name}/kustomization.yaml: {unknown} (not emulated here)"
+    found: list[tuple[str, dict[str, Any]]] = []
+    for entry in kustomization["resources"]:
+        path = (directory / entry).resolve()
+        assert path.exists(), f"{directory.name}/kustomization.yaml: {entry} does not exist"
+        if path.is_dir():
+            found += kustomize_build(path)
+        else:
+            name = str(path.relative_to(ROOT / "deploy"))
+            found += [(name, doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
+    for patch in kustomization.get("patches", []):
+        target = yaml.safe_load(patch["patch"])
+        assert target.pop("$patch") == "delete", "only deleting patches are emulated"
+        matches = [i for i, (_, doc) in enumerate(found) if _key(doc) == _key(target)]
+        assert len(matches) == 1, f"the patch deleting {_key(target)} matches {len(matches)}"
+        del found[matches[0]]
+    keys = [_key(doc) for _, doc in found]
+    assert len(set(keys)) == len(keys), "kustomize refuses two objects with one name"
+    return found
+
+
+def scale_out() -> list[dict[str, Any]]:
+    return [doc for _, doc in kustomize_build(SCALE_OUT)]
+
+
+def scale_out_one(kind: str, name: str) -> dict[str, Any]:
+    [found] = [d for d in scale_out() if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found
+
+
+def scale_out_pods() -> dict[str, dict[str, Any]]:
+    """Deployment name -> its pod template."""
+    return {
+        d["metadata"]["name"]: d["spec"]["template"]
+        for d in scale_out()
+        if d["kind"] == "Deployment"
+    }
+
+
+def _own_objects() -> list[tuple[str, dict[str, Any]]]:
+    return [(n, d) for n, d in kustomize_build(SCALE_OUT) if n.startswith(SCALE_OUT.name + "/")]
+
+
+def test_the_scale_out_overlay_swaps_the_statefulset_for_deployments() -> None:
+    built = sorted((d["kind"], d["metadata"]["name"]) for d in scale_out())
+    base = sorted((d["kind"], d["metadata"]["name"]) for _, d in manifests())
+    replaced = {("StatefulSet", "metricvault-gateway"), ("Service", "metricvault-gateway-headless")}
+    added = {
+        ("Deployment", "metricvault-gateway"),
+        ("Deployment", "metricvault-maintainer"),
+        ("PodDisruptionBudget", "metricvault-gateway"),
+        ("PodDisruptionBudget", "metricvault-maintainer"),
+        ("Secret", "metricvault-s3"),
+    }
+    assert built == sorted((set(base) - replaced) | added)
+    assert replaced <= set(base), "the base keeps its StatefulSet for local disks"
+    own = {p.name for p in SCALE_OUT.glob("*.yaml")} - {"kustomization.yaml"}
+    listed = yaml.safe_load((SCALE_OUT / "kustomization.yaml").read_text())["resources"]
+    assert sorted(own) == sorted(r for r in listed if not r.startswith("..")), "every file"
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_kustomize_builds_what_the_tests_check() -> None:
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(SCALE_OUT)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    built = [d for d in yaml.safe_load_all(done.stdout) if d]
+    assert sorted(map(_key, built)) == sorted(map(_key, scale_out()))
+    by_key = {_key(d): d for d in scale_out()}
+    for doc in built:
+        assert doc == by_key[_key(doc)], f"{_key(doc)} differs from its file"
+
+
+@pytest.mark.parametrize(
+    "name, doc",
+    [(f"{n}:{d['kind']}/{d['metadata']['name']}", d) for n, d in _own_objects()],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_each_scale_out_object_is_valid(name: str, doc: dict[str, Any]) -> None:
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_every_scale_out_variable_is_a_setting_and_its_secret_has_the_key() -> None:
+    listed = _config_listing()
+    secrets = {d["metadata"]["name"]: d["stringData"] for d in scale_out() if d["kind"] == "Secret"}
+    checked = 0
+    for pod in scale_out_pods().values():
+        for container in pod["spec"]["containers"]:
+            for env in container.get("env", []):
+                name = env["name"]
+                setting = name.removeprefix(ENV_PREFIX).lower()
+                assert name.startswith(ENV_PREFIX) and setting in listed, f"{name}: no setting"
+                if "valueFrom" in env:
+                    ref = env["valueFrom"]["secretKeyRef"]
+                    value = secrets[ref["name"]][ref["key"]]  # the Secret holds the key
+                else:
+                    value = env["value"]
+                loaded = getattr(Settings.load(env={name: value}), setting)  # refused if bad
+                assert str(loaded).lower() == value.lower(), f"{name}={value} read as {loaded!r}"
+                checked += 1
+    assert checked >= 10
+
+
+def test_every_scale_out_flag_is_in_its_commands_help() -> None:
+    pods = scale_out_pods().values()
+    assert check_flags([c for p in pods for c in p["spec"]["containers"]]) == {"serve", "maintain"}
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+def _arg(container: dict[str, Any], flag: str) -> str:
+    args = container["args"]
+    return str(args[args.index(flag) + 1])
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    number, unit = re.fullmatch(r"(\d+)([KMGT]i)?", quantity).groups()  # type: ignore[union-attr]
+    return int(number) * units.get(unit or "", 1)
+
+
+def test_the_gateways_write_one_s3_vault_each_with_its_own_buffer() -> None:
+    deployment = scale_out_one("Deployment", "metricvault-gateway")
+    assert deployment["spec"]["replicas"] == 3
+    pod = deployment["spec"]["template"]["spec"]
+    [gateway] = pod["containers"]
+    assert gateway["args"][0] == "serve" and _arg(gateway, "--data").startswith("s3://")
+    env = _env(gateway)
+    assert env["METRICVAULT_GATEWAY_MAINTAIN"] == "false", "the maintainers maintain"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    [state] = [m for m in gateway["volumeMounts"] if m["mountPath"] == env["METRICVAULT_STATE_DIR"]]
+    size_limit = _bytes(volumes[state["name"]]["emptyDir"]["sizeLimit"])
+    # backpressure (503) long before the kubelet evicts the pod, without grace, over sizeLimit
+    assert int(env["METRICVAULT_BUFFER_MAX_BYTES"]) * 2 <= size_limit
+    assert _bytes(gateway["resources"]["requests"]["ephemeral-storage"]) >= size_limit
+    # SIGTERM: the preStop pause, uvicorn's drain, then the flush must fit in the grace period
+    drain_s = uvicorn_options(Settings())["timeout_graceful_shutdown"]
+    pause_s = gateway["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pod["terminationGracePeriodSeconds"] >= pause_s + drain_s + 60
+    for name in (
+        "METRICVAULT_S3_ENDPOINT",
+        "METRICVAULT_S3_ACCESS_KEY",
+        "METRICVAULT_S3_SECRET_KEY",
+    ):
+        [ref] = [e["valueFrom"] for e in gateway["env"] if e["name"] == name]
+        assert ref["secretKeyRef"]["name"] == "metricvault-s3"
+
+
+def test_the_maintainers_run_the_loop_with_claims_on_the_gateways_vault() -> None:
+    deployment = scale_out_one("Deployment", "metricvault-maintainer")
+    assert deployment["spec"]["replicas"] == 2, "two, so that claims decide who does a day"
+    [maintain] = deployment["spec"]["template"]["spec"]["containers"]
+    [gateway] = scale_out_pods()["metricvault-gateway"]["spec"]["containers"]
+    assert maintain["args"][:2] == ["maintain", "--loop"]
+    assert _arg(maintain, "--data") == _arg(gateway, "--data")
+    env = _env(maintain)
+    ttl = Settings.load(
+        env={"METRICVAULT_MAINTAIN_CLAIM_TTL": env["METRICVAULT_MAINTAIN_CLAIM_TTL"]}
+    )
+    interval = Settings.load(
+        env={"METRICVAULT_MAINTAIN_INTERVAL": env["METRICVAULT_MAINTAIN_INTERVAL"]}
+    )
+    assert parse_duration_ms(ttl.maintain_claim_ttl) > parse_duration_ms(interval.maintain_interval)
+
+
+def test_the_service_and_budgets_select_the_right_pods() -> None:
+    pods = {name: t["metadata"]["labels"] for name, t in scale_out_pods().items()}
+    service = scale_out_one("Service", "metricvault-gateway")["spec"]
+    selects = {n for n, labels in pods.items() if service["selector"].items() <= labels.items()}
+    assert selects == {"metricvault-gateway"}, "the Service sends writes to gateways only"
+    [gateway] = scale_out_pods()["metricvault-gateway"]["spec"]["containers"]
+    assert {p["targetPort"] for p in service["ports"]} <= {p["name"] for p in gateway["ports"]}
+    listen_port = _arg(gateway, "--listen").rpartition(":")[2]
+    assert [p["containerPort"] for p in gateway["ports"]] == [int(listen_port)]
+    for name in ("metricvault-gateway", "metricvault-maintainer"):
+        budget = scale_out_one("PodDisruptionBudget", name)["spec"]
+        wanted = budget["selector"]["matchLabels"].items()
+        assert {n for n, labels in pods.items() if wanted <= labels.items()} == {name}
+        replicas = scale_out_one("Deployment", name)["spec"]["replicas"]
+        assert 0 < budget["maxUnavailable"] < replicas
+    policy = scale_out_one("NetworkPolicy", "metricvault-gateway")["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= pods["metricvault-gateway"].items()
+
+
+def test_the_ha_pair_values_reach_the_scale_out_gateways_unchanged() -> None:
+    """Prometheus's Helm values (the HA pair's labels) name the Service, which the overlay
+    keeps; the election is shared through the vault, so each replica may reach any gateway."""
+    values = yaml.safe_load((DEPLOY / HELM_VALUES).read_text())["prometheus"]["prometheusSpec"]
+    [remote] = values["remoteWrite"]
+    service = scale_out_one("Service", "metricvault-gateway")
+    port = service["spec"]["ports"][0]["port"]
+    namespace = service["metadata"]["namespace"]
+    assert remote["url"] == f"http://metricvault-gateway.{namespace}.svc:{port}/api/v1/write"
+    defaults = Settings()
+    assert values["replicaExternalLabelName"] == defaults.ha_replica_label
+    for template in scale_out_pods().values():
+        for container in template["spec"]["containers"]:
+            assert not {"METRICVAULT_HA_REPLICA_LABEL", "METRICVAULT_HA_CLUSTER_LABEL"} & set(
+                _env(container)
+            ), "the defaults the Helm values rely on"
+    tokens = scale_out_one("Secret", remote["authorization"]["credentials"]["name"])
+    assert tokens["metadata"]["namespace"] == "monitoring"
+
+
+def test_the_scale_out_images_are_the_projects() -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    base_user = one("StatefulSet", "metricvault-gateway")["spec"]["template"]["spec"]
+    for template in scale_out_pods().values():
+        spec = template["spec"]
+        assert spec["securityContext"]["runAsUser"] == base_user["securityContext"]["runAsUser"]
+        for container in spec["containers"]:
+            assert container["image"] == f"metricvault:{version}"
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True
+            written = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+            assert _env(container)["METRICVAULT_STATE_DIR"] in written, "state on a volume"
