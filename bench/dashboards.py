@@ -11,6 +11,14 @@ the ``--range`` ending now (tests/e2e/grafana_requests.py: POST form bodies, Gra
 ``$__interval``/``$__rate_interval``, every host selected). Prints, slowest first, the median
 wall time of ``--runs`` warm runs per panel query and the series and points answered;
 ``--profile N`` then prints cProfile's top functions for the N slowest.
+
+``--selector-rows`` instead evaluates every panel query with the PromQL engine itself
+(no result cache), twice in the same run: plain selectors on whole-minute steps answered
+from the 1m/1h rows where exact (``EngineOptions.selector_rows``, docs/decisions/0004)
+and, as the peer, from raw samples; it checks both answers are identical and prints the
+queries the rows served, with the load average.
+
+    .venv/bin/python bench/dashboards.py --nodes 1 --days 14 --interval 30 --selector-rows
 """
 
 # ruff: noqa: E402  (the path set-up below must precede the project imports)
@@ -65,6 +73,9 @@ def main() -> None:
     parser.add_argument("--retention-raw", default="30d", help="raw retention of the vault")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", type=int, default=0)
+    parser.add_argument(
+        "--selector-rows", action="store_true", help="plain selectors: rows vs raw, engine only"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = args.vault or str(Path(tmp) / "vault")
@@ -93,6 +104,9 @@ def main() -> None:
                     every = bool(var.get("includeAll"))  # as tests/e2e/test_grafana.py does
                     variables[var["name"]] = (values if every else values[:1], multi)
                 queries += gr.panel_requests(board, name, start_ms, end_ms, variables, source, {})
+            if args.selector_rows:
+                _selector_rows(vault, settings, queries, args.runs)
+                queries = []
             rows = []
             for q in queries:
                 _send(client, q.request)  # warm
@@ -122,6 +136,55 @@ def main() -> None:
                 pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(12)
                 print(f"\n--- {q.dashboard}: {q.panel}: {q.expr}\n{out.getvalue()[-3500:]}")
         vault.close()
+
+
+def _selector_rows(vault: Any, settings: Any, queries: list[Any], runs: int) -> None:
+    """Each range query evaluated with selector rows on and off (the raw peer) in this run."""
+    import os
+
+    import numpy as np
+
+    from metricvault.promql import Engine, EngineOptions
+
+    on = Engine(vault, EngineOptions.from_settings(settings))
+    off = Engine(vault, EngineOptions.from_settings(settings, selector_rows=False))
+    found = []
+    for q in queries:
+        params = dict(q.request.params)
+        if "step" not in params:
+            continue
+        expr = params["query"]
+        start, end = (int(float(params[k]) * 1000) for k in ("start", "end"))
+        step = int(float(params["step"]) * 1000)
+        took = {}
+        for name, engine in (("rows", on), ("raw", off)):
+            engine.evaluate(expr, start, end, step)  # warm: decoded row groups cached
+            times = []
+            for _ in range(runs):
+                t = time.perf_counter()
+                result = engine.evaluate(expr, start, end, step)
+                times.append(time.perf_counter() - t)
+            took[name] = (statistics.median(times), result)
+        got, want = took["rows"][1], took["raw"][1]
+        same = [s[0] for s in got.series] == [s[0] for s in want.series] and all(
+            a[1].tolist() == b[1].tolist() and np.array_equal(a[2], b[2], equal_nan=True)
+            for a, b in zip(got.series, want.series, strict=True)
+        )
+        served = ",".join(sorted(got.served_by - want.served_by)) or "-"
+        found.append((took["raw"][0], took["rows"][0], served, same, q, step))
+    found.sort(key=lambda r: -r[0])
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    served = [r for r in found if r[2] != "-"]
+    print(f"load average {load}; {len(found)} range queries, {runs} warm runs each")
+    print(f"rows served {len(served)}: raw {sum(r[0] for r in served):.3f} s, rows "
+          f"{sum(r[1] for r in served):.3f} s in all; every answer identical: "
+          f"{all(r[3] for r in found)}")  # fmt: skip
+    head = f"{'raw s':>7} {'rows s':>7} {'ratio':>6} {'tier':>4} {'step':>5}"
+    print(f"{head}  dashboard: panel [ref]")
+    for raw_s, rows_s, tier, same, q, step in served:
+        mark = "" if same else "  (ANSWERS DIFFER)"
+        print(f"{raw_s:7.3f} {rows_s:7.3f} {raw_s / max(rows_s, 1e-9):6.1f} {tier:>4} "
+              f"{step // 1000:5} {q.dashboard}: {q.panel} [{q.ref}]{mark}")  # fmt: skip
 
 
 def _send(client: Any, request: gr.Request) -> Any:
