@@ -273,3 +273,72 @@ def test_metricvault_ui_serves_read_only(filled, browser):
     finally:
         stop_process(proc, 15)
     assert f"open {url}/" in (root / "ui.log").read_text()
+
+
+def wait_for(driver: Any, script: str) -> Any:
+    """The script's value once it is truthy (the UI's state, not a fixed sleep)."""
+    deadline = time.monotonic() + WAIT_S
+    while not (value := driver.execute_script(script)):
+        assert time.monotonic() < deadline, f"never true on {driver.current_url}: {script}"
+        time.sleep(0.05)
+    return value
+
+
+def suggestions(driver: Any, kind: str) -> list[str]:
+    return list(
+        wait_for(
+            driver,
+            "const l = document.getElementById('suggest');"
+            f"return !l.hidden && l.dataset.kind === '{kind}' && l.children.length"
+            " && [...l.children].map(li => li.dataset.value)",
+        )
+    )
+
+
+def test_explore_completes_label_names_and_values_and_says_which_tier_answered(served, browser):
+    url, _, _ = served
+    import httpx
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select
+
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    metric = "DCGM_FI_DEV_GPU_UTIL"
+    names = httpx.get(f"{url}/api/v1/labels", params={"match[]": metric}, headers=auth).json()
+    as_token(browser, ADMIN)
+    open_page(browser, f"{url}/ui/explore")
+    box = browser.find_element("id", "expr")
+    box.send_keys(f"max_over_time({metric}{{")
+    # after `{`: the metric's label names, as /api/v1/labels answers them
+    assert suggestions(browser, "name") == [n for n in names["data"] if n != "__name__"][:50]
+    box.send_keys("gp")
+    assert suggestions(browser, "name") == [n for n in names["data"] if n.startswith("gp")]
+    browser.find_element("css selector", '#suggest li[data-value="gpu"]').click()
+    assert box.get_attribute("value") == f'max_over_time({metric}{{gpu="'
+    # after `gpu="`: its values for this metric; Enter takes the first (keyboard reachable)
+    values = httpx.get(
+        f"{url}/api/v1/label/gpu/values", params={"match[]": metric}, headers=auth
+    ).json()["data"]
+    assert suggestions(browser, "value") == values[:50]
+    box.send_keys(Keys.ENTER)
+    assert box.get_attribute("value") == f'max_over_time({metric}{{gpu="{values[0]}"'
+    box.send_keys("}[1h])")
+    # over a day the step is whole minutes: the 1m rollup rows answer, and the page says so
+    cases = [("1d", "1m", "Answered from the 1m rollup tier"), ("15m", "raw", "Answered from raw")]
+    for span, tier, words in cases:
+        Select(browser.find_element("id", "range")).select_by_value(span)
+        browser.execute_script("window.mvReady = false")
+        browser.find_element("css selector", "#explore-form button[type=submit]").click()
+        wait_ready(browser)
+        assert error_text(browser) == ""
+        served_by = browser.find_element("id", "served-by")
+        assert served_by.get_attribute("data-tiers") == tier
+        assert served_by.text.startswith(words)
+        # what the page shows is what query_range answers for the query it sent
+        sent = browser.execute_script("return window.mvCharts.exploreQuery")
+        answer = httpx.get(f"{url}/api/v1/query_range", params=sent, headers=auth).json()
+        assert ",".join(answer.get("servedBy", ["raw"])) == tier
+        shown = browser.execute_script(
+            "return [...document.querySelectorAll('#warnings li')].map(li => li.textContent)"
+        )
+        assert shown == answer.get("warnings", [])
+    assert "range=15m" in browser.current_url and "expr=" in browser.current_url

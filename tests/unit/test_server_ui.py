@@ -202,3 +202,26 @@ def test_ui_app_is_read_only(tmp_path):
         assert vault.experiments.ids() == ["e0"]
     finally:
         vault.close()
+
+
+def test_query_range_says_which_rollup_tier_answered(make_client):
+    """``servedBy`` beside ``data`` when rollup rows answered (Explore shows it); an answer
+    from raw samples is left exactly as Prometheus writes it (no extra key)."""
+    hour = 3_600_000
+    t0 = T0 // (24 * hour) * 24 * hour
+    client, vault = make_client()
+    rows = [("gpu_util", {"gpu": "0"}, t0 + i * 5_000, float(i % 100)) for i in range(4320)]
+    vault.write(rows)
+    vault.maintain(now_ms=t0 + 8 * hour)  # every hour rolled up
+    cases = [
+        ("max_over_time(gpu_util[1h])", hour, ["1h"]),
+        ("gpu_util", 5_000, None),  # finer than a minute: only raw samples answer
+    ]
+    for expr, step, tiers in cases:
+        params = {"query": expr, "start": (t0 + 2 * hour) / 1000, "end": (t0 + 6 * hour) / 1000}
+        for _ in range(2):  # computed, then from the results cache: the same answer
+            answer = client.get("/api/v1/query_range", params={**params, "step": step / 1000})
+            body = answer.json()
+            assert answer.status_code == 200 and body["status"] == "success", answer.text
+            assert body["data"]["result"], expr
+            assert body.get("servedBy") == tiers, (expr, body.get("servedBy"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import re
@@ -275,9 +276,11 @@ class PrometheusAPI:
                 prefix = 'invalid parameter "query": ' if bare else ""
                 return _error(exc.kind, prefix + exc.message)
             if isinstance(data, CachedAnswer):  # its points' JSON kept with the cached steps
-                return Response(data.body(warnings), media_type="application/json")
+                body_bytes = _served_by(data.body(warnings), data)
+                return Response(body_bytes, media_type="application/json")
             if isinstance(data, QueryResult):  # the same bytes, written without to_prometheus()
-                return Response(answer_body(data, warnings), media_type="application/json")
+                body_bytes = _served_by(answer_body(data, warnings), data)
+                return Response(body_bytes, media_type="application/json")
             body: dict[str, Any] = {"status": "success", "data": data}
             if warnings:
                 body["warnings"] = warnings
@@ -602,6 +605,16 @@ def _check_range(params: dict[str, list[str]]) -> tuple[int | None, int | None]:
         None if start <= MIN_TIME_MS else start,
         None if end >= MAX_TIME_MS else end,
     )
+
+
+def _served_by(body: bytes, result: QueryResult) -> bytes:
+    """The answer with ``"servedBy": [tiers]`` beside ``data`` when rollup tiers answered
+    (the UI says which tier answered a range). Additive: Prometheus clients and Grafana read
+    ``status``/``data``/``warnings`` and ignore other keys; an answer from raw samples only
+    is left byte for byte as Prometheus writes it."""
+    if not result.served_by:
+        return body
+    return body[:-1] + b',"servedBy":' + json.dumps(sorted(result.served_by)).encode() + b"}"
 
 
 def _truncate(items: list[Any], limit: int, warnings: list[str]) -> tuple[list[Any], list[str]]:

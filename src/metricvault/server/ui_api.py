@@ -490,14 +490,18 @@ class UI:
         options = "".join(f'<option value="{r}">{r}</option>' for r in ranges)
         body = (
             "<h1>Explore</h1>"
-            '<form id="explore-form" class="filters"><label class="wide">PromQL '
-            '<input id="expr" name="expr" list="metric-names" autocomplete="off" '
+            '<form id="explore-form" class="filters"><div class="wide completing">'
+            '<label>PromQL <input id="expr" name="expr" autocomplete="off" spellcheck="false" '
+            'role="combobox" aria-autocomplete="list" aria-controls="suggest" '
+            'aria-expanded="false" '
             'placeholder="rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m])"></label>'
-            '<datalist id="metric-names"></datalist>'
+            '<ul id="suggest" class="suggest" role="listbox" aria-label="completions" hidden>'
+            "</ul></div>"
             f'<label>Range <select id="range" name="range">{options}</select></label>'
             '<button type="submit">Run</button>'
             '<a id="csv" href="#" download="query.csv">Download CSV</a></form>'
-            '<p id="query-info" aria-live="polite"></p><ul id="warnings" class="warnings"></ul>'
+            '<p id="query-info" aria-live="polite"></p><p id="served-by" aria-live="polite"></p>'
+            '<ul id="warnings" class="warnings"></ul>'
             '<div id="explore-chart" class="chart"></div>'
             '<div class="scroll"><table id="explore-table" class="data"></table></div>'
         )

@@ -214,30 +214,113 @@ function seriesName(metric) {
   const labels = Object.entries(metric).filter(([k]) => k !== "__name__").map(([k, v]) => `${k}="${v}"`);
   return name + (labels.length ? `{${labels.join(", ")}}` : "");
 }
+// Completion in the PromQL box, as the Prometheus UI offers it: a metric name where a name
+// is being typed, label names after `{` or `,`, label values after `name="`. Candidates come
+// from /api/v1/labels and /api/v1/label/<name>/values, narrowed to the metric before `{`.
+const completions = new Map();
+function candidates(url) {
+  if (!completions.has(url)) completions.set(url, api(url).then((a) => a.data || []).catch(() => []));
+  return completions.get(url);
+}
+function completionContext(before) {
+  const open = before.lastIndexOf("{"), close = before.lastIndexOf("}");
+  if (open > close) {
+    const metric = (before.slice(0, open).match(/([a-zA-Z_:][a-zA-Z0-9_:]*)\s*$/) || [])[1] || "";
+    const inner = before.slice(open + 1);
+    const value = inner.match(/([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)$/);
+    if (value) return { kind: "value", metric, label: value[1], partial: value[2] };
+    const name = inner.match(/(?:^|,)\s*([a-zA-Z_][a-zA-Z0-9_]*)?$/);
+    if (name) return { kind: "name", metric, partial: name[1] || "" };
+    return null;
+  }
+  const word = before.match(/([a-zA-Z_:][a-zA-Z0-9_:]*)$/);
+  if (!word || /[0-9]$/.test(before.slice(0, -word[1].length))) return null;
+  return { kind: "metric", partial: word[1] };
+}
+function quoted(value) { return value.replace(/\\/g, "\\\\").replace(/"/g, '\\"').replace(/\n/g, "\\n"); }
+function setupCompletion(input, list) {
+  let shown = [], active = -1, context = null, asked = 0;
+  const close = () => { list.replaceChildren(); list.hidden = true; shown = []; active = -1; input.setAttribute("aria-expanded", "false"); };
+  const mark = () => [...list.children].forEach((li, i) => li.setAttribute("aria-selected", i === active ? "true" : "false"));
+  const accept = (choice) => {
+    const caret = input.selectionStart, before = input.value.slice(0, caret), after = input.value.slice(caret);
+    const head = before.slice(0, before.length - context.partial.length);
+    const text = context.kind === "value" ? quoted(choice) + (after.startsWith('"') ? "" : '"')
+      : context.kind === "name" ? choice + '="' : choice;
+    input.value = head + text + after;
+    const at = head.length + text.length;
+    input.setSelectionRange(at, at);
+    close(); input.focus(); refresh();
+  };
+  const refresh = async () => {
+    const ask = ++asked;
+    context = completionContext(input.value.slice(0, input.selectionStart));
+    if (!context) { close(); return; }
+    const match = context.metric ? "?" + new URLSearchParams({ "match[]": context.metric }) : "";
+    const url = context.kind === "metric" ? "/api/v1/label/__name__/values"
+      : context.kind === "name" ? "/api/v1/labels" + match
+        : `/api/v1/label/${encodeURIComponent(context.label)}/values` + match;
+    const all = await candidates(url);
+    if (ask !== asked) return; // a later keystroke asked again
+    const hidden = context.kind === "name" ? ["__name__"] : [];
+    shown = all.filter((c) => c.startsWith(context.partial) && !hidden.includes(c) && !(context.kind === "metric" && c === context.partial)).slice(0, 50);
+    list.replaceChildren(...shown.map((c, i) => {
+      const li = el("li", c, { role: "option", id: "suggest-" + i, "data-value": c, "data-kind": context.kind });
+      li.addEventListener("mousedown", (ev) => { ev.preventDefault(); accept(c); });
+      return li;
+    }));
+    list.hidden = !shown.length; active = shown.length ? 0 : -1; mark();
+    list.dataset.kind = context.kind;
+    input.setAttribute("aria-expanded", shown.length ? "true" : "false");
+  };
+  input.addEventListener("input", refresh);
+  input.addEventListener("click", refresh);
+  input.addEventListener("blur", () => setTimeout(close, 150));
+  input.addEventListener("keydown", (ev) => {
+    if (!shown.length) return;
+    if (ev.key === "ArrowDown" || ev.key === "ArrowUp") {
+      ev.preventDefault();
+      active = (active + (ev.key === "ArrowDown" ? 1 : shown.length - 1)) % shown.length; mark();
+      input.setAttribute("aria-activedescendant", "suggest-" + active);
+    } else if ((ev.key === "Tab" || ev.key === "Enter") && active >= 0) {
+      ev.preventDefault(); accept(shown[active]);
+    } else if (ev.key === "Escape") close();
+  });
+  close();
+}
+// Steps a person reads (and the rollup tiers' whole minutes and hours): the range over the
+// chart's width, rounded up to one of these, with start and end on whole steps.
+const NICE_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
+function niceStep(seconds) { return NICE_STEPS.find((s) => s >= seconds) || Math.ceil(seconds / 86400) * 86400; }
+function tierWords(servedBy, horizon, start) {
+  if (servedBy && servedBy.length) {
+    const raw = horizon && start * 1000 < horizon ? ` (raw samples begin ${new Date(horizon).toISOString()})` : "";
+    return `the ${servedBy.join(" and ")} rollup tier${servedBy.length > 1 ? "s" : ""}${raw}`;
+  }
+  return "raw samples";
+}
 async function explorePage() {
   const params = new URLSearchParams(location.search);
   $("expr").value = params.get("expr") || "";
   $("range").value = params.get("range") || "1h";
-  api("/api/v1/label/__name__/values").then((names) => {
-    const list = $("metric-names");
-    for (const n of names.data || []) list.append(el("option", null, { value: n }));
-  }).catch(() => { /* completion is a convenience */ });
+  setupCompletion($("expr"), $("suggest"));
   const run = async () => {
     const expr = $("expr").value.trim();
     const chart = $("explore-chart");
     $("warnings").replaceChildren();
-    if (!expr) { empty(chart, "Type a PromQL expression (metric names complete as you type) and press Run."); return; }
+    $("served-by").textContent = ""; delete $("served-by").dataset.tiers;
+    if (!expr) { empty(chart, "Type a PromQL expression (metric names, label names and values complete as you type) and press Run."); return; }
     const span = RANGE_S[$("range").value];
     history.replaceState(null, "", "?" + new URLSearchParams({ expr, range: $("range").value }).toString());
-    const end = Math.floor(Date.now() / 1000), start = end - span;
-    const step = Math.max(1, Math.ceil(span / chartWidth(chart)));
+    const step = niceStep(Math.max(1, Math.ceil(span / chartWidth(chart))));
+    const end = Math.floor(Date.now() / 1000 / step) * step, start = end - Math.ceil(span / step) * step;
     const q = new URLSearchParams({ query: expr, start, end, step });
     const [answer, stats] = await Promise.all([api("/api/v1/query_range?" + q), api("/api/v1/vault/stats").catch(() => ({}))]);
-    const horizon = stats.raw_horizon;
-    const tier = horizon && start * 1000 < horizon
-      ? `raw samples after ${new Date(horizon).toISOString()}, the 1m/1h rollup tiers before`
-      : "raw samples (within the raw retention)";
-    $("query-info").textContent = `step ${step}s over ${$("range").value}; answered from ${tier}`;
+    const tiers = answer.servedBy || [];
+    window.mvCharts.exploreQuery = { query: expr, start, end, step };
+    $("query-info").textContent = `step ${step}s over ${$("range").value}`;
+    $("served-by").textContent = "Answered from " + tierWords(tiers, stats.raw_horizon, start);
+    $("served-by").dataset.tiers = tiers.length ? tiers.join(",") : "raw";
     for (const w of answer.warnings || []) $("warnings").append(el("li", w));
     const result = answer.data.result || [];
     if (!result.length) { empty(chart, "The query returned no series in this range: try a longer range or check the metric name."); $("explore-table").replaceChildren(); return; }
