@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from metricvault.archive.compare import history, summarise
+from metricvault.archive.compare import curves, history, summarise
 from metricvault.credentials import hash_secret
 from metricvault.demo import register_jobs
 from metricvault.durations import now_ms
@@ -342,3 +342,51 @@ def test_explore_completes_label_names_and_values_and_says_which_tier_answered(s
         )
         assert shown == answer.get("warnings", [])
     assert "range=15m" in browser.current_url and "expr=" in browser.current_url
+
+
+def test_compare_aligns_by_elapsed_or_wall_time_and_keeps_it_in_the_url(served, browser):
+    url, ids, root = served
+    from selenium.webdriver.support.ui import Select
+
+    with Vault.open_local(str(root / "vault")) as vault:
+        want = {a: curves(vault, ids, "train_loss", align=a) for a in ("elapsed", "time")}
+    as_token(browser, ADMIN)
+    open_page(browser, f"{url}/ui/compare?ids={','.join(ids)}&metric=train_loss&align=elapsed")
+    for align in ("elapsed", "time"):
+        if align == "time":  # switched on the page: fetched again, and the URL follows
+            browser.execute_script("window.mvReady = false")
+            Select(browser.find_element("id", "align")).select_by_value("time")
+            wait_ready(browser)
+        assert error_text(browser) == ""
+        drawn = browser.execute_script("return window.mvCharts.compare")
+        assert drawn["align"] == align and f"align={align}" in browser.current_url
+        for line in drawn["lines"]:
+            frame = want[align][want[align]["experiment"] == line["label"]]
+            xs = frame["x"].tolist()
+            if align == "time":  # to the millisecond (Unix seconds on the chart)
+                xs = [round(t.timestamp() * 1000) for t in xs]
+            expected = dict(zip(xs, frame["value"].tolist(), strict=True))
+            at = (lambda x: round(x * 1000)) if align == "time" else (lambda x: x)
+            got = {at(x): y for x, y in zip(drawn["x"], line["y"], strict=True) if y is not None}
+            assert got and set(got) <= set(expected)  # at most 2 points per pixel column
+            for x, y in got.items():
+                assert y == pytest.approx(expected[x], rel=1e-9)
+    # EMA smoothing: drawn smoothed (TensorBoard's debiased EMA), kept in the shareable link
+    browser.execute_script(
+        "const s = document.getElementById('smoothing'); s.value = '0.6';"
+        "s.dispatchEvent(new Event('input'))"
+    )
+    wait_for(browser, "return window.mvCharts.compare.smoothing === 0.6")
+    smoothed = browser.execute_script("return window.mvCharts.compare")
+    for before, after in zip(drawn["lines"], smoothed["lines"], strict=True):
+        last, n, want_y = 0.0, 0, []
+        for y in before["y"]:
+            if y is not None:
+                last, n = last * 0.6 + 0.4 * y, n + 1
+            want_y.append(None if y is None else last / (1 - 0.6**n))
+        assert after["y"] == [None if w is None else pytest.approx(w) for w in want_y]
+    link = browser.find_element("id", "share-link").get_attribute("href")
+    assert "align=time" in link and "smoothing=0.6" in link
+    open_page(browser, link)
+    assert browser.find_element("id", "align").get_attribute("value") == "time"
+    assert browser.execute_script("return window.mvCharts.compare.smoothing") == 0.6

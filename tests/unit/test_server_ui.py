@@ -225,3 +225,27 @@ def test_query_range_says_which_rollup_tier_answered(make_client):
             assert answer.status_code == 200 and body["status"] == "success", answer.text
             assert body["data"]["result"], expr
             assert body.get("servedBy") == tiers, (expr, body.get("servedBy"))
+
+
+@pytest.mark.parametrize("align", ["elapsed", "time"])
+def test_compare_aligns_by_elapsed_or_wall_time_as_experiment_compare(tenants, align):
+    from metricvault.archive.compare import curves
+
+    client, vault = tenants
+    got = client.get(f"/api/v1/compare?ids=r1&metric=train_loss&align={align}", headers=AUTH_A)
+    assert got.status_code == 200, got.text
+    body = got.json()
+    want = curves(vault, ["r1"], "train_loss", align=align)
+    if align == "time":
+        xs = [round(t.timestamp() * 1000) / 1000 for t in want["x"]]
+    else:
+        xs = want["x"].tolist()
+    assert body["align"] == align and body["x_label"]
+    assert body["curves"]["r1"]["x"] == pytest.approx(xs)
+    assert body["curves"]["r1"]["y"] == pytest.approx(want["value"].tolist())
+
+
+def test_compare_refuses_an_unknown_alignment(tenants):
+    client, _ = tenants
+    answer = client.get("/api/v1/compare?ids=r1&align=epoch", headers=AUTH_A)
+    assert answer.status_code == 400 and "align='epoch' is not an alignment" in answer.text

@@ -347,9 +347,18 @@ class UI:
         return JSONResponse(await run_in_threadpool(work))
 
     async def compare(self, req: Request, who: Principal) -> Response:
+        from metricvault.archive.compare import ALIGNMENTS
+
         ids = [i for i in req.query_params.get("ids", "").split(",") if i]
         metric = req.query_params.get("metric") or "train_loss"
         width = parse_width(req.query_params.get("width"))
+        align = req.query_params.get("align") or "step"
+        if align not in ALIGNMENTS:
+            raise InputError(
+                f"align={align!r} is not an alignment: use step (training step), elapsed "
+                "(hours since each run's start) or time (wall-clock time), as "
+                "`metricvault experiment compare --align` does"
+            )
         if not ids:
             raise InputError("compare needs ids=<id>,<id>,...: the experiments to compare")
         if len(ids) > MAX_COMPARE:
@@ -361,12 +370,17 @@ class UI:
         def work() -> dict[str, Any]:
             exps = [self.experiment(i, who) for i in dict.fromkeys(ids)]
             curves = {}
-            for exp in exps:
-                got = history_curves(self.gateway.vault, exp, [metric], width)
-                curves[exp.id] = got["metrics"].get(metric)
+            if align == "step":
+                for exp in exps:
+                    got = history_curves(self.gateway.vault, exp, [metric], width)
+                    curves[exp.id] = got["metrics"].get(metric)
+            else:
+                curves = time_curves(self.gateway.vault, exps, metric, align, width)
             return {
                 "ids": [e.id for e in exps],
                 "metric": metric,
+                "align": align,
+                "x_label": X_LABELS[align],
                 "summaries": [{"id": e.id, **self.summary(e)} for e in exps],
                 "records": [row_of(e, 0) for e in exps],
                 "params": param_rows(exps),
@@ -474,6 +488,10 @@ class UI:
             '<form id="compare-form" class="filters"><label>Experiments '
             '<input id="ids" name="ids" placeholder="id,id,..."></label>'
             '<label>Metric <input id="metric" name="metric" value="train_loss"></label>'
+            '<label>Align by <select id="align" name="align">'
+            '<option value="step">training step</option>'
+            '<option value="elapsed">elapsed time (hours since start)</option>'
+            '<option value="time">wall time (UTC)</option></select></label>'
             '<label>EMA smoothing <input id="smoothing" name="smoothing" type="range" '
             'min="0" max="0.99" step="0.01" value="0"></label>'
             '<output id="smoothing-value">0</output>'
@@ -577,6 +595,48 @@ def history_curves(vault: Any, exp: Experiment, names: Sequence[str], width: int
             "points": int(column.notna().sum()),
         }
     return {"experiment": exp.id, "metrics": metrics, "missing": missing}
+
+
+X_LABELS = {"step": "training step", "elapsed": "hours since start", "time": "time (UTC)"}
+
+
+def time_curves(
+    vault: Any, exps: Sequence[Experiment], metric: str, align: str, width: int
+) -> dict[str, dict[str, Any] | None]:
+    """Each experiment's ``metric`` by hours since its start (``elapsed``) or by wall-clock
+    time (``time``, x in Unix seconds), as ``experiment compare --align`` computes it: the
+    mean over the run's series per bucket, one bucket width for all the runs (raw samples
+    for short runs, 1m or 1h buckets for long ones); then downsampled to ``width`` pixel
+    columns. A run without the metric in its window is None (not an error)."""
+    import pandas as pd
+
+    from metricvault.archive.compare import _resolution, curves
+
+    resolution = _resolution(exps, "auto") or "raw"
+    runs: Any = exps  # curves() takes ids or the records themselves (tenant-confined here)
+    out: dict[str, dict[str, Any] | None] = {}
+    for exp in runs:
+        try:
+            frame = curves(vault, [exp], metric, align=align, step=resolution)
+        except NotFoundError:
+            out[exp.id] = None
+            continue
+        xs = frame["x"]
+        if align == "time":
+            since = pd.to_datetime(xs, utc=True) - pd.Timestamp(0, tz="UTC")
+            ms = (since // pd.Timedelta(milliseconds=1)).to_numpy(dtype=np.int64)
+            x = ms / 1000.0  # whole milliseconds in Unix seconds, as query_range writes them
+        else:
+            x = xs.to_numpy(dtype=np.float64)
+        order = np.argsort(x, kind="stable")
+        values = frame["value"].to_numpy(dtype=np.float64)[order]
+        dx, dy = downsample(x[order], values, width)
+        out[exp.id] = {
+            "x": [finite(float(v)) for v in dx],
+            "y": [finite(float(v)) for v in dy],
+            "points": int(np.isfinite(values).sum()),
+        }
+    return out
 
 
 def page(name: str, title: str, body: str) -> HTMLResponse:

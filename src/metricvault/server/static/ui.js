@@ -157,13 +157,14 @@ async function comparePage() {
   const params = new URLSearchParams(location.search);
   $("ids").value = params.get("ids") || "";
   $("metric").value = params.get("metric") || "train_loss";
+  $("align").value = ["step", "elapsed", "time"].includes(params.get("align")) ? params.get("align") : "step";
   $("smoothing").value = params.get("smoothing") || "0";
   $("smoothing-value").textContent = $("smoothing").value;
   let data = null;
   const draw = () => {
     const weight = Number($("smoothing").value);
     $("smoothing-value").textContent = weight.toFixed(2);
-    const q = new URLSearchParams({ ids: $("ids").value, metric: $("metric").value, smoothing: String(weight) });
+    const q = new URLSearchParams({ ids: $("ids").value, metric: $("metric").value, align: $("align").value, smoothing: String(weight) });
     history.replaceState(null, "", "?" + q.toString());
     $("share-link").href = location.href; $("share-link").textContent = location.href;
     if (!data) return;
@@ -173,8 +174,10 @@ async function comparePage() {
       return { label: id, y: ema(xs.map((x) => (at.has(x) ? at.get(x) : null)), weight) };
     });
     const node = $("compare-chart");
-    if (!lines.length) { empty(node, `None of these experiments logged ${data.metric} by step.`); return; }
-    drawChart(node, "compare", xs, lines, { title: `${data.metric} by step`, xLabel: "step", yLabel: UNITS[data.metric] || data.metric });
+    const by = { step: "by step", elapsed: "by hours since start", time: "by wall time" }[data.align];
+    if (!lines.length) { empty(node, `None of these experiments has ${data.metric} ${by}: check the metric name, or align by another axis.`); return; }
+    drawChart(node, "compare", xs, lines, { title: `${data.metric} ${by}`, xLabel: data.x_label, yLabel: UNITS[data.metric] || data.metric, time: data.align === "time" });
+    window.mvCharts.compare.align = data.align; window.mvCharts.compare.smoothing = weight;
   };
   const load = async () => {
     const ids = $("ids").value.trim();
@@ -182,7 +185,7 @@ async function comparePage() {
       empty($("compare-chart"), "Pick experiments to compare: tick them on the Experiments page, or type ids separated by commas.");
       return;
     }
-    data = await api(`/api/v1/compare?ids=${encodeURIComponent(ids)}&metric=${encodeURIComponent($("metric").value)}&width=${chartWidth($("compare-chart"))}`);
+    data = await api(`/api/v1/compare?ids=${encodeURIComponent(ids)}&metric=${encodeURIComponent($("metric").value)}&align=${encodeURIComponent($("align").value)}&width=${chartWidth($("compare-chart"))}`);
     const sums = $("summaries"); sums.replaceChildren();
     const head = el("tr"); ["experiment", "GPUs", "GPU-h", "kWh", "final loss", "mean MFU"].forEach((h) => head.append(el("th", h)));
     sums.append(head);
@@ -203,6 +206,7 @@ async function comparePage() {
   };
   $("compare-form").addEventListener("submit", (ev) => { ev.preventDefault(); window.mvReady = false; load().then(() => showError("")).catch((e) => showError(e.message)).finally(() => { window.mvReady = true; }); });
   $("smoothing").addEventListener("input", draw);
+  $("align").addEventListener("change", () => { window.mvReady = false; load().then(() => showError("")).catch((e) => showError(e.message)).finally(() => { window.mvReady = true; }); });
   await load();
 }
 
