@@ -7,6 +7,9 @@ functions, no I/O, no store. The work is split by job:
 - ``otlp_names``: Prometheus's metric, unit and label name rules (``otlptranslator``);
 - ``otlp_points``: metric types -> samples, resource -> ``job``/``instance``/``target_info``;
 - ``otlp_streams``: the state the gateway keeps per stream (DELTA totals, start times).
+- ``otlp_known``: the fast path for the usual protobuf export (gauges, cumulative sums, series
+  seen before): points read column-wise, series found by their attribute bytes; it hands
+  anything else to ``otlp_points``, and gives the same rows, kinds and counts.
 
 :func:`decode_otlp` returns :class:`OtlpDecoded`: the translated points (DELTA ones still
 apart) and what was rejected; :func:`to_write` turns them, once the stream state has added the
@@ -114,7 +117,9 @@ def decode_otlp(
         return _general(raw, kind, budget, max_series, max_label_names)
     points, rows = fast
     budget.check("parsing the request")
-    _check_limits(points, max_series, max_label_names)
+    check_series_count(len(points.series), max_series)
+    names = sorted(set().union(*{entry.names for entry in rows.entries}))
+    check_label_names(len(names), max_label_names, ", ".join(repr(n) for n in names[:3]))
     return OtlpDecoded(points, kind, rows)
 
 

@@ -134,12 +134,13 @@ RequestTwin: Any = _twin_class()
 class OtlpSeries:
     """What a data point's attribute bytes mean, for one metric name and resource."""
 
-    __slots__ = ("label_map", "labels", "labels_json", "metric", "series_id")
+    __slots__ = ("label_map", "labels", "labels_json", "metric", "names", "series_id")
 
     def __init__(self, metric: str, labels: Labels, series: Series) -> None:
         self.metric = metric
         self.labels = labels
         self.label_map = dict(labels)
+        self.names = frozenset(self.label_map)  # for the request's label-name limit
         self.series_id = series.series_id
         self.labels_json = series.labels_json
 
@@ -293,50 +294,76 @@ def decode_fast(
 
 
 class _Walk:
+    """Two passes: the request's structure (metrics and their points, in order), then the
+    points of all metrics read at once (numpy's per-call cost is paid once per request)."""
+
     def __init__(self, cache: OtlpSeriesCache, budget: DecodeBudget) -> None:
         self.cache = cache
         self.budget = budget
         self.out = Points()
-        self.entries: list[OtlpSeries] = []
-        self.timestamps: list[Any] = []
-        self.values: list[Any] = []
-        self.metrics = 0
+        self.points: list[bytes] = []
+        # in request order: (base, kind, resource, first point, end) per metric, and
+        # (None, "", resource, 0, 0) after each resource's metrics
+        self.segments: list[tuple[str | None, str, _Resource, int, int]] = []
 
     def request(self, request: Any) -> tuple[Points, FastRows]:
         for resource_metrics in request.resource_metrics:
             self.resource(resource_metrics)
-        if not self.entries:
+        if not self.points:
             raise _Fallback  # nothing to store: the general path words any notes
+        self.budget.check(f"{len(self.points):,} data points")
+        starts_ns, times_ns, values, keys = _columns(self.points)
+        ts_ms = times_ns // _NS_PER_MS
+        entries: list[OtlpSeries] = []
+        latest_ns = 0
         out = self.out
-        out.series = {(entry.metric, entry.labels) for entry in dict.fromkeys(self.entries)}
-        rows = FastRows(self.entries, np.concatenate(self.timestamps), np.concatenate(self.values))
+        for base, kind, resource, first, end in self.segments:
+            if base is None:  # the end of a resource's metrics
+                if latest_ns and resource.others and resource.ident:
+                    entries.append(self._target_info(resource))
+                latest_ns = 0
+                continue
+            learned = self._series(base, resource, keys[first:end])
+            out.points += end - first
+            out.kinds[base] = "counter" if kind == COUNTER else "gauge"
+            entries.extend(learned)
+            latest_ns = max(latest_ns, int(times_ns[first:end].max()))
+            if kind == COUNTER:
+                self._starts(learned, starts_ns[first:end], ts_ms[first:end])
+        if len(entries) == len(self.points):  # no target_info rows: the columns as they are
+            rows = FastRows(entries, ts_ms, values)
+        else:
+            rows = FastRows(entries, *_in_row_order(self.segments, ts_ms, values, entries))
+        by_id: dict[int, OtlpSeries] = {}
+        for entry in entries:
+            by_id.setdefault(entry.series_id, entry)
+        out.series = {(entry.metric, entry.labels) for entry in by_id.values()}
         return out, rows
 
     def resource(self, resource_metrics: Any) -> None:
         resource = self.cache.resource(resource_metrics.resource)
         if resource is None:
             raise _Fallback
-        latest_ns = 0
         for scope_metrics in resource_metrics.scope_metrics:
             if not self.cache.scope(scope_metrics.scope):
                 raise _Fallback
             for metric in scope_metrics.metrics:
-                latest_ns = max(latest_ns, self.metric(metric, resource))
-        if latest_ns and resource.others and resource.ident:
-            try:
-                labels = _labels(resource.others.items(), resource.ident)
-            except (LabelError, ValueError):
-                raise _Fallback from None
-            entry = self.cache.labelled_series(TARGET_INFO, labels)
-            if entry is None:
-                raise _Fallback  # the general path notes why target_info is left out
-            self.out.kinds[TARGET_INFO] = "gauge"
-            self.entries.append(entry)
-            self.timestamps.append(np.array([latest_ns // _NS_PER_MS], dtype=np.int64))
-            self.values.append(np.ones(1, dtype=np.float64))
+                self.metric(metric, resource)
+        self.segments.append((None, "", resource, 0, 0))
 
-    def metric(self, metric: Any, resource: _Resource) -> int:
-        """Take one metric's points; the latest point time (ns)."""
+    def _target_info(self, resource: _Resource) -> OtlpSeries:
+        try:
+            labels = _labels(resource.others.items(), resource.ident)
+        except (LabelError, ValueError):
+            raise _Fallback from None
+        entry = self.cache.labelled_series(TARGET_INFO, labels)
+        if entry is None:
+            raise _Fallback  # the general path notes why target_info is left out
+        self.out.kinds[TARGET_INFO] = "gauge"
+        return entry
+
+    def metric(self, metric: Any, resource: _Resource) -> None:
+        """Note one metric and its points."""
         which = metric.WhichOneof("data")
         if which == "gauge":
             kind, data = GAUGE, metric.gauge
@@ -347,19 +374,21 @@ class _Walk:
             raise _Fallback  # no data, histograms, summaries, DELTA or unknown temporality
         if metric.metadata or not metric.name:
             raise _Fallback
-        self.metrics += 1
-        if not self.metrics % _BUDGET_EVERY:
-            self.budget.check(f"{self.out.points:,} data points")
+        if not len(self.segments) % _BUDGET_EVERY:
+            self.budget.check(f"{len(self.points):,} data points")
         try:
             base = metric_name(metric.name, metric.unit, kind)
         except LabelError:
             raise _Fallback from None
         if not base:
             raise _Fallback
-        points = list(data.data_points)
-        if not points:
+        first = len(self.points)
+        self.points.extend(data.data_points)
+        if len(self.points) == first:
             raise _Fallback
-        starts_ns, times_ns, values, keys = _columns(points)
+        self.segments.append((base, kind, resource, first, len(self.points)))
+
+    def _series(self, base: str, resource: _Resource, keys: list[bytes]) -> list[OtlpSeries]:
         table = self.cache.table(base, resource)
         with self.cache.lock:
             entries = [table.get(key) for key in keys]
@@ -370,17 +399,7 @@ class _Walk:
                     if entry is None:
                         raise _Fallback  # the general path names the rule it breaks
                     entries[number] = entry
-        learned: list[OtlpSeries] = entries  # type: ignore[assignment]  # no None is left
-        out = self.out
-        out.points += len(points)
-        out.kinds[base] = "counter" if kind == COUNTER else "gauge"
-        ts_ms = times_ns // _NS_PER_MS
-        self.entries.extend(learned)
-        self.timestamps.append(ts_ms.astype(np.int64))
-        self.values.append(values)
-        if kind == COUNTER:
-            self._starts(learned, starts_ns, ts_ms)
-        return int(times_ns.max())
+        return entries  # type: ignore[return-value]  # no None is left
 
     def _starts(self, entries: list[OtlpSeries], starts_ns: Any, ts_ms: Any) -> None:
         """A candidate zero sample per counter point with a start time (as the general
@@ -392,6 +411,31 @@ class _Walk:
             key = (entry.metric, entry.labels)
             zeros = (key,) if start_ms[number] < ts_ms[number] else ()
             self.out.starts.append(StartPoint(key, int(starts_ns[number]), zeros))
+
+
+def _in_row_order(
+    segments: list[tuple[str | None, str, _Resource, int, int]],
+    ts_ms: Any,
+    values: Any,
+    entries: list[OtlpSeries],
+) -> tuple[Any, Any]:
+    """Timestamps and values with each resource's target_info row after its metrics' rows."""
+    timestamps: list[Any] = []
+    row_values: list[Any] = []
+    latest_ms = -1
+    for base, _, resource, first, end in segments:
+        if base is None:
+            if latest_ms >= 0 and resource.others and resource.ident:
+                timestamps.append(np.array([latest_ms], dtype=np.int64))
+                row_values.append(np.ones(1, dtype=np.float64))
+            latest_ms = -1
+            continue
+        timestamps.append(ts_ms[first:end])
+        row_values.append(values[first:end])
+        latest_ms = max(latest_ms, int(ts_ms[first:end].max()))
+    out_ts, out_values = np.concatenate(timestamps), np.concatenate(row_values)
+    assert len(out_ts) == len(entries)
+    return out_ts, out_values
 
 
 def _columns(points: list[bytes]) -> tuple[Any, Any, Any, list[bytes]]:
