@@ -390,3 +390,36 @@ def test_compare_aligns_by_elapsed_or_wall_time_and_keeps_it_in_the_url(served, 
     open_page(browser, link)
     assert browser.find_element("id", "align").get_attribute("value") == "time"
     assert browser.execute_script("return window.mvCharts.compare.smoothing") == 0.6
+
+
+def test_the_experiment_page_draws_each_gpu_over_the_run(served, browser):
+    url, ids, root = served
+    from metricvault.archive.compare import restrict
+    from metricvault.server.ui_api import GPU_METRICS, gpu_line_name
+
+    with Vault.open_local(str(root / "vault")) as vault:
+        exp = vault.experiments.get(ids[0])
+        start, end = exp.window()
+        gpus = summarise(vault, exp).gpus
+        raw = {m: vault.query(restrict(exp.selector, m), start, end) for m, _ in GPU_METRICS}
+    as_token(browser, ADMIN)
+    open_page(browser, f"{url}/ui/experiments/{ids[0]}")
+    assert error_text(browser) == ""
+    for metric, unit in GPU_METRICS:
+        drawn = browser.execute_script(f"return window.mvCharts['{metric}']")
+        frame = raw[metric]
+        keys = [c for c in frame.columns if c not in ("timestamp", "metric", "value")]
+        by_line: dict[str, dict[int, float]] = {}
+        for row in frame.itertuples(index=False):
+            labels = {k: getattr(row, k) for k in keys if isinstance(getattr(row, k), str)}
+            ms = round(row.timestamp.timestamp() * 1000)
+            by_line.setdefault(gpu_line_name(labels), {})[ms] = row.value
+        assert len(drawn["lines"]) == len(by_line) == gpus, metric
+        for line in drawn["lines"]:
+            points = [(round(x * 1000), y) for x, y in zip(drawn["x"], line["y"], strict=True)]
+            shown = [(x, y) for x, y in points if y is not None]
+            assert shown, (metric, line["label"])
+            for x, y in shown:
+                assert y == pytest.approx(by_line[line["label"]][x], rel=1e-9)
+        title = browser.find_element("id", f"chart-{metric}").text
+        assert unit in title

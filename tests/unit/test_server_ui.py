@@ -64,6 +64,7 @@ def test_every_ui_route_needs_a_credential(tenants):
         "/ui/static/ui.js",
         "/api/v1/ui/experiments",
         "/api/v1/experiments/r1/history",
+        "/api/v1/experiments/r1/gpus",
         "/api/v1/compare?ids=r1",
         "/api/v1/vault/stats",
     ):
@@ -77,6 +78,7 @@ def test_the_experiments_table_shows_only_the_callers_tenant(tenants):
     assert [r["id"] for r in rows_a] == ["r1"] and [r["id"] for r in rows_b] == ["r2"]
     # another tenant's experiment is unknown, page and JSON alike
     assert client.get("/api/v1/experiments/r2/history", headers=AUTH_A).status_code == 404
+    assert client.get("/api/v1/experiments/r2/gpus", headers=AUTH_A).status_code == 404
     assert client.get("/ui/experiments/r2", headers=AUTH_A).status_code == 404
     assert client.get("/api/v1/compare?ids=r1,r2", headers=AUTH_A).status_code == 404
 
@@ -249,3 +251,13 @@ def test_compare_refuses_an_unknown_alignment(tenants):
     client, _ = tenants
     answer = client.get("/api/v1/compare?ids=r1&align=epoch", headers=AUTH_A)
     assert answer.status_code == 400 and "align='epoch' is not an alignment" in answer.text
+
+
+def test_gpu_curves_list_what_the_run_has_no_series_of(tenants):
+    client, _ = tenants
+    got = client.get("/api/v1/experiments/r1/gpus?width=100", headers=AUTH_A).json()
+    assert got["metrics"] == {}  # r1 logged training metrics only
+    assert got["missing"] == [
+        "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_GPU_TEMP",
+    ]  # fmt: skip

@@ -94,6 +94,11 @@ class UIAPI(ServerAPI):
                 ui.endpoint(ui.history),
                 methods=get,
             ),
+            Route(
+                "/api/v1/experiments/{experiment_id}/gpus",
+                ui.endpoint(ui.gpus),
+                methods=get,
+            ),
             Route("/api/v1/compare", ui.endpoint(ui.compare), methods=get),
             Route("/api/v1/vault/stats", ui.endpoint(ui.vault_stats), methods=get),
         ]
@@ -346,6 +351,18 @@ class UI:
 
         return JSONResponse(await run_in_threadpool(work))
 
+    async def gpus(self, req: Request, who: Principal) -> Response:
+        from metricvault.durations import now_ms
+
+        experiment_id = str(req.path_params["experiment_id"])
+        width = parse_width(req.query_params.get("width"))
+
+        def work() -> dict[str, Any]:
+            exp = self.experiment(experiment_id, who)
+            return gpu_curves(self.gateway.vault, exp, width, now_ms())
+
+        return JSONResponse(await run_in_threadpool(work))
+
     async def compare(self, req: Request, who: Principal) -> Response:
         from metricvault.archive.compare import ALIGNMENTS
 
@@ -478,6 +495,8 @@ class UI:
             f'<table class="kv" id="params">{params or "<tr><td>no params</td></tr>"}'
             f"</table></section></div><h2>Curves by step</h2>"
             f'<div id="charts" data-experiment="{esc(exp.id)}"></div>'
+            "<h2>GPUs over the run</h2>"
+            f'<div id="gpu-charts" data-experiment="{esc(exp.id)}"></div>'
             f'<p><a href="/ui/compare?ids={esc(exp.id)}">Compare with others</a></p>'
         )
         return page("experiment", f"Experiment {exp.id}", body)
@@ -593,6 +612,69 @@ def history_curves(vault: Any, exp: Experiment, names: Sequence[str], width: int
             "x": [finite(float(v)) for v in x],
             "y": [finite(float(v)) for v in y],
             "points": int(column.notna().sum()),
+        }
+    return {"experiment": exp.id, "metrics": metrics, "missing": missing}
+
+
+GPU_METRICS = (
+    ("DCGM_FI_DEV_GPU_UTIL", "utilisation (%)"),
+    ("DCGM_FI_DEV_FB_USED", "memory used (MiB)"),
+    ("DCGM_FI_DEV_POWER_USAGE", "power (W)"),
+    ("DCGM_FI_DEV_GPU_TEMP", "temperature (°C)"),
+)
+RAW_GPU_SPAN_MS = 6 * 3_600_000  # longer runs are read as 1m means (then min/max per pixel)
+
+
+def gpu_line_name(labels: dict[str, Any]) -> str:
+    """A GPU's name on the chart: host and GPU index where the series has them."""
+    host = labels.get("Hostname") or labels.get("instance") or labels.get("host") or ""
+    gpu = labels.get("gpu")
+    if gpu not in (None, ""):
+        return f"{host} gpu {gpu}".strip()
+    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "all"
+
+
+def gpu_curves(vault: Any, exp: Experiment, width: int, now: int) -> dict[str, Any]:
+    """Per-GPU utilisation, memory, power and temperature over the run's window, one line
+    per GPU series (x: Unix seconds, shared; null where a GPU has no point), each line
+    downsampled to ``width`` pixel columns (min and max kept). Metrics the run's selector
+    has no series of are listed in ``missing``."""
+    import pandas as pd
+
+    from metricvault.archive.compare import restrict
+
+    start, end = exp.window(now)
+    bucket = None if end - start <= RAW_GPU_SPAN_MS else "1m"
+    metrics: dict[str, Any] = {}
+    missing: list[str] = []
+    for name, unit in GPU_METRICS:
+        sel = restrict(exp.selector, name)
+        frame = vault.query(sel, start, end, step=bucket) if sel else None
+        value = "value" if bucket is None else "mean"
+        if frame is None or not len(frame):
+            missing.append(name)
+            continue
+        keys = [c for c in frame.columns if c not in ("timestamp", "metric", value)]
+        since = pd.to_datetime(frame["timestamp"], utc=True) - pd.Timestamp(0, tz="UTC")
+        frame = frame.assign(_ms=(since // pd.Timedelta(milliseconds=1)).to_numpy(np.int64))
+        lines = []
+        grouped = frame.groupby(keys, dropna=False, sort=True) if keys else [((), frame)]
+        for key, part in grouped:
+            labels = dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True))
+            labels = {k: v for k, v in labels.items() if isinstance(v, str) and v}
+            part = part.sort_values("_ms")
+            x, y = downsample(part["_ms"].to_numpy(np.float64), part[value].to_numpy(), width)
+            lines.append((gpu_line_name(labels), x, y))
+        xs = np.unique(np.concatenate([x for _, x, _ in lines]))
+        out_lines = []
+        for label, x, y in lines:
+            at = dict(zip(x.tolist(), y.tolist(), strict=True))
+            out_lines.append({"label": label, "y": [finite(at.get(v)) for v in xs.tolist()]})
+        metrics[name] = {
+            "unit": unit,
+            "x": [v / 1000 for v in xs.tolist()],
+            "lines": out_lines,
+            "resolution": bucket or "raw",
         }
     return {"experiment": exp.id, "metrics": metrics, "missing": missing}
 

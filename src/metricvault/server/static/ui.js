@@ -124,6 +124,9 @@ async function experimentsPage() {
 
 // ------------------------------------------------------------------ one experiment
 async function experimentPage() {
+  await Promise.all([stepCharts(), gpuCharts()]);
+}
+async function stepCharts() {
   const box = $("charts");
   const id = box.dataset.experiment;
   const data = await api(`/api/v1/experiments/${encodeURIComponent(id)}/history?width=${chartWidth(box) / 2 | 0}`);
@@ -140,6 +143,24 @@ async function experimentPage() {
     drawChart(node, name, m.x, [{ label: name, y: m.y }], { title: name, xLabel: "step", yLabel: UNITS[name] || name });
   }
   if (data.missing.length) box.append(el("p", "Not logged by this run: " + data.missing.join(", "), { class: "empty" }));
+}
+async function gpuCharts() {
+  const box = $("gpu-charts");
+  const id = box.dataset.experiment;
+  const data = await api(`/api/v1/experiments/${encodeURIComponent(id)}/gpus?width=${chartWidth(box) / 2 | 0}`);
+  const names = Object.keys(data.metrics);
+  if (!names.length) {
+    empty(box, "No GPU series in this run's window: its selector matches no DCGM metrics (point `metricvault agent` or dcgm-exporter at the gateway).");
+    return;
+  }
+  box.classList.add("charts-grid");
+  for (const name of names) {
+    const m = data.metrics[name];
+    const node = el("div", null, { class: "chart", id: "chart-" + name, role: "img", "aria-label": `${m.unit} per GPU over time` });
+    box.append(node);
+    drawChart(node, name, m.x, m.lines, { title: `${m.unit} per GPU`, xLabel: "time (UTC)", yLabel: m.unit, time: true });
+  }
+  if (data.missing.length) box.append(el("p", "No series of " + data.missing.join(", ") + " in this run.", { class: "empty" }));
 }
 
 // ------------------------------------------------------------------ compare
