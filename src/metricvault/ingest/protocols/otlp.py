@@ -117,8 +117,8 @@ def decode_otlp(
         return _general(raw, kind, budget, max_series, max_label_names)
     points, rows = fast
     budget.check("parsing the request")
-    check_series_count(len(points.series), max_series)
-    names = sorted(set().union(*{entry.names for entry in rows.entries}))
+    check_series_count(len(rows.distinct), max_series)
+    names = sorted(set().union(*{entry.names for entry in rows.distinct}))
     check_label_names(len(names), max_label_names, ", ".join(repr(n) for n in names[:3]))
     return OtlpDecoded(points, kind, rows)
 

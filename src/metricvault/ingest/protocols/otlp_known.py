@@ -147,11 +147,14 @@ class OtlpSeries:
 
 @dataclass(frozen=True)
 class FastRows:
-    """The request's rows, in request order: each row's series, timestamp (ms) and value."""
+    """The request's rows, in request order: each row's series, timestamp (ms) and value;
+    ``distinct``: its series, once each (``Points.series`` stays empty on this path: hashing
+    every label tuple again cost more than the rest of the bookkeeping)."""
 
     entries: list[OtlpSeries]
     timestamps: Any  # int64
     values: Any  # float64
+    distinct: list[OtlpSeries]
 
 
 class _Resource:
@@ -251,7 +254,8 @@ class OtlpSeriesCache:
         with self.lock:
             if self.size >= self.max_series:
                 for known in self.series.values():
-                    known.clear()
+                    known.clear()  # a decoder may hold one of these tables: empty, not dropped
+                self.series.clear()
                 self.labelled.clear()
                 self.size = 0
             table[raw] = entry
@@ -330,15 +334,14 @@ class _Walk:
             latest_ns = max(latest_ns, int(times_ns[first:end].max()))
             if kind == COUNTER:
                 self._starts(learned, starts_ns[first:end], ts_ms[first:end])
-        if len(entries) == len(self.points):  # no target_info rows: the columns as they are
-            rows = FastRows(entries, ts_ms, values)
-        else:
-            rows = FastRows(entries, *_in_row_order(self.segments, ts_ms, values, entries))
         by_id: dict[int, OtlpSeries] = {}
         for entry in entries:
             by_id.setdefault(entry.series_id, entry)
-        out.series = {(entry.metric, entry.labels) for entry in by_id.values()}
-        return out, rows
+        distinct = list(by_id.values())
+        if len(entries) == len(self.points):  # no target_info rows: the columns as they are
+            return out, FastRows(entries, ts_ms, values, distinct)
+        in_order = _in_row_order(self.segments, ts_ms, values, entries)
+        return out, FastRows(entries, *in_order, distinct)
 
     def resource(self, resource_metrics: Any) -> None:
         resource = self.cache.resource(resource_metrics.resource)
