@@ -423,3 +423,41 @@ def test_the_experiment_page_draws_each_gpu_over_the_run(served, browser):
                 assert y == pytest.approx(by_line[line["label"]][x], rel=1e-9)
         title = browser.find_element("id", f"chart-{metric}").text
         assert unit in title
+
+
+def test_the_vault_page_shows_retention_ingest_and_label_cardinality(served, browser):
+    url, _, root = served
+    import httpx
+
+    from metricvault.config import Settings
+
+    as_token(browser, ADMIN)
+    open_page(browser, f"{url}/ui/vault")
+    assert error_text(browser) == ""
+    defaults = Settings.load(env={})
+    for tier, kept in (("raw", defaults.retention_raw), ("1h", defaults.retention_1h)):
+        cell = browser.find_element(
+            "css selector", f'#retention tr[data-tier="{tier}"] td[data-col="retention"]'
+        )
+        assert cell.text == kept
+    # series per label and the top label values: the vault's series listing, counted
+    with Vault.open_local(str(root / "vault")) as vault:
+        frame = vault.series(None, output="pandas")
+    gpus = int(frame["gpu"].notna().sum())
+    row = browser.find_element("css selector", '#label-cardinality tr[data-label="gpu"]')
+    cells = row.find_elements("css selector", "td")
+    assert cells[1].text == f"{gpus:,}"
+    assert cells[2].text == str(frame["gpu"].dropna().nunique())
+    # a write to the gateway shows in its ingest counters and rate
+    before = int(wait_for(browser, "return document.getElementById('ingest-rate').dataset.stored"))
+    lines = "\n".join(f"ui_ingest_probe,n={i} v={i} {END_MS + i}" for i in range(25))
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    answer = httpx.post(f"{url}/write?precision=ms", content=lines, headers=auth)
+    assert answer.status_code == 204, answer.text
+    wait_for(
+        browser,
+        f"return Number(document.getElementById('ingest-rate').dataset.stored) >= {before + 25}",
+    )
+    assert "samples/s" in browser.find_element("id", "ingest-rate").text
+    stored = browser.find_element("css selector", '#ingest tr[data-by="influx"]').text
+    assert "samples stored" in stored

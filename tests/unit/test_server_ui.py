@@ -261,3 +261,30 @@ def test_gpu_curves_list_what_the_run_has_no_series_of(tenants):
         "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE",
         "DCGM_FI_DEV_GPU_TEMP",
     ]  # fmt: skip
+
+
+def test_vault_stats_show_retention_and_label_cardinality_within_the_tenant(make_client):
+    from metricvault.config import RetentionOverride
+
+    override = RetentionOverride('{job="keep"}', "raw", "forever")
+    client, vault = make_client(
+        auth_bearer_tokens=(BearerToken(hash_secret(TOKEN_A), "team-a"),
+                            BearerToken(hash_secret("admin"), ""), ),
+        retention_overrides=(override,),
+    )  # fmt: skip
+    lines = [f"m,job=j{i % 2},gpu={i} v=1 {T0 + i}" for i in range(6)]
+    assert (
+        client.post("/write?precision=ms", content="\n".join(lines), headers=AUTH_A).status_code
+        == 204
+    )
+    vault.flush()
+    admin = client.get("/api/v1/vault/stats", headers={"Authorization": "Bearer admin"}).json()
+    assert admin["retention_overrides"] == [
+        {"selector": '{job="keep"}', "tier": "raw", "retention": "forever"}
+    ]
+    got = client.get("/api/v1/vault/stats", headers=AUTH_A).json()
+    assert "retention_overrides" not in got and got["retention"]["raw"] == "30d"
+    labels = {r["label"]: (r["series"], r["values"]) for r in got["labels"]}
+    assert labels["gpu"] == (6, 6) and labels["job"] == (6, 2)
+    assert "tenant" not in labels  # the tenant's own label says nothing to the tenant
+    assert {"label": "job", "value": "j0", "series": 3} in got["top_values"]

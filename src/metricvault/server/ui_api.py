@@ -425,14 +425,24 @@ class UI:
         elif len(frame) and "metric" in frame.columns:
             per_metric = {str(k): int(v) for k, v in frame["metric"].value_counts().items()}
         cardinality = sorted(per_metric.items(), key=lambda kv: (-kv[1], kv[0]))
+        settings = self.gateway.settings
         answer: dict[str, Any] = {
             "tenant": who.tenant or None,
             "series": len(frame),
             "cardinality": [{"metric": m, "series": n} for m, n in cardinality],
+            **label_cardinality(frame, skip=("__name__", "metric", label if who.tenant else "")),
+            "retention": {
+                "raw": settings.retention_raw,
+                "1m": settings.retention_1m,
+                "1h": settings.retention_1h,
+            },
             # where raw samples begin (Explore says which tier answers a range)
             "raw_horizon": store.horizons().raw_start_ms or None,
         }
-        if not who.tenant:
+        if not who.tenant:  # overrides name selectors of any tenant's series
+            answer["retention_overrides"] = [
+                dataclasses.asdict(o) for o in settings.retention_overrides
+            ]
             stats = store.stats()
             answer.update({k: stats[k] for k in ("tiers", "rollup", "buffer") if k in stats})
             for key in ("stored_bytes", "raw_horizon", "snapshot", "uri"):
@@ -555,9 +565,43 @@ class UI:
     async def vault_page(self, req: Request, who: Principal) -> Response:
         body = (
             '<h1>Vault</h1><div id="storage"></div>'
+            '<h2>Retention</h2><table id="retention" class="data"></table>'
+            '<h2>Ingest</h2><p id="ingest-rate" aria-live="polite"></p>'
+            '<table id="ingest" class="data"></table>'
             '<h2>Cardinality: series per metric</h2><table id="cardinality" class="data"></table>'
+            '<div class="cols"><section><h2>Series per label</h2>'
+            '<table id="label-cardinality" class="data"></table></section>'
+            '<section><h2>Top label values</h2><table id="top-values" class="data"></table>'
+            "</section></div>"
         )
         return page("vault", "Vault", body)
+
+
+TOP_LABELS = 20
+
+
+def label_cardinality(frame: Any, skip: Sequence[str]) -> dict[str, Any]:
+    """What vmui's cardinality explorer shows: per label name the series that carry it and
+    its distinct values (most series first), and the label values in most series. ``frame``
+    is the series listing (one row per series, one column per label; missing: NaN/empty)."""
+    labels: list[dict[str, Any]] = []
+    values: list[dict[str, Any]] = []
+    for name in frame.columns if len(frame) else []:
+        if name in skip:
+            continue
+        column = frame[name]
+        present = column[column.notna() & (column.astype(str) != "")].astype(str)
+        if not len(present):
+            continue
+        counts = present.value_counts()
+        labels.append({"label": str(name), "series": len(present), "values": len(counts)})
+        values += [
+            {"label": str(name), "value": str(v), "series": int(n)}
+            for v, n in counts.head(TOP_LABELS).items()
+        ]
+    labels.sort(key=lambda r: (-r["series"], -r["values"], r["label"]))
+    values.sort(key=lambda r: (-r["series"], r["label"], r["value"]))
+    return {"labels": labels[:TOP_LABELS], "top_values": values[:TOP_LABELS]}
 
 
 TABLE_HEADERS = (

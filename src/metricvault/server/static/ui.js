@@ -422,10 +422,74 @@ async function vaultPage() {
   } else {
     storage.append(el("p", `${fmt(s.series)} series of tenant ${s.tenant}. The storage figures of the whole vault are shown to an administrator credential only.`, { id: "summary" }));
   }
+  const ret = $("retention"); ret.replaceChildren();
+  const rh = el("tr"); ["tier", "kept for", "series"].forEach((h) => rh.append(el("th", h))); ret.append(rh);
+  for (const [tier, kept] of Object.entries(s.retention || {})) {
+    const tr = el("tr", null, { "data-tier": tier }); tr.append(el("td", tier), el("td", kept, { "data-col": "retention" }), el("td", "all (default)")); ret.append(tr);
+  }
+  for (const o of s.retention_overrides || []) {
+    const tr = el("tr", null, { class: "override", "data-tier": o.tier }); tr.append(el("td", o.tier), el("td", o.retention, { "data-col": "retention" }), el("td", o.selector)); ret.append(tr);
+  }
+  ingest();
+  table($("label-cardinality"), ["label", "series", "distinct values"], (s.labels || []).map((r) => [r.label, fmt(r.series), fmt(r.values)]), "label");
+  table($("top-values"), ["label", "value", "series"], (s.top_values || []).map((r) => [r.label, r.value, fmt(r.series)]), "value");
   const card = $("cardinality"); card.replaceChildren();
   if (!s.cardinality.length) { empty(card, "No series yet: point Prometheus or `metricvault agent` at this gateway."); return; }
   const head = el("tr"); head.append(el("th", "metric"), el("th", "series")); card.append(head);
   for (const c of s.cardinality) { const tr = el("tr", null, { "data-metric": c.metric }); tr.append(el("td", c.metric), el("td", fmt(c.series), { class: "num" })); card.append(tr); }
+}
+function table(node, heads, rows, key) {
+  node.replaceChildren();
+  if (!rows.length) { empty(node, "No series yet."); return; }
+  const head = el("tr"); heads.forEach((h) => head.append(el("th", h))); node.append(head);
+  for (const r of rows) {
+    const tr = el("tr", null, { ["data-" + key]: r[heads.indexOf(key)] });
+    r.forEach((c, i) => tr.append(el("td", c, { "data-col": heads[i] }))); node.append(tr);
+  }
+}
+// The gateway's own counters (its /metrics exposition): totals since it started, and the
+// ingest rate between two reads a few seconds apart.
+function counters(text) {
+  const out = {};
+  for (const line of text.split("\n")) {
+    const m = line.match(/^(metricvault_(?:samples_stored|samples_dropped|requests_rejected)_total)\{[a-z]+="([^"]*)"\} ([0-9.eE+-]+)$/);
+    if (m) out[`${m[1]}|${m[2]}`] = Number(m[3]);
+  }
+  return out;
+}
+const INGEST_EVERY_MS = 3000;
+async function ingest() {
+  const read = async () => {
+    const answer = await fetch("/metrics", { credentials: "same-origin" });
+    if (!answer.ok) throw new Error(`/metrics answered ${answer.status}`);
+    return { at: performance.now(), values: counters(await answer.text()) };
+  };
+  let before;
+  try { before = await read(); } catch (e) { empty($("ingest"), "This gateway's counters are not readable (/metrics): " + e.message); return; }
+  const show = (now) => {
+    const rows = Object.entries(now.values).map(([k, v]) => {
+      const [name, label] = k.split("|");
+      const what = { metricvault_samples_stored_total: "samples stored", metricvault_samples_dropped_total: "samples dropped", metricvault_requests_rejected_total: "requests rejected" }[name];
+      return [what, label, fmt(v)];
+    });
+    table($("ingest"), ["counter", "by", "since start"], rows, "by");
+    if (!rows.length) empty($("ingest"), "Nothing written to this gateway since it started (a `metricvault ui` never ingests).");
+  };
+  show(before);
+  const tick = async () => {
+    let now;
+    try { now = await read(); } catch (e) { return; }
+    const stored = (v) => Object.entries(v).filter(([k]) => k.startsWith("metricvault_samples_stored_total|")).reduce((a, [, x]) => a + x, 0);
+    const rejected = (v) => Object.entries(v).filter(([k]) => k.startsWith("metricvault_requests_rejected_total|")).reduce((a, [, x]) => a + x, 0);
+    const seconds = (now.at - before.at) / 1000;
+    const rate = (stored(now.values) - stored(before.values)) / seconds;
+    const node = $("ingest-rate");
+    node.textContent = `ingest: ${rate.toFixed(1)} samples/s, ${(rejected(now.values) - rejected(before.values)).toLocaleString("en-US")} request(s) rejected over the last ${seconds.toFixed(0)} s`;
+    node.dataset.stored = String(stored(now.values));
+    node.dataset.rate = String(rate);
+    show(now); before = now;
+  };
+  setInterval(tick, INGEST_EVERY_MS);
 }
 
 const PAGES = { experiments: experimentsPage, experiment: experimentPage, compare: comparePage,
