@@ -461,3 +461,28 @@ def test_the_vault_page_shows_retention_ingest_and_label_cardinality(served, bro
     assert "samples/s" in browser.find_element("id", "ingest-rate").text
     stored = browser.find_element("css selector", '#ingest tr[data-by="influx"]').text
     assert "samples stored" in stored
+
+
+def test_the_experiment_page_draws_its_curves_by_step_or_by_time(served, browser):
+    url, ids, root = served
+    from selenium.webdriver.support.ui import Select
+
+    with Vault.open_local(str(root / "vault")) as vault:
+        want = {a: curves(vault, [ids[0]], "train_loss", align=a) for a in ("elapsed", "time")}
+    as_token(browser, ADMIN)
+    open_page(browser, f"{url}/ui/experiments/{ids[0]}?align=elapsed")
+    for align in ("elapsed", "time"):
+        if align == "time":
+            browser.execute_script("window.mvReady = false")
+            Select(browser.find_element("id", "curve-align")).select_by_value("time")
+            wait_ready(browser)
+        assert error_text(browser) == "" and f"align={align}" in browser.current_url
+        drawn = browser.execute_script("return window.mvCharts.train_loss")
+        assert drawn["align"] == align
+        xs = want[align]["x"].tolist()
+        if align == "time":
+            xs = [round(t.timestamp() * 1000) / 1000 for t in xs]
+        expected = dict(zip(xs, want[align]["value"].tolist(), strict=True))
+        assert drawn["x"] and set(drawn["x"]) <= set(expected)
+        for x, y in zip(drawn["x"], drawn["lines"][0]["y"], strict=True):
+            assert y == pytest.approx(expected[x], rel=1e-9)

@@ -247,10 +247,24 @@ def test_compare_aligns_by_elapsed_or_wall_time_as_experiment_compare(tenants, a
     assert body["curves"]["r1"]["y"] == pytest.approx(want["value"].tolist())
 
 
-def test_compare_refuses_an_unknown_alignment(tenants):
+@pytest.mark.parametrize(
+    "path", ["/api/v1/compare?ids=r1&align=epoch", "/api/v1/experiments/r1/history?align=epoch"]
+)
+def test_an_unknown_alignment_is_400_in_words(tenants, path):
     client, _ = tenants
-    answer = client.get("/api/v1/compare?ids=r1&align=epoch", headers=AUTH_A)
+    answer = client.get(path, headers=AUTH_A)
     assert answer.status_code == 400 and "align='epoch' is not an alignment" in answer.text
+
+
+def test_history_by_elapsed_time_is_the_experiment_compare_curve(tenants):
+    from metricvault.archive.compare import curves
+
+    client, vault = tenants
+    got = client.get("/api/v1/experiments/r1/history?align=elapsed", headers=AUTH_A).json()
+    want = curves(vault, ["r1"], "train_loss", align="elapsed")
+    assert got["align"] == "elapsed" and "learning_rate" in got["missing"]
+    assert got["metrics"]["train_loss"]["x"] == pytest.approx(want["x"].tolist())
+    assert got["metrics"]["train_loss"]["y"] == pytest.approx(want["value"].tolist())
 
 
 def test_gpu_curves_list_what_the_run_has_no_series_of(tenants):

@@ -169,6 +169,19 @@ def parse_int(raw: str | None, name: str, default: int, limit: int) -> int:
     return int(raw)
 
 
+def parse_align(raw: str | None) -> str:
+    from metricvault.archive.compare import ALIGNMENTS
+
+    align = raw or "step"
+    if align not in ALIGNMENTS:
+        raise InputError(
+            f"align={align!r} is not an alignment: use step (training step), elapsed "
+            "(hours since each run's start) or time (wall-clock time), as "
+            "`metricvault experiment compare --align` does"
+        )
+    return align
+
+
 def team_of(exp: Experiment) -> str:
     """The team: the ``team`` param, else the ``team:<name>`` tag, else none."""
     team = exp.params.get("team")
@@ -344,10 +357,21 @@ class UI:
         raw = req.query_params.get("metrics", "")
         names = [m for m in raw.split(",") if m] or list(HISTORY_METRICS)
         width = parse_width(req.query_params.get("width"))
+        align = parse_align(req.query_params.get("align"))
 
         def work() -> dict[str, Any]:
             exp = self.experiment(experiment_id, who)
-            return history_curves(self.gateway.vault, exp, names, width)
+            if align == "step":
+                return {"align": align, **history_curves(self.gateway.vault, exp, names, width)}
+            got = {
+                n: time_curves(self.gateway.vault, [exp], n, align, width)[exp.id] for n in names
+            }
+            return {
+                "align": align,
+                "experiment": exp.id,
+                "metrics": {n: c for n, c in got.items() if c is not None},
+                "missing": [n for n, c in got.items() if c is None],
+            }
 
         return JSONResponse(await run_in_threadpool(work))
 
@@ -364,18 +388,10 @@ class UI:
         return JSONResponse(await run_in_threadpool(work))
 
     async def compare(self, req: Request, who: Principal) -> Response:
-        from metricvault.archive.compare import ALIGNMENTS
-
         ids = [i for i in req.query_params.get("ids", "").split(",") if i]
         metric = req.query_params.get("metric") or "train_loss"
         width = parse_width(req.query_params.get("width"))
-        align = req.query_params.get("align") or "step"
-        if align not in ALIGNMENTS:
-            raise InputError(
-                f"align={align!r} is not an alignment: use step (training step), elapsed "
-                "(hours since each run's start) or time (wall-clock time), as "
-                "`metricvault experiment compare --align` does"
-            )
+        align = parse_align(req.query_params.get("align"))
         if not ids:
             raise InputError("compare needs ids=<id>,<id>,...: the experiments to compare")
         if len(ids) > MAX_COMPARE:
@@ -503,7 +519,11 @@ class UI:
             f'<div class="cols"><section><h2>Record</h2><table class="kv" id="record">{rows}'
             f"</table></section><section><h2>Params</h2>"
             f'<table class="kv" id="params">{params or "<tr><td>no params</td></tr>"}'
-            f"</table></section></div><h2>Curves by step</h2>"
+            f"</table></section></div><h2>Training curves</h2>"
+            '<form class="filters"><label>Curves by <select id="curve-align" name="align">'
+            '<option value="step">training step</option>'
+            '<option value="elapsed">elapsed time (hours since start)</option>'
+            '<option value="time">wall time (UTC)</option></select></label></form>'
             f'<div id="charts" data-experiment="{esc(exp.id)}"></div>'
             "<h2>GPUs over the run</h2>"
             f'<div id="gpu-charts" data-experiment="{esc(exp.id)}"></div>'

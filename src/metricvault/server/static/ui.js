@@ -126,21 +126,37 @@ async function experimentsPage() {
 async function experimentPage() {
   await Promise.all([stepCharts(), gpuCharts()]);
 }
+const X_AXES = { step: ["training step", "by step"], elapsed: ["hours since start", "by hours since start"], time: ["time (UTC)", "by wall time"] };
 async function stepCharts() {
   const box = $("charts");
   const id = box.dataset.experiment;
-  const data = await api(`/api/v1/experiments/${encodeURIComponent(id)}/history?width=${chartWidth(box) / 2 | 0}`);
+  const picked = new URLSearchParams(location.search).get("align");
+  const select = $("curve-align");
+  select.value = X_AXES[picked] ? picked : "step";
+  if (!select.dataset.bound) {
+    select.dataset.bound = "1";
+    select.addEventListener("change", () => {
+      history.replaceState(null, "", "?" + new URLSearchParams({ align: select.value }));
+      window.mvReady = false;
+      stepCharts().then(() => showError("")).catch((e) => showError(e.message)).finally(() => { window.mvReady = true; });
+    });
+  }
+  const align = select.value;
+  const data = await api(`/api/v1/experiments/${encodeURIComponent(id)}/history?align=${align}&width=${chartWidth(box) / 2 | 0}`);
+  box.replaceChildren();
   const names = Object.keys(data.metrics);
   if (!names.length) {
     empty(box, data.why || "No training curves for this experiment: log them with metricvault.track() (run.log(step, loss=...)).");
     return;
   }
   box.classList.add("charts-grid");
+  const [xLabel, by] = X_AXES[align];
   for (const name of names) {
-    const node = el("div", null, { class: "chart", id: "chart-" + name, role: "img", "aria-label": name + " by step" });
+    const node = el("div", null, { class: "chart", id: "chart-" + name, role: "img", "aria-label": `${name} ${by}` });
     box.append(node);
     const m = data.metrics[name];
-    drawChart(node, name, m.x, [{ label: name, y: m.y }], { title: name, xLabel: "step", yLabel: UNITS[name] || name });
+    drawChart(node, name, m.x, [{ label: name, y: m.y }], { title: `${name} ${by}`, xLabel, yLabel: UNITS[name] || name, time: align === "time" });
+    window.mvCharts[name].align = align;
   }
   if (data.missing.length) box.append(el("p", "Not logged by this run: " + data.missing.join(", "), { class: "empty" }));
 }
