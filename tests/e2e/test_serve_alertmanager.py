@@ -52,7 +52,9 @@ def test_an_alert_fired_inside_serve_reaches_alertmanager_and_its_webhook(
         rules = tmp_path / "gpu.yml"
         rules.write_text(RULES, encoding="utf-8")
         gw = gateway(settings=(f"rules_files={rules}", f"alertmanagers={manager.url}"))
-        deadline = time.monotonic() + WAIT_S
+        # serve holds a new alert about a node one resend interval (rules_resend_delay, 1 m)
+        # for its incident to form, then Alertmanager waits its group_wait
+        deadline = time.monotonic() + WAIT_S + 120
         # samples at the wall clock, written until the notification arrives (a round reads
         # the newest within the 5 m lookback)
         while time.monotonic() < deadline and not webhook.notifications:
