@@ -159,12 +159,12 @@ def test_agent_counters_stay_counters_through_prometheus_and_rate_reads_rollups(
     from metricvault.promql import Engine
 
     with Vault.open_local(str(gw.data_dir)) as vault:
-        report = vault.maintain()  # rolls up every hour with samples, the current one included
+        maintained = vault.maintain()  # rolls up every hour with samples, the current one included
         series = vault.series(ENERGY)
         assert len(series) == 2 and set(series["kind"]) == {"counter"}
         assert set(series["simulated"]) == {"true"}
         assert [c for c in vault.kind_changes() if c.metric in COUNTERS] == []
         result = Engine(vault).evaluate(f"rate({ENERGY}[1m])", boundary_ms)
         assert len(result.series) == 2, result.series
-        assert result.served_by == {"1m"}, (result.served_by, result.warnings, report)
+        assert result.served_by == {"1m"}, (result.served_by, result.warnings, maintained)
         assert all(float(values[-1]) > 0 for _, _, values in result.series)

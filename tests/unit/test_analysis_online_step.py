@@ -226,7 +226,7 @@ def test_a_maintenance_loop_scores_samples_as_they_arrive(tmp_path: Path) -> Non
         assert scored(v) == 120
 
 
-def test_serves_maintainer_scores_after_its_rounds(make_client) -> None:  # type: ignore[no-untyped-def]
+def test_serves_maintainer_scores_after_its_rounds(make_client) -> None:
     from metricvault.durations import now_ms
 
     x = _values(60)
