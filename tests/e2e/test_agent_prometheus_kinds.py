@@ -166,5 +166,8 @@ def test_agent_counters_stay_counters_through_prometheus_and_rate_reads_rollups(
         assert [c for c in vault.kind_changes() if c.metric in COUNTERS] == []
         result = Engine(vault).evaluate(f"rate({ENERGY}[1m])", boundary_ms)
         assert len(result.series) == 2, result.series
-        assert result.served_by == {"1m"}, (result.served_by, result.warnings, maintained)
+        assert result.served_by == {"1m"}, (
+            result.served_by, result.warnings, maintained, vault.horizons(), boundary_ms,
+            vault.samples_per_row("1m", boundary_ms - 60_000, boundary_ms),
+        )  # fmt: skip
         assert all(float(values[-1]) > 0 for _, _, values in result.series)

@@ -279,7 +279,9 @@ def test_one_evaluator_with_two_gateway_workers(tmp_path: Path, gateway: Any):
 
     stamps = _wait("ten rounds", lambda: (r := rounds()) and len(r) >= 10 and r)
     assert len(stamps) == len(set(stamps))  # no round evaluated twice
-    assert all(b - a == 1000 for a, b in itertools.pairwise(stamps))
+    # on the group's grid; a round still running when the next is due misses it, as
+    # Prometheus's do (a loaded machine), so a gap may be two intervals
+    assert all(b - a > 0 and (b - a) % 1000 == 0 for a, b in itertools.pairwise(stamps))
     leaders = 0.0
     for _ in range(20):  # the workers answer /metrics in turn: the sum is the same whoever does
         _, body = http_get(f"{gw.url}/metrics")

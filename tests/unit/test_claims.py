@@ -71,3 +71,19 @@ def test_old_generations_are_removed_and_only_the_newest_counts(loc: Location) -
 def test_a_claim_key_that_is_not_a_plain_path_is_refused(loc: Location) -> None:
     with pytest.raises(ValueError, match="not a plain path"):
         Claims(loc, TTL).acquire("../escape")
+
+
+def test_a_claim_of_a_process_gone_from_this_host_is_taken_at_once(loc: Location) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    dead = f"{socket.gethostname()}:{int(done.stdout)}:0000abcd"  # exited: its pid is free
+    alive = f"{socket.gethostname()}:1:0000abcd"  # pid 1 always runs
+    elsewhere = f"another-host-{socket.gethostname()}:{int(done.stdout)}:0000abcd"
+    for day, owner, taken in (("01", dead, True), ("02", alive, False), ("03", elsewhere, False)):
+        key = f"day/2026-01-{day}"
+        assert Claims(loc, TTL, owner=owner).acquire(key, now_ms=NOW) is not None
+        assert (Claims(loc, TTL).acquire(key, now_ms=NOW + 1) is not None) == taken, owner

@@ -486,7 +486,8 @@ def serve(
     `GET /-/ready`, `GET /metrics` (the gateway's own metrics). Web UI (docs/ui.md): `GET /`,
     `/ui/experiments`, `/ui/experiments/<experiment_id>`, `/ui/compare`, `/ui/explore`,
     `/ui/alerts`, `/ui/vault`, `/ui/static/<path>`, and its JSON `/api/v1/ui/experiments`,
-    `/api/v1/experiments/<experiment_id>/history`, `/api/v1/compare`, `/api/v1/vault/stats`.
+    `/api/v1/experiments/<experiment_id>/history`, `/api/v1/experiments/<experiment_id>/gpus`,
+    `/api/v1/compare`, `/api/v1/vault/stats`.
     A 204 means the samples are durable. SIGTERM drains requests and flushes. Point Prometheus
     at it with the fragment from `metricvault prometheus-config`. A non-loopback `--listen`
     needs auth_bearer_tokens or auth_basic_users (or `--insecure-no-auth`).

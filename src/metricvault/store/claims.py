@@ -7,7 +7,8 @@ claimant and an expiry, created with the same create-if-absent write the catalog
 (``link(2)`` locally, ``If-None-Match: *`` on S3). The newest generation is the claim. Taking an
 expired or released claim over is creating the next generation, so of two maintainers that
 both saw it free exactly one succeeds; a maintainer killed mid-round holds its days until
-its claim expires (``maintain_claim_ttl``), then the next maintainer redoes that work.
+its claim expires (``maintain_claim_ttl``), then the next maintainer redoes that work -- at
+once when the next one runs on the same host and the killed process is gone.
 
 A lease is a promise about work, not a lock on the catalog: a maintainer slower than its lease
 may still commit, and then the catalog's own compare-and-swap refuses a commit whose input
@@ -52,6 +53,25 @@ class Lease:
 def claimant_id() -> str:
     """Who claims: host, process and a random part (two maintainers in one process differ)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def gone_from_this_host(owner: str) -> bool:
+    """True when ``owner`` was a process of this host that no longer runs: a maintainer
+    killed here (kill -9, a crash) and restarted need not wait out its own old lease. Wrong
+    only when another machine shares this host name and a PID is reused, and then two
+    maintainers merely try the same day: the catalog's compare-and-swap still refuses the
+    second commit."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit() or int(pid_text) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, another user's
+        return False
+    return False
 
 
 class Claims:
@@ -105,7 +125,10 @@ class Claims:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         cur = self.current(key)
         if cur is False or (
-            isinstance(cur, Lease) and cur.held_at(now) and cur.owner != self.owner
+            isinstance(cur, Lease)
+            and cur.held_at(now)
+            and cur.owner != self.owner
+            and not gone_from_this_host(cur.owner)
         ):
             self.skipped += 1
             return None
