@@ -45,6 +45,7 @@ def _gateway_kinds(url: str) -> dict[str, str]:
     return {m: entries[0]["type"] for m, entries in json.loads(body)["data"].items()}
 
 
+@pytest.mark.timeout(600)  # three real processes and whole minutes of scrapes, on a loaded machine
 def test_agent_counters_stay_counters_through_prometheus_and_rate_reads_rollups(
     tmp_path: Path, gateway
 ) -> None:
