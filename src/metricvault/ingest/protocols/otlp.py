@@ -52,8 +52,9 @@ from metricvault.ingest.protocols.remote_write_columns import (
     DecodedWrite,
     KnownDecodedWrite,
     ResolvedSamples,
+    special_value_counts,
 )
-from metricvault.model import DCGM_COUNTERS, STALE_NAN_BITS, kind_from_name
+from metricvault.model import DCGM_COUNTERS, kind_from_name
 
 __all__ = [
     "OtlpDecoded",
@@ -174,8 +175,7 @@ def to_write(
     points = decoded.points
     table = _long_table(points.metrics, points.labels, points.timestamps, points.values)
     values = table.column("value").to_numpy()
-    stale = int(np.count_nonzero(values.view(np.uint64) == STALE_NAN_BITS))
-    non_finite = len(values) - int(np.count_nonzero(np.isfinite(values))) - stale
+    stale, non_finite = special_value_counts(values)
     return DecodedWrite(
         table=table,
         kinds=dict(points.kinds),
@@ -214,8 +214,7 @@ def _resolved_write(
     }
     series = [(e.series_id, e.metric, e.labels_json, kind_of[e.metric]) for e in distinct]
     series_ids = np.fromiter((e.series_id for e in entries), np.int64, len(entries))
-    stale = int(np.count_nonzero(values.view(np.uint64) == STALE_NAN_BITS))
-    non_finite = len(values) - int(np.count_nonzero(np.isfinite(values))) - stale
+    stale, non_finite = special_value_counts(values)
 
     def build() -> pa.Table:
         return _long_table(

@@ -55,6 +55,7 @@ from metricvault.ingest.protocols.otlp_points import (
     Points,
     StartPoint,
     _labels,
+    resource_identity,
 )
 from metricvault.model import Series
 
@@ -161,15 +162,7 @@ class _Resource:
     __slots__ = ("ident", "key", "others")
 
     def __init__(self, attrs: dict[str, str]) -> None:
-        ident: dict[str, str] = {}
-        if "service.name" in attrs:
-            job = attrs["service.name"]
-            if "service.namespace" in attrs:
-                job = f"{attrs['service.namespace']}/{job}"
-            ident["job"] = job
-        if "service.instance.id" in attrs:
-            ident["instance"] = attrs["service.instance.id"]
-        self.ident = {name: value for name, value in ident.items() if value}
+        self.ident = resource_identity(attrs)
         self.key = tuple(self.ident.items())
         self.others = {key: value for key, value in attrs.items() if key not in IDENTIFYING}
 

@@ -80,6 +80,20 @@ _STALE_BYTES = STALE_NAN_BITS.to_bytes(8, "little")
 STALE_NAN: float = struct.unpack("<d", _STALE_BYTES)[0]
 
 
+def resource_identity(attrs: dict[str, str]) -> dict[str, str]:
+    """``job`` (``service.namespace/service.name``) and ``instance`` (``service.instance.id``)
+    of a resource, as Prometheus's OTLP receiver names them; an empty value is no label."""
+    ident: dict[str, str] = {}
+    if "service.name" in attrs:
+        job = attrs["service.name"]
+        if "service.namespace" in attrs:
+            job = f"{attrs['service.namespace']}/{job}"
+        ident["job"] = job
+    if "service.instance.id" in attrs:
+        ident["instance"] = attrs["service.instance.id"]
+    return {name: value for name, value in ident.items() if value}
+
+
 class _PointProblem(Exception):
     """One data point (or metric) is left out; the message says why."""
 
@@ -190,15 +204,7 @@ class Translator:
     # ------------------------------------------------------------------ resource
     def resource(self, resource_metrics: Any) -> None:
         attrs = {kv.key: attribute_value(kv.value) for kv in resource_metrics.resource.attributes}
-        ident: dict[str, str] = {}
-        if "service.name" in attrs:
-            job = attrs["service.name"]
-            if "service.namespace" in attrs:
-                job = f"{attrs['service.namespace']}/{job}"
-            ident["job"] = job
-        if "service.instance.id" in attrs:
-            ident["instance"] = attrs["service.instance.id"]
-        ident = {name: value for name, value in ident.items() if value}  # "" is no label
+        ident = resource_identity(attrs)
         before = len(self.out.timestamps)
         latest_ns = 0
         for scope_metrics in resource_metrics.scope_metrics:

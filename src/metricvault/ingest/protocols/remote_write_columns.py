@@ -156,6 +156,13 @@ class Limits:
         self.budget.check(f"reading {len(flat.label_counts):,} series")
 
 
+def special_value_counts(values: Any) -> tuple[int, int]:
+    """(staleness markers, other non-finite values) among float64 ``values``: a decoded
+    write's counts, whichever protocol decoded it."""
+    stale = int(np.count_nonzero(values.view(np.uint64) == STALE_NAN_BITS))
+    return stale, len(values) - int(np.count_nonzero(np.isfinite(values))) - stale
+
+
 def label_pairs(
     raw_labels: Any, budget: DecodeBudget, cache: LabelPairCache = LABEL_CACHE
 ) -> tuple[Any, list[str], list[str | None]]:
@@ -289,9 +296,7 @@ def assemble(flat: Flat, max_label_cells: int = MAX_LABEL_CELLS, internal_label:
     series_of_label = np.repeat(np.arange(n_series), flat.label_counts)
     metrics = _check_flat_labels(flat, series_of_label, internal_label)
     values, timestamps = flat.sample_values, flat.sample_timestamps
-    finite = np.isfinite(values)
-    stale = int(np.count_nonzero(values.view(np.uint64) == STALE_NAN_BITS))
-    non_finite = len(values) - int(np.count_nonzero(finite)) - stale
+    stale, non_finite = special_value_counts(values)
     rows = np.repeat(np.arange(n_series), flat.sample_counts)  # series of each row
     # every float sample is kept, staleness markers and NaN/±Inf bit-exact
     columns = {

@@ -41,8 +41,9 @@ from metricvault.ingest.protocols.remote_write_columns import (
     Limits,
     ResolvedSamples,
     _decode_canonical_samples,
+    special_value_counts,
 )
-from metricvault.model import KINDS, STALE_NAN_BITS, Series, kind_from_name
+from metricvault.model import KINDS, Series, kind_from_name
 from metricvault.wire.proto import messages
 
 MAX_SAMPLES_PER_SERIES = 64  # numpy steps over the samples: one per sample of a series
@@ -234,8 +235,7 @@ def _result(
     rows = np.repeat(np.arange(len(entries)), counts)
     series_ids = np.fromiter(map(_SERIES_ID, entries), np.int64, len(entries))[rows]
     _check_cells(len(entries), len(rows), len(names) + 1, limits.max_label_cells)
-    stale = int(np.count_nonzero(values.view(np.uint64) == STALE_NAN_BITS))
-    non_finite = len(values) - int(np.count_nonzero(np.isfinite(values))) - stale
+    stale, non_finite = special_value_counts(values)
     series = [entry.row for entry in distinct]
     build = partial(_table, entries, rows, names, timestamps, values)
     return KnownDecodedWrite(
