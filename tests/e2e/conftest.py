@@ -226,6 +226,11 @@ class GatewayProcess:
 
     def start(self) -> None:
         """Start and wait until ``GET /-/ready`` is 200 (the output goes to ``log_path``)."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process without waiting for it (restarts may overlap a load)."""
         assert not self.running, "gateway already running"
         self.starts += 1
         # A file, not a pipe: a full pipe would block the gateway. Appended: restarts keep
@@ -239,8 +244,14 @@ class GatewayProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=_clean_env(),
-                cwd=self.data_dir.parent,
+                cwd=self.workdir(),
             )
+
+    def workdir(self) -> Path:
+        return self.data_dir.parent
+
+    def wait_ready(self) -> None:
+        assert self.proc is not None, "gateway not launched"
         wait_http_ok(f"{self.url}/-/ready", self.proc, self.log_path, "metricvault serve")
 
     def kill(self) -> None:

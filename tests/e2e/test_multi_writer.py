@@ -43,7 +43,6 @@ CHAOS_S = 30.0  # load and kills; the whole test stays well under 90 s
 GATEWAYS, MAINTAINERS = 4, 2
 SERIES_PER_GATEWAY = 5
 MINUTE, HOUR = 60_000, 3_600_000
-READY_S = 120.0  # a gateway's start on a loaded 2-core machine (bounded, not timed)
 
 
 @dataclass
@@ -55,34 +54,10 @@ class S3Gateway(GatewayProcess):
 
     def start(self) -> None:
         """Start without waiting; :meth:`wait_ready` waits (so restarts overlap the load)."""
-        assert not self.running, "gateway already running"
-        self.starts += 1
-        with open(self.log_path, "ab") as log:
-            log.write(f"\n===== start #{self.starts}\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=_clean_env(),
-                cwd=self.log_path.parent,
-            )
+        self.launch()
 
-    def wait_ready(self, timeout_s: float = READY_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                pytest.fail(f"serve exited {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        pytest.fail(f"serve not ready within {timeout_s} s:\n{self.log_tail()}")
+    def workdir(self) -> Path:
+        return self.log_path.parent
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "metricvault.cli", "serve", "--data", self.uri]
