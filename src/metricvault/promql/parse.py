@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -52,6 +53,28 @@ def parse(expr: str) -> Any:
     except ValueError as exc:
         reason = explain_parse_error(str(exc))  # a refused regex: in Prometheus's words
         raise PromQLError(f"parse error: {reason}", kind="bad_data") from exc
+
+
+def children(node: Any) -> list[Any]:
+    """The sub-expressions of a parsed node, in the order the expression's text names them."""
+    if isinstance(node, pp.MatrixSelector):
+        return [node.vector_selector]
+    if isinstance(node, pp.SubqueryExpr | pp.ParenExpr | pp.UnaryExpr):
+        return [node.expr]
+    if isinstance(node, pp.BinaryExpr):
+        return [node.lhs, node.rhs]
+    if isinstance(node, pp.AggregateExpr):
+        return [node.expr] if node.param is None else [node.param, node.expr]
+    if isinstance(node, pp.Call):
+        return list(node.args)
+    return []
+
+
+def post_order(node: Any) -> Iterator[Any]:
+    """Every node of a parsed tree, children before their parent, in text order."""
+    for child in children(node):
+        yield from post_order(child)
+    yield node
 
 
 def query_depth(expr: str) -> int:

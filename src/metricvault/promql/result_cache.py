@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -38,7 +38,7 @@ import numpy as np
 import promql_parser as pp
 
 from metricvault.errors import PromQLError
-from metricvault.promql.parse import duration_ms, parse
+from metricvault.promql.parse import duration_ms, parse, post_order
 from metricvault.promql.values import QueryResult, format_value
 
 SETTLE_MS = 5 * 60_000  # VictoriaMetrics's -search.cacheTimestampOffset default
@@ -128,7 +128,7 @@ def cacheable(expr: str) -> bool:
         tree = parse(expr)
     except (PromQLError, ValueError):  # the evaluation reports it in its own words
         return False
-    return all(_step_local(node) for node in _nodes(tree))
+    return all(_step_local(node) for node in post_order(tree))
 
 
 def _step_local(node: Any) -> bool:
@@ -138,24 +138,6 @@ def _step_local(node: Any) -> bool:
         if node.offset is not None and duration_ms(node.offset) < 0:
             return False
     return True
-
-
-def _nodes(node: Any) -> Iterable[Any]:
-    yield node
-    if isinstance(node, pp.MatrixSelector):
-        yield from _nodes(node.vector_selector)
-    elif isinstance(node, pp.SubqueryExpr | pp.ParenExpr | pp.UnaryExpr):
-        yield from _nodes(node.expr)
-    elif isinstance(node, pp.BinaryExpr):
-        yield from _nodes(node.lhs)
-        yield from _nodes(node.rhs)
-    elif isinstance(node, pp.AggregateExpr):
-        if node.param is not None:
-            yield from _nodes(node.param)
-        yield from _nodes(node.expr)
-    elif isinstance(node, pp.Call):
-        for arg in node.args:
-            yield from _nodes(arg)
 
 
 Evaluate = Callable[[int, int], tuple[QueryResult, list[str]]]

@@ -21,7 +21,7 @@ from typing import Any
 import promql_parser as pp
 
 from metricvault.errors import PromQLError
-from metricvault.promql.parse import datetime_ms, duration_ms
+from metricvault.promql.parse import datetime_ms, duration_ms, post_order
 
 INT64_MAX = 2**63 - 1
 # What a vault can hold (Python's datetime: years 1 to 9999); selects are clamped to it.
@@ -71,32 +71,17 @@ def at_times(tree: Any, expr: str) -> dict[int, int]:
 def _carriers(node: Any) -> Iterator[Any]:
     """Nodes with an ``@`` modifier, post-order, children in the order the text names them;
     durations are checked on the way."""
-    if isinstance(node, pp.VectorSelector):
-        duration_ms(node.offset)
-        if node.at is not None:
-            yield node
-    elif isinstance(node, pp.MatrixSelector):
-        duration_ms(node.range)
-        yield from _carriers(node.vector_selector)
-    elif isinstance(node, pp.SubqueryExpr):
-        yield from _carriers(node.expr)
-        duration_ms(node.range)
-        duration_ms(node.step)
-        duration_ms(node.offset)
-        if node.at is not None:
-            yield node
-    elif isinstance(node, pp.ParenExpr | pp.UnaryExpr):
-        yield from _carriers(node.expr)
-    elif isinstance(node, pp.BinaryExpr):
-        yield from _carriers(node.lhs)
-        yield from _carriers(node.rhs)
-    elif isinstance(node, pp.AggregateExpr):
-        if node.param is not None:
-            yield from _carriers(node.param)
-        yield from _carriers(node.expr)
-    elif isinstance(node, pp.Call):
-        for arg in node.args:
-            yield from _carriers(arg)
+    for each in post_order(node):
+        if isinstance(each, pp.VectorSelector):
+            duration_ms(each.offset)
+        elif isinstance(each, pp.MatrixSelector):
+            duration_ms(each.range)
+        elif isinstance(each, pp.SubqueryExpr):
+            duration_ms(each.range)
+            duration_ms(each.step)
+            duration_ms(each.offset)
+        if isinstance(each, pp.VectorSelector | pp.SubqueryExpr) and each.at is not None:
+            yield each
 
 
 def _at_ms(match: re.Match[str]) -> int:
