@@ -1,5 +1,5 @@
 # One image for the gateway (`metricvault serve`, `metricvault maintain --loop`) and the agent
-# (`metricvault agent`), as deploy/kubernetes/*.yaml run it:
+# (`metricvault agent`), as deploy/kubernetes/ runs it:
 #   docker build -t metricvault:0.1.0 .
 # Stage 1 builds the wheel (and its dependencies' wheels) with the build tools; stage 2 installs
 # only the wheels into a slim Python, runs as the unprivileged user 10001 (the gateway's

@@ -1,6 +1,6 @@
 """End-to-end: SIGTERM empties a gateway's buffer into its s3:// vault before it exits.
 
-deploy/kubernetes-scale-out keeps each gateway's ingest buffer (state_dir) on an emptyDir,
+deploy/kubernetes/scale-out keeps each gateway's ingest buffer (state_dir) on an emptyDir,
 which Kubernetes deletes with the pod right after the container exits. That is safe only if
 every acknowledged sample is in S3 by then: here a real ``metricvault serve`` (two worker
 processes, a flush interval far longer than the test) acknowledges writes into its buffer,

@@ -44,7 +44,7 @@ GATEWAY_URL = "http://metricvault-gateway.metricvault.svc:9201"
 def manifests() -> list[tuple[str, dict[str, Any]]]:
     """(file name, object) for every Kubernetes object of deploy/kubernetes."""
     found = []
-    for path in sorted(DEPLOY.glob("*.yaml")):
+    for path in sorted((DEPLOY / "base").glob("*.yaml")):
         if path.name not in NOT_RESOURCES:
             found += [(path.name, doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
     return found
@@ -95,9 +95,11 @@ def test_the_deployment_has_every_part() -> None:
         ("ServiceMonitor", "metricvault-gateway"),
         ("StatefulSet", "metricvault-gateway"),
     ]
-    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    kustomization = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())
     listed = sorted(kustomization["resources"])
     assert listed == sorted({name for name, _ in manifests()}), "kustomize applies every file"
+    top = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert top["resources"] == ["base"], "kubectl apply -k deploy/kubernetes applies the base"
 
 
 @pytest.mark.parametrize(
@@ -472,12 +474,12 @@ def test_the_dockerfile_reader_follows_continuations_and_comments() -> None:
     )
 
 
-# ------------------------------------------------ deploy/kubernetes-scale-out (an overlay)
+# ------------------------------------------------ deploy/kubernetes/scale-out (an overlay)
 # Many gateways and maintainers on one s3:// vault. Kustomize is not a Python package, so
 # ``kustomize_build`` does what the overlay asks of it (resources: files or directories with
 # a kustomization.yaml; patches that delete an object) and refuses anything else, and
 # ``kubectl kustomize``, where it is installed, must build the same objects.
-SCALE_OUT = ROOT / "deploy" / "kubernetes-scale-out"
+SCALE_OUT = DEPLOY / "scale-out"
 KUSTOMIZATION_FIELDS = {"apiVersion", "kind", "resources", "patches"}
 
 
@@ -530,7 +532,7 @@ def scale_out_pods() -> dict[str, dict[str, Any]]:
 
 
 def _own_objects() -> list[tuple[str, dict[str, Any]]]:
-    return [(n, d) for n, d in kustomize_build(SCALE_OUT) if n.startswith(SCALE_OUT.name + "/")]
+    return [(n, d) for n, d in kustomize_build(SCALE_OUT) if n.startswith("kubernetes/scale-out/")]
 
 
 def test_the_scale_out_overlay_swaps_the_statefulset_for_deployments() -> None:
