@@ -6,13 +6,18 @@ hook built here; the converger (rules/convergence.py) labels them with their ``i
 adds the root-cause alerts due, and the notifier (rules/alertmanager.py) queues them per
 Alertmanager, retrying while one is down. The queue depth and what was sent or dropped are
 in the gateway's ``/metrics``. Grouping, silences and inhibition stay Alertmanager's job.
+The open incidents are also written to ``rules-incidents.json`` in the state directory after
+each round (the web UI's Alerts page groups the alerts under them).
 """
 
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from metricvault.fsutil import write_atomically
 from metricvault.promql import Engine
 from metricvault.rules.alertmanager import Alert, Notifier, TargetStats
 from metricvault.rules.convergence import Converger, RoundCache, Topology, firing_alerts
@@ -30,6 +35,9 @@ class AlertDeliveryAPI(ServerAPI):
 
 
 API = AlertDeliveryAPI()
+
+
+INCIDENTS_FILE = "rules-incidents.json"
 
 
 class Delivery:
@@ -62,6 +70,24 @@ class Delivery:
             )
             out = self.converger.round(at, firing, alerts, topology, down)
             self.notifier.send([Alert.from_outgoing(a) for a in out])
+            self._publish_incidents()
+
+    def _publish_incidents(self) -> None:
+        """The open incidents, for the UI: each one's root-cause alert and its members."""
+        incidents = []
+        for incident in self.converger.open_incidents():
+            labels, annotations = incident.root_cause()
+            members = [dict(a.labels) for a in incident.members.values()]
+            incidents.append(
+                {
+                    "labels": labels,
+                    "annotations": annotations,
+                    "opened_at_ms": incident.opened_at_ms,
+                    "members": members,
+                }
+            )
+        path = Path(self.gateway.vault.state_dir) / INCIDENTS_FILE
+        write_atomically(str(path), json.dumps({"incidents": incidents}).encode())
 
     def _count(self, url: str, stats: TargetStats) -> None:
         metrics = self.gateway.metrics
