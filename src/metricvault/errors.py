@@ -87,6 +87,12 @@ class AuthError(MetricVaultError):
     status = 401
 
 
+class ForbiddenError(MetricVaultError):
+    """403: a known caller, but the request may not be made (e.g. no CSRF token)."""
+
+    status = 403
+
+
 class TooLargeError(MetricVaultError):
     status = 413
 
