@@ -13,6 +13,7 @@ from :class:`RetryLater`, whose ``retry_after_s`` the gateway sends as ``Retry-A
     │   ├── TemplateError            a rule template that does not parse or fails (Go's words)
     │   └── ValueRangeError          NaN/Inf where not allowed, absurd timestamps
     ├── AuthError (401)              no or unknown gateway credentials
+    ├── ForbiddenError (403)         a cookie-authenticated write without its CSRF token
     ├── NotFoundError (404)          a vault, experiment or snapshot that does not exist
     ├── ReadOnlyError (405)          a write to something opened read-only (a snapshot file)
     ├── ConflictError (409)          an experiment id or archive tag that exists with other content
