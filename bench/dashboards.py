@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import pstats
 import statistics
@@ -61,6 +62,7 @@ def main() -> None:
 
     from metricvault.config import Settings
     from metricvault.durations import parse_duration_ms
+    from metricvault.promql import Engine, EngineOptions
     from metricvault.server.app import create_app
     from metricvault.store.vault import Vault
 
@@ -75,6 +77,11 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0)
     parser.add_argument(
         "--selector-rows", action="store_true", help="plain selectors: rows vs raw, engine only"
+    )
+    parser.add_argument(
+        "--result-cache",
+        action="store_true",
+        help="let repeated queries hit the query_range result cache (default: nocache=1)",
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,6 +111,8 @@ def main() -> None:
                     every = bool(var.get("includeAll"))  # as tests/e2e/test_grafana.py does
                     variables[var["name"]] = (values if every else values[:1], multi)
                 queries += gr.panel_requests(board, name, start_ms, end_ms, variables, source, {})
+            if not args.result_cache:  # each run evaluates (a refresh would hit the cache)
+                queries = [_uncached(q) for q in queries]
             if args.selector_rows:
                 _selector_rows(vault, settings, queries, args.runs)
                 queries = []
@@ -127,10 +136,17 @@ def main() -> None:
                 mark = "" if status == "success" else f"  ({status})"
                 print(f"{took_s:8.3f} {series:6} {points:7}  {q.dashboard}: {q.panel} "
                       f"[{q.ref}]{mark}")  # fmt: skip
+            engine = Engine(vault, EngineOptions.from_settings(settings))
             for _, q, *_ in rows[: args.profile]:
+                # the engine in this thread (the app evaluates in a worker thread)
+                params = dict(q.request.params)
                 profile = cProfile.Profile()
                 profile.enable()
-                _send(client, q.request)
+                if "step" in params:
+                    start, end = (int(float(params[k]) * 1000) for k in ("start", "end"))
+                    engine.evaluate(params["query"], start, end, int(float(params["step"]) * 1000))
+                else:
+                    _send(client, q.request)
                 profile.disable()
                 out = io.StringIO()
                 pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(12)
@@ -185,6 +201,12 @@ def _selector_rows(vault: Any, settings: Any, queries: list[Any], runs: int) -> 
         mark = "" if same else "  (ANSWERS DIFFER)"
         print(f"{raw_s:7.3f} {rows_s:7.3f} {raw_s / max(rows_s, 1e-9):6.1f} {tier:>4} "
               f"{step // 1000:5} {q.dashboard}: {q.panel} [{q.ref}]{mark}")  # fmt: skip
+
+
+def _uncached(q: Any) -> Any:
+    """``q`` with ``nocache=1`` (VictoriaMetrics's switch): evaluated, not the cached answer."""
+    request = dataclasses.replace(q.request, params=[*q.request.params, ("nocache", "1")])
+    return dataclasses.replace(q, request=request)
 
 
 def _send(client: Any, request: gr.Request) -> Any:

@@ -79,14 +79,17 @@ def test_a_fresh_vaults_first_raw_read_is_bit_exact(stored):
     assert got.view(np.int64).tolist() == want.view(np.int64).tolist()  # NaN and -0.0 bits too
 
 
-def test_first_read_of_a_few_series_keeps_the_group_stored_until_a_second_read(stored):
+def test_first_read_of_a_few_series_keeps_their_rows_and_the_group_stored(stored):
     with Vault.open_local(stored) as fresh:
         fresh.query('gpu_util{gpu="3"}', T0, T0 + H)
-        kinds = {key[2:] for key in fresh.reader.cache._items}
-        assert kinds == {(False, False)}  # raw: kept as stored, nothing decoded whole yet
-        fresh.query('gpu_util{gpu="3"}', T0, T0 + H)
-        kinds = {key[2:] for key in fresh.reader.cache._items}
-        assert kinds == {(True, False)}  # decoded whole; the stored copy is dropped
+        kinds = {(key[2], key[3], bool(key[4])) for key in fresh.reader.cache._items}
+        # raw: the group as stored and these series' decoded rows, nothing decoded whole yet
+        assert kinds == {(False, False, False), (True, False, True)}
+        fresh.query('gpu_util{gpu="3"}', T0, T0 + H)  # the same series: their rows again
+        assert {(key[2], key[3], bool(key[4])) for key in fresh.reader.cache._items} == kinds
+        fresh.query('gpu_util{gpu="1"}', T0, T0 + H)  # others: the group decoded whole
+        kinds = {(key[2], key[3], bool(key[4])) for key in fresh.reader.cache._items}
+        assert (True, False, False) in kinds and (False, False, False) not in kinds
 
 
 def test_a_quantile_after_a_read_without_sketches_reads_them(stored):

@@ -281,6 +281,16 @@ class ContextReader:
     def raw_samples(self, series_ids: list[int], start: int, end: int) -> pa.Table:
         return raw_samples(self.ctx, series_ids, start, end)
 
+    def raw_samples_at(
+        self, series_ids: list[int], start: int, end: int, at: np.ndarray
+    ) -> pa.Table:
+        """``raw_samples``, only the newest of each series at or before each time of ``at``
+        (ascending): what an instant selector evaluated at those times reads."""
+        files = self.ctx.snapshot.tier_files("raw")
+        return self.ctx.reader.read(
+            files, series_ids, start, end, use_cache=self.ctx.use_cache, at=at
+        )
+
     quantile_sketches = True  # partials(..., sketch=True) holds them (query --agg p95)
 
     def partials(

@@ -39,8 +39,10 @@ class RowGroup:
     max_ts: int
 
 
-# (file path, row group, decoded: else as stored, lean: without the rollups' sketch columns)
-CacheKey = tuple[str, int, bool, bool]
+# (file path, row group, decoded: else as stored, lean: without the rollups' sketch columns,
+# the series a decoded part of the group holds: b"" for the whole group, else their ids)
+CacheKey = tuple[str, int, bool, bool, bytes]
+WHOLE = b""
 
 
 class FileCache:
@@ -59,12 +61,13 @@ class FileCache:
                 self._items.move_to_end(key)
             return table
 
-    def put(self, key: CacheKey, table: pa.Table) -> None:
+    def put(self, key: CacheKey, table: pa.Table, evict: bool = True) -> None:
+        """Keep ``table``; ``evict=False``: only where it fits without evicting another."""
         size = table.nbytes
         if size > self.max_bytes // 4:
             return
         with self._lock:
-            if key in self._items:
+            if key in self._items or (not evict and self._bytes + size > self.max_bytes):
                 return
             self._items[key] = table
             self._bytes += size
@@ -96,11 +99,14 @@ class Reader:
         tier: str = "raw",
         use_cache: bool = True,
         sketches: bool = True,
+        at: np.ndarray | None = None,
     ) -> pa.Table:
         """Decoded rows with ``start <= ts < end`` for the given series (None: all).
 
         ``use_cache=False`` is for maintenance scans, which would only evict what queries need.
         ``sketches=False``: rollup rows may come without their quantile sketches (null).
+        ``at`` (ascending times): of those rows only, per series, the newest at or before each
+        of these times, what an instant selector evaluated there reads (:func:`newest_at`).
         """
         lean = not sketches and tier != "raw"
         chosen = [f for f in files if f.max_ts >= start and f.min_ts < end]
@@ -108,7 +114,7 @@ class Reader:
         chosen.sort(key=lambda f: f.order)  # later commits win on duplicate samples
         pairs = []
         for f in chosen:
-            table = self._read_one(f, ids, start, end, use_cache, lean)
+            table = self._read_one(f, ids, start, end, use_cache, lean, at)
             if table.num_rows:
                 pairs.append((f, table))
         if not pairs:
@@ -126,6 +132,7 @@ class Reader:
         end: int,
         use_cache: bool,
         lean: bool = False,
+        at: np.ndarray | None = None,
     ) -> pa.Table:
         metadata, groups = self._footer(f)
         wanted = [
@@ -133,13 +140,20 @@ class Reader:
             for g in groups
             if g.max_ts >= start and g.min_ts < end and (ids is None or _hits(ids, g))
         ]
-        tables = [self._group(f, metadata, g.index, ids, use_cache, lean) for g in wanted]
+        tables = []
+        for g in wanted:
+            table = self._group(f, metadata, g.index, ids, use_cache, lean)
+            if at is not None:  # each group on its own: a partition keeps every newest row
+                tables.append(newest_at(table, ids, at, start, end))
+            elif ids is not None:  # sliced per group: its own (cached) buffers, no copy
+                tables.append(_slice_series(table, ids))
+            else:
+                tables.append(table)
+        tables = [t for t in tables if t.num_rows] or tables[:1]
         if not tables:
             return _empty(f.tier)
         table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-        if ids is not None:
-            table = _slice_series(table, ids)
-        if f.min_ts >= start and f.max_ts < end:
+        if at is not None or (f.min_ts >= start and f.max_ts < end):
             return table
         mask = pc.and_(pc.greater_equal(table["ts"], start), pc.less(table["ts"], end))
         return table.filter(mask)
@@ -215,30 +229,37 @@ class Reader:
         part of a group not read before) only those series' rows; ``lean``: the sketch
         columns may be left out."""
         # Any cached form that holds what is asked: decoded before stored, and with the
-        # sketches as well as (``lean``) without them.
+        # sketches as well as (``lean``) without them, these series' decoded part before
+        # the stored group.
         leanness = (False, True) if lean else (False,)
+        these = WHOLE if ids is None else ids.tobytes()
         stored = None
         if use_cache:
-            for decoded in (True, False):
+            for decoded, part in ((True, WHOLE), (True, these), (False, WHOLE)):
                 for without in leanness:
-                    found = self.cache.get((f.path, index, decoded, without))
+                    found = self.cache.get((f.path, index, decoded, without, part))
                     if found is not None and decoded:
                         return found
                     if found is not None and stored is None:
                         stored, lean = found, without
-        key = (f.path, index, True, lean)
+        key = (f.path, index, True, lean, WHOLE)
         if stored is None:
             stored = self._read_group(f, metadata, index, lean)
             if ids is not None:
                 # The first read of a group for a few series (one GPU of a hundred) decodes
                 # only their rows: decoding costs as much as reading, and is what a fresh
-                # process pays on its first query. The group is kept as stored; a second
-                # query decodes it whole (below), as every later one finds it decoded.
+                # process pays on its first query. Their decoded rows are kept, which the
+                # same series' next query (a dashboard refresh) finds, and the group as
+                # stored where that evicts nothing: another query decodes it whole (below),
+                # as every later one finds it decoded. (A query spanning more groups than the
+                # cache holds whole would otherwise evict its own groups before reusing any.)
                 part = _slice_series(stored, ids)
                 if part.num_rows * SMALL_PART < stored.num_rows:
+                    table = self._decode(f, part)
                     if use_cache:
-                        self.cache.put((f.path, index, False, lean), stored)
-                    return self._decode(f, part)
+                        self.cache.put((f.path, index, True, lean, these), table)
+                        self.cache.put((f.path, index, False, lean, WHOLE), stored, evict=False)
+                    return table
         table = self._decode(f, stored)
         if use_cache:
             self.cache.put(key, table)
@@ -314,10 +335,13 @@ _MAX_NONFINITE_KEYS = 100_000
 def _superseded(key: CacheKey) -> list[CacheKey]:
     """The cached forms of a row group that ``key``'s form makes useless: a decoded group
     replaces the stored one, and one with sketches the lean ones."""
-    path, index, decoded, lean = key
-    found = [(path, index, False, lean)] if decoded else []
+    path, index, decoded, lean, part = key
+    if part:
+        return []
+    found = [(path, index, False, lean, part)] if decoded else []
     if not lean:
-        found += [(path, index, False, True)] + ([(path, index, True, True)] if decoded else [])
+        found += [(path, index, False, True, part)]
+        found += [(path, index, True, True, part)] if decoded else []
     return [k for k in found if k != key]
 
 
@@ -351,6 +375,52 @@ def _slice_series(table: pa.Table, ids: np.ndarray) -> pa.Table:
         return table.filter(pa.array(np.cumsum(edges[:-1]) > 0))
     pieces = [table.slice(a, b - a) for a, b in zip(run_lo.tolist(), run_hi.tolist(), strict=True)]
     return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+
+
+def newest_at(
+    table: pa.Table, ids: np.ndarray | None, at: np.ndarray, start: int, end: int
+) -> pa.Table:
+    """The rows of ``table`` (sorted by series, then time) of the series ``ids`` (None: all)
+    with ``start <= ts < end`` that are, in their series, the newest at or before some time
+    of ``at`` (ascending). An instant selector evaluated at those times takes exactly these
+    rows (the newest sample at or before each time, if within its lookback, which starts at
+    or after ``start``). Over any partition of a series' rows (row groups, files) the kept
+    rows hold the newest of the whole at every time, so they may be kept part by part, and
+    duplicates across files then resolved as for all rows."""
+    if table.num_rows == 0 or at.size == 0:
+        return table.slice(0, 0)
+    sid = _column(table, "series_id")
+    ts = _column(table, "ts")
+    if ids is None:
+        cut = np.flatnonzero(sid[1:] != sid[:-1]) + 1
+        lo, hi = np.r_[0, cut], np.r_[cut, sid.size]
+    else:
+        lo, hi = np.searchsorted(sid, ids, "left"), np.searchsorted(sid, ids, "right")
+        held = hi > lo
+        lo, hi = lo[held], hi[held]
+    rows = []
+    for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
+        run = ts[a:b]
+        first = a + int(np.searchsorted(run, start, "left"))
+        last = a + int(np.searchsorted(run, end, "left"))
+        if first >= last:
+            continue
+        run = ts[first:last]
+        # the times this run can answer: from its first row on (earlier ones find none)
+        times = at[int(np.searchsorted(at, run[0], "left")) :]
+        if times.size == 0:
+            continue
+        newest = np.searchsorted(run, times, "right") - 1
+        rows.append(first + np.unique(newest))
+    if not rows:
+        return table.slice(0, 0)
+    return table.take(pa.array(np.concatenate(rows)))
+
+
+def _column(table: pa.Table, name: str) -> np.ndarray:
+    column = table[name]
+    values = column.chunk(0).to_numpy() if column.num_chunks == 1 else column.to_numpy()
+    return np.asarray(values, np.int64)
 
 
 def _overlapping(files: Sequence[DataFile]) -> bool:

@@ -104,7 +104,12 @@ SeriesArrays = tuple[dict[str, str], np.ndarray, np.ndarray]
 
 
 def select_series(
-    reader: SampleReader, sel: Selector | SelectorUnion, t0: int, t1: int, stale_markers: bool
+    reader: SampleReader,
+    sel: Selector | SelectorUnion,
+    t0: int,
+    t1: int,
+    stale_markers: bool,
+    at: np.ndarray | None = None,
 ) -> list[SeriesArrays]:
     """The raw samples in ``[t0, t1)`` of every series ``sel`` matches, one
     ``(labels, ts, values)`` per series: ``labels`` holds ``__name__`` and the series' labels
@@ -113,11 +118,16 @@ def select_series(
 
     The same samples, in the same series order (metric, then labels) as ``answer`` gives in
     the long shape, from the same ``raw_samples`` read (its dedup rules), without building a
-    row per sample with label columns and splitting it back into series."""
+    row per sample with label columns and splitting it back into series.
+
+    ``at`` (ascending times in ``[t0, t1)``): only, per series, the newest sample at or
+    before each of them, where the reader can pick those (``raw_samples_at``): an instant
+    selector evaluated at those times answers the same from them as from all samples."""
     ids = reader.index.match(sel)
     if not ids:
         return []
-    samples = reader.raw_samples(ids, t0, t1)
+    pick = getattr(reader, "raw_samples_at", None) if at is not None else None
+    samples = reader.raw_samples(ids, t0, t1) if pick is None else pick(ids, t0, t1, at)
     if not stale_markers:
         samples = drop_stale_markers(samples)
     if samples.num_rows == 0:

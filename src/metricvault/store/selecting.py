@@ -14,6 +14,7 @@ from metricvault.protocols import (
     BUCKET_COLUMNS,
     BucketSelection,
     SampleReader,
+    SelectHints,
     SeriesBuckets,
     SeriesSamples,
 )
@@ -24,15 +25,43 @@ from metricvault.store.reading import select_series
 MINUTE_MS = 60_000
 
 
+MAX_PICKED_TIMES = 1_000_000  # evaluation times above which every sample is read
+
+
 def select_samples(
-    reader: SampleReader, matchers: Sequence[Matcher], start_ms: int, end_ms: int
+    reader: SampleReader,
+    matchers: Sequence[Matcher],
+    start_ms: int,
+    end_ms: int,
+    hints: SelectHints | None = None,
 ) -> list[SeriesSamples]:
-    """The samples in ``[start_ms, end_ms]`` (closed) of the series ``matchers`` select."""
+    """The samples in ``[start_ms, end_ms]`` (closed) of the series ``matchers`` select.
+    For an instant selector (``hints``: no function, no range) only those it can take: per
+    series, the newest sample at or before each evaluation time (:func:`instant_times`)."""
     if end_ms < start_ms:
         return []
+    at = instant_times(hints, start_ms, end_ms)
     # The reader's range is half-open [start, end): ask for end + 1 to include end_ms.
-    found = select_series(reader, Selector(tuple(matchers)), start_ms, end_ms + 1, True)
+    found = select_series(reader, Selector(tuple(matchers)), start_ms, end_ms + 1, True, at)
     return [SeriesSamples(labels, ts, values) for labels, ts, values in found]
+
+
+def instant_times(hints: SelectHints | None, start_ms: int, end_ms: int) -> np.ndarray | None:
+    """The evaluation times of an instant selector (``hints.func`` None, ``range_ms`` 0),
+    within ``[start_ms, end_ms]``, or None: any other selection reads every sample. The
+    engine evaluates such a selector at each time ``t`` from the newest sample at or before
+    ``t`` (if within its lookback, and not a staleness marker), so those samples alone give
+    the same answer, however long the lookback, staleness markers and NaN included."""
+    if hints is None or hints.func is not None or hints.range_ms != 0:
+        return None
+    if hints.step_ms <= 0:  # one time, or every time pinned with ``@``
+        times = np.asarray([hints.end_ms], np.int64)
+    else:
+        count = (hints.end_ms - hints.start_ms) // hints.step_ms + 1
+        if count > MAX_PICKED_TIMES or hints.end_ms < hints.start_ms:
+            return None
+        times = hints.start_ms + hints.step_ms * np.arange(count, dtype=np.int64)
+    return times[(times >= start_ms) & (times <= end_ms)]
 
 
 def to_selection(buckets: Buckets, choice: BucketChoice) -> BucketSelection:

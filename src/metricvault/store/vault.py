@@ -640,8 +640,10 @@ class Vault:
     ) -> list[SeriesSamples]:
         """The samples in ``[start_ms, end_ms]`` (both ends included) of the series the
         matchers select, staleness markers included (:class:`metricvault.protocols.
-        SampleSource`, what the PromQL engine reads)."""
-        return selecting.select_samples(self._query_reader(None), matchers, start_ms, end_ms)
+        SampleSource`, what the PromQL engine reads); for an instant selector (``hints``)
+        only the samples it can take (``selecting.instant_times``)."""
+        reader = self._query_reader(None)
+        return selecting.select_samples(reader, matchers, start_ms, end_ms, hints)
 
     def select_buckets(
         self, matchers: Sequence[Matcher], hints: SelectHints
