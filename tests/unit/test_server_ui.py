@@ -302,3 +302,411 @@ def test_vault_stats_show_retention_and_label_cardinality_within_the_tenant(make
     assert labels["gpu"] == (6, 6) and labels["job"] == (6, 2)
     assert "tenant" not in labels  # the tenant's own label says nothing to the tenant
     assert {"label": "job", "value": "j0", "series": 3} in got["top_values"]
+
+
+# --------------------------------------------------------------------------- archive state
+def _git(repo, *args):
+    import subprocess
+
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def _paper_repo(path):
+    """A git repository with DVC and a local directory remote, as docs/archive.md sets one up."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    dvc = Path(sys.executable).with_name("dvc")
+    if not dvc.exists():
+        pytest.fail(f"{dvc} not found: install the test extras (pip install -e '.[test]')")
+    path.mkdir()
+    _git(path, "init", "-q")
+    _git(path, "config", "user.email", "researcher@example.org")
+    _git(path, "config", "user.name", "Researcher")
+    (path / "README.md").write_text("paper\n")
+    _git(path, "add", "README.md")
+    _git(path, "commit", "-q", "-m", "paper")
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    for args in (["init", "-q"], ["remote", "add", "-d", "store", str(path.parent / "remote")]):
+        subprocess.run([str(dvc), *args], cwd=path, check=True, capture_output=True, env=env)
+    _git(path, "add", "-A")
+    _git(path, "commit", "-q", "-m", "dvc")
+    return path
+
+
+def test_the_archive_state_follows_an_export_through_dvc_to_its_tag(make_client, tmp_path):
+    from metricvault.archive import dvc
+    from metricvault.archive.repository import publish
+    from metricvault.archive.snapshot_export import export_snapshot
+    from metricvault.durations import now_ms
+
+    repo = _paper_repo(tmp_path / "paper")
+    out = repo / "artifacts" / "metrics"
+    client, vault = make_client(
+        auth_bearer_tokens=(
+            BearerToken(hash_secret(TOKEN_A), "team-a"),
+            BearerToken(hash_secret(TOKEN_B), "team-b"),
+        ),
+        archive_dir=str(out),
+    )
+    t0 = now_ms() - 3_600_000
+    lines = "\n".join(f"train,job=r1 loss={10 - s} {t0 + s * 1000}" for s in range(10))
+    assert client.post("/write?precision=ms", content=lines, headers=AUTH_A).status_code == 204
+    body = {"id": "r1", "selector": '{job="r1"}', "start": t0, "end": t0 + 10_000}
+    assert client.post("/api/v1/experiments", json=body, headers=AUTH_A).status_code == 201
+    vault.flush()
+    url = "/api/v1/experiments/r1/archive"
+
+    state = client.get(url, headers=AUTH_A).json()
+    assert state["state"] == "not archived" and not state["present"]
+    assert state["export_command"] == "metricvault archive export r1"
+    assert client.get(url, headers=AUTH_B).status_code == 404  # another tenant's experiment
+
+    exp = vault.experiments.get("r1")
+    info = export_snapshot(vault, exp.id, out)
+    state = client.get(url, headers=AUTH_A).json()
+    assert state["state"] == "exported" and state["present"] and state["pushed"] is None
+    assert (state["rows"], state["content_hash"]) == (info.rows, info.content_hash)
+    assert state["export_command"] == "metricvault archive export r1 --dvc"
+
+    done = publish(info, repo)
+    state = client.get(url, headers=AUTH_A).json()
+    assert state["state"] == "archived" and state["pushed"] is True
+    assert state["tag"] == "metrics/r1" == done.tag
+    assert state["commit"] == _git(repo, "rev-parse", "metrics/r1^{commit}")
+    assert state["md5"] == dvc.file_md5(out / "r1.parquet") == done.md5
+    assert state["content_hash"] == info.content_hash and state["remote"] == "store"
+    assert state["export_command"] == ""
+    # the remote itself asked (dvc status --cloud): it holds the data
+    assert client.get(url + "?check_remote=1", headers=AUTH_A).json()["pushed"] is True
+    # the file deleted from the workspace: the tag's summary still says what was archived
+    (out / "r1.parquet").unlink()
+    state = client.get(url, headers=AUTH_A).json()
+    assert state["state"] == "archived" and not state["present"]
+    assert state["content_hash"] == info.content_hash and state["rows"] == info.rows
+    assert "check_remote" in client.get(url + "?check_remote=yes", headers=AUTH_A).text
+
+
+def test_the_experiment_page_has_an_archive_section(tenants):
+    client, _ = tenants
+    page = client.get("/ui/experiments/r1", headers=AUTH_A).text
+    assert '<div id="archive" data-experiment="r1"' in page
+
+
+# --------------------------------------------------------------------------- agents seen
+def test_vault_stats_list_the_agents_seen_with_their_last_sample(make_client):
+    from metricvault.durations import now_ms
+
+    client, vault = make_client(
+        auth_bearer_tokens=(
+            BearerToken(hash_secret(TOKEN_A), "team-a"),
+            BearerToken(hash_secret(TOKEN_B), "team-b"),
+        )
+    )
+    now = now_ms()
+    pushed = {"job": "metricvault-agent", "instance": "gpu-7:9400"}
+    scraped = {"job": "metricvault-agent", "instance": "gpu-8:9400"}
+    info = {"version": "1.0", "gpu_source": "nvml"}
+    samples = [
+        # a pushing edge agent, last seen 30 s ago; a scraped full agent, 2 hours ago
+        *[("metricvault_agent_info", {**pushed, **info, "profile": "edge"}, now - s * 15_000 - 30_000, 1.0) for s in range(4)],  # noqa: E501
+        ("metricvault_agent_push_info", {**pushed, "url": "http://gw:9201", "auth": "bearer"}, now - 30_000, 1.0),  # noqa: E501
+        ("metricvault_agent_push_sent_requests_total", pushed, now - 45_000, 41.0),
+        ("metricvault_agent_push_sent_requests_total", pushed, now - 30_000, 42.0),
+        ("metricvault_agent_info", {**scraped, **info, "profile": "full"}, now - 7_200_000, 1.0),
+    ]  # fmt: skip
+    # team a's agents are written through the gateway (its tenant label set), team b's not
+    for metric, labels, ts, value in samples:
+        vault.write([(metric, {**labels, "tenant": "team-a"}, ts, value)])
+    vault.write(
+        [("metricvault_agent_info", {**scraped, "instance": "b:1", "tenant": "team-b"}, now, 1.0)]
+    )
+    vault.flush()
+    agents = client.get("/api/v1/vault/stats", headers=AUTH_A).json()["agents"]
+    assert [a["instance"] for a in agents] == ["gpu-7:9400", "gpu-8:9400"]  # newest first
+    edge, full = agents
+    assert edge["hostname"] == "gpu-7" and edge["profile"] == "edge" and edge["mode"] == "push"
+    assert edge["last_ms"] == now - 30_000 and edge["sent_requests"] == 42
+    assert edge["push_url"] == "http://gw:9201" and 25 < edge["age_s"] < 600
+    assert full["mode"] == "scrape" and full["profile"] == "full"
+    assert full["last_ms"] == now - 7_200_000 and full["sent_requests"] is None
+    assert [
+        a["instance"] for a in client.get("/api/v1/vault/stats", headers=AUTH_B).json()["agents"]
+    ] == ["b:1"]
+
+
+# --------------------------------------------------------------------------- alerts
+def _rules_files(vault, alerts, incidents):
+    import json
+    from pathlib import Path
+
+    state = Path(vault.state_dir)
+    groups = [
+        {
+            "name": "gpu",
+            "file": "rules.yml",
+            "rules": [
+                {"name": "XidErrors", "type": "alerting", "health": "ok", "lastError": ""},
+                {"name": "Broken", "type": "alerting", "health": "err", "lastError": "bad"},
+            ],
+        }
+    ]
+    (state / "rules-status.json").write_text(json.dumps({"groups": groups, "alerts": alerts}))
+    (state / "rules-incidents.json").write_text(json.dumps({"incidents": incidents}))
+
+
+def _alert(name, state="firing", **labels):
+    return {
+        "labels": {"alertname": name, **labels},
+        "annotations": {},
+        "state": state,
+        "activeAt": "2026-01-01T00:00:00Z",
+        "value": "1e+00",
+    }
+
+
+def test_alerts_are_grouped_under_their_root_cause(make_client):
+    client, vault = make_client()
+    alerts = [
+        _alert("XidErrors", Hostname="node02", severity="critical"),
+        _alert("GpuUtilLow", Hostname="node02", severity="warning"),
+        _alert("DiskFilling", state="pending", Hostname="node09"),
+    ]
+    member = [dict(a["labels"]) for a in alerts[:2]]
+    cause = {
+        "alertname": "RootCause",
+        "root_cause": "true",
+        "incident": "node02",
+        "cause": "gpu_fault",
+        "severity": "critical",
+        "Hostname": "node02",
+    }
+    incidents = [
+        {
+            "labels": cause,
+            "annotations": {"description": "GPU fault on node02"},
+            "opened_at_ms": T0,
+            "members": member,
+        }
+    ]
+    _rules_files(vault, alerts, incidents)
+    got = client.get("/api/v1/ui/alerts").json()
+    [incident] = got["incidents"]
+    assert incident["incident"] == "node02" and incident["cause"] == "gpu_fault"
+    assert incident["root_cause"]["labels"] == cause
+    assert [a["labels"]["alertname"] for a in incident["evidence"]] == ["GpuUtilLow", "XidErrors"]
+    assert all(a["labels"]["incident"] == "node02" for a in incident["evidence"])
+    assert [a["labels"]["alertname"] for a in got["ungrouped"]] == ["DiskFilling"]
+    health = {r["rule"]: (r["health"], r["last_error"]) for r in got["rules"]}
+    assert health == {"XidErrors": ("ok", ""), "Broken": ("err", "bad")}
+
+
+def test_alerts_already_labelled_with_their_incident_group_without_the_file():
+    from metricvault.server.ui_data import group_alerts
+
+    got = group_alerts(
+        [
+            _alert("RootCause", incident="job-x", root_cause="true", cause="hang"),
+            _alert("NoProgress", incident="job-x", severity="warning"),
+            _alert("Loose"),
+        ]
+    )
+    assert got["incidents"][0]["root_cause"]["labels"]["cause"] == "hang"
+    assert [a["labels"]["alertname"] for a in got["incidents"][0]["evidence"]] == ["NoProgress"]
+    assert [a["labels"]["alertname"] for a in got["ungrouped"]] == ["Loose"]
+
+
+def test_another_tenant_sees_neither_the_rules_nor_their_alerts(make_client):
+    client, vault = make_client(
+        auth_bearer_tokens=(
+            BearerToken(hash_secret(TOKEN_A), "team-a"),
+            BearerToken(hash_secret(TOKEN_B), "team-b"),
+        ),
+        rules_tenant="team-a",
+    )
+    _rules_files(vault, [_alert("XidErrors", Hostname="n1")], [])
+    a = client.get("/api/v1/ui/alerts", headers=AUTH_A).json()
+    b = client.get("/api/v1/ui/alerts", headers=AUTH_B).json()
+    assert len(a["ungrouped"]) == 1 and len(a["rules"]) == 2
+    assert b["ungrouped"] == [] and b["rules"] == [] and b["incidents"] == []
+
+
+# --------------------------------------------------------------------------- anomalies
+def test_anomalies_come_with_their_source_series_and_baseline(make_client):
+    from metricvault.durations import now_ms
+
+    client, vault = make_client()
+    now = now_ms() // 60_000 * 60_000
+    gpu = {"Hostname": "node01", "gpu": "0"}
+    samples = []
+    for i in range(60):
+        ts = now - (60 - i) * 60_000
+        temp = 60.0 + (30.0 if i == 40 else 0.0)
+        samples.append(("DCGM_FI_DEV_GPU_TEMP", gpu, ts, temp))
+        score = 0.95 if i == 40 else 0.1
+        score_labels = {**gpu, "source_metric": "DCGM_FI_DEV_GPU_TEMP", "detector": "novelty"}
+        samples.append(("metricvault_anomaly_score", score_labels, ts, score))
+        other = {"Hostname": "node02", "gpu": "1", "source_metric": "DCGM_FI_DEV_GPU_TEMP"}
+        samples.append(("metricvault_anomaly_score", {**other, "detector": "novelty"}, ts, 0.2))
+    for stat, value in (("mean", 60.5), ("p95", 61.0), ("p99", 62.0)):
+        labels = {**gpu, "source_metric": "DCGM_FI_DEV_GPU_TEMP", "stat": stat}
+        samples.append(("metricvault_baseline", labels, now - 3_600_000, value))
+    # a --by baseline of the whole model: less specific, not chosen over the GPU's own
+    samples.append(
+        ("metricvault_baseline", {"source_metric": "DCGM_FI_DEV_GPU_TEMP", "stat": "mean"}, now - 3_600_000, 1.0)  # noqa: E501
+    )  # fmt: skip
+    vault.write(samples)
+    vault.flush()
+    got = client.get(f"/api/v1/ui/anomalies?range=6h&end={now // 1000}").json()
+    assert got["series"] == 2 and got["range"] == "6h"
+    first, second = got["top"]
+    assert first["labels"]["Hostname"] == "node01" and first["max_score"] == 0.95
+    assert second["max_score"] == 0.2
+    assert first["baseline"] == {"mean": 60.5, "p95": 61.0, "p99": 62.0}
+    assert max(first["source"]["y"]) == 90.0 and len(first["source"]["x"]) == 60
+    assert first["score"]["x"] == first["source"]["x"]
+    assert second["source"] is None and second["baseline"] == {"mean": 1.0}
+    assert "range" in client.get("/api/v1/ui/anomalies?range=2d").text
+
+
+def test_the_alerts_page_has_a_range_picker_for_anomalies(make_client):
+    client, _ = make_client()
+    page = client.get("/ui/alerts").text
+    assert '<select id="anomaly-range"' in page and '<option value="7d">' in page
+
+
+# --------------------------------------------------------------------------- login
+def _login_form(client):
+    import re
+
+    page = client.get("/ui/login")
+    assert page.status_code == 200
+    nonce = re.search(r'name="login_nonce" value="([^"]+)"', page.text).group(1)
+    return nonce
+
+
+def test_a_page_without_credentials_answers_the_login_form(tenants):
+    client, _ = tenants
+    page = client.get("/ui/vault?x=1", follow_redirects=False)
+    assert page.status_code == 401 and 'action="/ui/session"' in page.text
+    assert "Basic" not in page.headers["www-authenticate"]  # no browser dialog over the form
+    assert 'name="next" value="/ui/vault?x=1"' in page.text
+    # the JSON endpoints stay 401 in words; a wrong header stays the gateway's answer
+    assert client.get("/api/v1/vault/stats").status_code == 401
+    wrong = client.get("/ui/vault", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and "unknown bearer token" in wrong.text
+
+
+def test_logging_in_sets_a_session_cookie_scoped_to_the_tenant(tenants):
+    client, _ = tenants
+    nonce = _login_form(client)
+    form = {"token": TOKEN_A, "login_nonce": nonce, "next": "/ui/vault"}
+    answer = client.post("/ui/session", data=form, follow_redirects=False)
+    assert answer.status_code == 303 and answer.headers["location"] == "/ui/vault"
+    cookies = answer.headers.get_list("set-cookie")
+    session = next(c for c in cookies if c.startswith("mv_session="))
+    assert "HttpOnly" in session and "SameSite=strict" in session and "Path=/" in session
+    csrf = next(c for c in cookies if c.startswith("mv_csrf="))
+    assert "HttpOnly" not in csrf and "SameSite=strict" in csrf
+    assert TOKEN_A not in session and hash_secret(TOKEN_A) not in session  # nothing secret
+    # the cookie alone reaches the pages and the JSON, as team a
+    assert client.get("/ui/vault").status_code == 200
+    rows = client.get("/api/v1/ui/experiments").json()["rows"]
+    assert [r["id"] for r in rows] == ["r1"]
+    assert client.get("/api/v1/vault/stats").json()["tenant"] == "team-a"
+    assert client.get("/api/v1/experiments/r2/history").status_code == 404
+    # a header still wins over the cookie: API clients unchanged
+    assert client.get("/api/v1/vault/stats", headers=AUTH_B).json()["tenant"] == "team-b"
+
+
+def test_basic_users_log_in_with_user_and_password(make_client):
+    from metricvault.config import BasicUser
+
+    client, _ = make_client(auth_basic_users=(BasicUser("ann", hash_secret("pw-1"), "team-a"),))
+    nonce = _login_form(client)
+    bad = client.post("/ui/session", data={"user": "ann", "password": "x", "login_nonce": nonce})
+    assert bad.status_code == 401 and "wrong password" in bad.text
+    nonce = _login_form(client)
+    ok = client.post("/ui/session", data={"user": "ann", "password": "pw-1", "login_nonce": nonce})
+    assert ok.status_code == 200 and ok.url.path == "/ui/experiments"
+    assert client.get("/api/v1/vault/stats").json()["tenant"] == "team-a"
+
+
+def test_a_login_posted_without_the_forms_nonce_is_refused(tenants):
+    client, _ = tenants
+    _login_form(client)
+    answer = client.post("/ui/session", data={"token": TOKEN_A, "login_nonce": "forged"})
+    assert answer.status_code == 403 and "mv_session" not in answer.headers.get("set-cookie", "")
+    assert client.get("/api/v1/vault/stats").status_code == 401
+
+
+def test_writes_by_cookie_need_the_csrf_token_and_logout_ends_the_session(tenants):
+    client, _ = tenants
+    nonce = _login_form(client)
+    client.post("/ui/session", data={"token": TOKEN_A, "login_nonce": nonce})
+    body = {"id": "by-cookie", "selector": '{job="x"}', "start": T0, "end": T0 + 1000}
+    refused = client.post("/api/v1/experiments", json=body)
+    assert refused.status_code == 403 and "X-CSRF-Token" in refused.text
+    token = client.cookies["mv_csrf"]
+    assert (
+        client.post("/api/v1/experiments", json=body, headers={"X-CSRF-Token": "x"}).status_code
+        == 403
+    )
+    made = client.post("/api/v1/experiments", json=body, headers={"X-CSRF-Token": token})
+    assert made.status_code == 201 and made.json()["tenant"] == "team-a"
+    assert client.post("/ui/logout").status_code == 403  # logging out is a write too
+    out = client.post("/ui/logout", headers={"X-CSRF-Token": token}, follow_redirects=False)
+    assert out.status_code == 303 and out.headers["location"] == "/ui/login"
+    assert "mv_session" not in client.cookies
+    assert client.get("/api/v1/vault/stats").status_code == 401
+
+
+def test_a_forged_expired_or_revoked_session_is_refused(tenants, make_client):
+    from metricvault.server.auth import SESSION_TTL_S, Sessions
+
+    client, vault = tenants
+    settings = client.app.state.gateway.settings
+    sessions = Sessions(settings, vault.state_dir)
+    cookie, _ = sessions.login(token=TOKEN_A)
+    assert sessions.verify(cookie).tenant == "team-a"
+    for bad in (cookie[:-2] + "xx", "e30." + cookie.partition(".")[2], "garbage"):
+        client.cookies.set("mv_session", bad)
+        assert client.get("/api/v1/vault/stats").status_code == 401, bad
+    client.cookies.clear()
+    later = Sessions(settings, vault.state_dir, now=lambda: 10**10)
+    assert later.key == sessions.key  # one key for every worker, from the state dir
+    with pytest.raises(Exception, match="expired"):
+        later.verify(cookie)
+    assert SESSION_TTL_S <= 24 * 3600
+    # the same cookie on a gateway whose config no longer has that token
+    other, _ = make_client(auth_bearer_tokens=(BearerToken(hash_secret(TOKEN_B), "team-b"),))
+    revoked = Sessions(other.app.state.gateway.settings, vault.state_dir)
+    with pytest.raises(Exception, match="no longer configured"):
+        revoked.verify(cookie)
+
+
+def test_the_read_only_ui_logs_in_too(tmp_path):
+    settings = Settings.load(
+        env={}, gateway_maintain=False, auth_bearer_tokens=(BearerToken(hash_secret(TOKEN_A), ""),)
+    )
+    vault = Vault.open_local(str(tmp_path / "v"), settings)
+    try:
+        with TestClient(create_ui_app(vault, settings)) as client:
+            nonce = _login_form(client)
+            answer = client.post("/ui/session", data={"token": TOKEN_A, "login_nonce": nonce})
+            assert answer.status_code == 200 and answer.url.path == "/ui/experiments"
+            assert client.post("/api/v1/experiments", json={}).status_code == 405
+    finally:
+        vault.close()
+
+
+def test_login_goes_back_only_to_a_page_of_this_server():
+    from metricvault.server.ui_login import safe_next
+
+    assert safe_next("/ui/vault?x=1") == "/ui/vault?x=1"
+    for bad in ("https://evil.example/", "//evil.example/", "/\\evil", "ui/vault", "", None):
+        assert safe_next(bad) == "/ui/experiments", bad

@@ -36,7 +36,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from metricvault.config import Settings
-from metricvault.credentials import Principal, authenticate
+from metricvault.credentials import Principal
 from metricvault.durations import parse_duration_ms
 from metricvault.errors import MetricVaultError, RetryLater, TooLargeError
 from metricvault.ingest.protocols.remote_write import DecodedWrite, ResolvedSamples
@@ -45,6 +45,7 @@ from metricvault.protocols import ServingStore
 from metricvault.redact import redact_logs
 from metricvault.redact import remember as remember_secrets
 from metricvault.server.apis import APIS
+from metricvault.server.auth import authenticate_request
 from metricvault.server.connections import quiet_accept_errors
 from metricvault.server.limits import NewSeriesLimiter
 from metricvault.server.metrics import GatewayMetrics
@@ -140,7 +141,7 @@ class Gateway:
     ) -> Response:
         started = time.perf_counter()
         try:
-            who = authenticate(self.settings, request.headers.get("authorization"))
+            who = authenticate_request(self, request)  # the header, else the UI's session
             return await work(request, who)  # type: ignore[no-any-return]
         except MetricVaultError as exc:
             return self.refuse(exc)
@@ -180,8 +181,9 @@ def _with_tenant(table: pa.Table, label: str, tenant: str) -> pa.Table:
 
 SETTINGS_ENV = "METRICVAULT_GATEWAY_SETTINGS_JSON"
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
-# liveness and readiness for orchestrators, Influx clients' ping, the self-metrics scrape
-PUBLIC_ROUTES = frozenset({"/ping", "/-/healthy", "/-/ready", "/metrics"})
+# liveness and readiness for orchestrators, Influx clients' ping, the self-metrics scrape,
+# the UI's login form (its POST, /ui/session, checks the credential it is given)
+PUBLIC_ROUTES = frozenset({"/ping", "/-/healthy", "/-/ready", "/metrics", "/ui/login"})
 
 
 def app_from_environment() -> Starlette:
@@ -254,13 +256,15 @@ def create_app(
 
 
 READ_METHODS = frozenset({"GET", "HEAD"})
+# logging in and out changes no data: the read-only UI keeps their POST
+SESSION_ROUTES = frozenset({"/ui/session", "/ui/logout"})
 
 
 def create_ui_app(vault: Any, settings: Any) -> Any:
     """``metricvault ui``: the UI and the read APIs over ``vault``, read-only. No write,
     OTLP, remote_read, rules or upkeep routes are mounted, and the routes that are mounted
-    answer GET and HEAD only (anything else: 405), so nothing reached through it can change
-    the vault or the registry."""
+    answer GET and HEAD only (anything else: 405; logging in and out of the UI excepted), so
+    nothing reached through it can change the vault or the registry."""
     from metricvault.server import experiments_api, health_api, prometheus_api, ui_api
 
     gateway = Gateway(vault, settings)
@@ -269,7 +273,7 @@ def create_ui_app(vault: Any, settings: Any) -> Any:
     for api in (ui_api.API, experiments_api.API, health_api.API, prometheus_api.API):
         for route in api.routes(gateway):
             # the Prometheus API's catch-all (a subclass) answers not_found to any method
-            if type(route) is Route and route.methods:
+            if type(route) is Route and route.methods and route.path not in SESSION_ROUTES:
                 methods = sorted(set(route.methods) & READ_METHODS)
                 route = Route(route.path, route.endpoint, methods=methods)
             routes.append(route)

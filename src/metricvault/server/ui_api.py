@@ -45,6 +45,7 @@ from metricvault.errors import InputError, NotFoundError
 from metricvault.experiment import Experiment
 from metricvault.server.api import ServerAPI
 from metricvault.server.experiments_api import Experiments, confine, visible
+from metricvault.server.ui_login import Login, page_guard
 
 if TYPE_CHECKING:
     from metricvault.server.app import Gateway
@@ -79,15 +80,20 @@ class UIAPI(ServerAPI):
     def routes(self, gateway: Gateway) -> list[Route]:
         ui = UI(gateway)
         get = ["GET", "HEAD"]
+        login = Login(gateway)
+        page = ui.page_endpoint
         return [
-            Route("/", ui.endpoint(ui.root), methods=get),
+            Route("/", page(ui.root), methods=get),
             Route("/ui/static/{path:path}", ui.endpoint(ui.static), methods=get),
-            Route("/ui/experiments", ui.endpoint(ui.experiments_page), methods=get),
-            Route("/ui/experiments/{experiment_id}", ui.endpoint(ui.experiment_page), methods=get),
-            Route("/ui/compare", ui.endpoint(ui.compare_page), methods=get),
-            Route("/ui/explore", ui.endpoint(ui.explore_page), methods=get),
-            Route("/ui/alerts", ui.endpoint(ui.alerts_page), methods=get),
-            Route("/ui/vault", ui.endpoint(ui.vault_page), methods=get),
+            Route("/ui/login", login.form, methods=get),
+            Route("/ui/session", login.session, methods=["POST"]),
+            Route("/ui/logout", login.logout, methods=["POST"]),
+            Route("/ui/experiments", page(ui.experiments_page), methods=get),
+            Route("/ui/experiments/{experiment_id}", page(ui.experiment_page), methods=get),
+            Route("/ui/compare", page(ui.compare_page), methods=get),
+            Route("/ui/explore", page(ui.explore_page), methods=get),
+            Route("/ui/alerts", page(ui.alerts_page), methods=get),
+            Route("/ui/vault", page(ui.vault_page), methods=get),
             Route("/api/v1/ui/experiments", ui.endpoint(ui.table), methods=get),
             Route(
                 "/api/v1/experiments/{experiment_id}/history",
@@ -99,8 +105,15 @@ class UIAPI(ServerAPI):
                 ui.endpoint(ui.gpus),
                 methods=get,
             ),
+            Route(
+                "/api/v1/experiments/{experiment_id}/archive",
+                ui.endpoint(ui.archive),
+                methods=get,
+            ),
             Route("/api/v1/compare", ui.endpoint(ui.compare), methods=get),
             Route("/api/v1/vault/stats", ui.endpoint(ui.vault_stats), methods=get),
+            Route("/api/v1/ui/alerts", ui.endpoint(ui.alerts), methods=get),
+            Route("/api/v1/ui/anomalies", ui.endpoint(ui.anomalies), methods=get),
         ]
 
 
@@ -288,6 +301,17 @@ class UI:
 
         return answer
 
+    def page_endpoint(self, work: Work) -> Callable[[Request], Any]:
+        """A page: without a credential (where some are configured) the login form."""
+
+        async def answer(request: Request) -> Response:
+            login = page_guard(self.gateway, request)
+            if login is not None:
+                return login
+            return await self.gateway.handle(request, "/ui", work)
+
+        return answer
+
     # ---- data
     def experiment(self, experiment_id: str, who: Principal) -> Experiment:
         """The caller's experiment with its selector confined to the caller's tenant (a
@@ -425,6 +449,15 @@ class UI:
     async def vault_stats(self, req: Request, who: Principal) -> Response:
         return JSONResponse(await run_in_threadpool(self.stats_for, who))
 
+    def agents_for(self, who: Principal) -> list[dict[str, Any]]:
+        """The agents whose self-series this caller may read (ui_data.agents_seen)."""
+        from metricvault.durations import now_ms
+        from metricvault.server.reads import tenant_source
+        from metricvault.server.ui_data import agents_seen
+
+        source = tenant_source(self.gateway, who)
+        return agents_seen(source, (), now_ms(), self.gateway.settings.tenant_label)
+
     def stats_for(self, who: Principal) -> dict[str, Any]:
         """Series per metric for the caller's tenant; the storage figures of the whole vault
         (tiers, rollup, buffer) only for a credential without a tenant, since they describe
@@ -454,6 +487,7 @@ class UI:
             },
             # where raw samples begin (Explore says which tier answers a range)
             "raw_horizon": store.horizons().raw_start_ms or None,
+            "agents": self.agents_for(who),
         }
         if not who.tenant:  # overrides name selectors of any tenant's series
             answer["retention_overrides"] = [
@@ -465,6 +499,90 @@ class UI:
                 if key in stats:
                     answer[key] = stats[key]
         return answer
+
+    async def archive(self, req: Request, who: Principal) -> Response:
+        """The experiment's archive state (``archive.state.archive_state``): snapshot,
+        content hash, DVC pointer, tag, pushed; ``check_remote=1`` asks the DVC remote."""
+        from metricvault.archive.state import archive_state
+
+        experiment_id = str(req.path_params["experiment_id"])
+        check = req.query_params.get("check_remote", "0")
+        if check not in ("0", "1"):
+            raise InputError(f"check_remote={check!r} must be 0 or 1")
+        settings = self.gateway.settings
+
+        def work() -> dict[str, Any]:
+            exp = self.experiment(experiment_id, who)
+            state = archive_state(
+                exp.id,
+                settings.archive_dir,
+                tag_prefix=settings.archive_tag_prefix,
+                check_remote=check == "1",
+                remote=settings.archive_dvc_remote or None,
+            )
+            return state.to_json()
+
+        return JSONResponse(await run_in_threadpool(work))
+
+    async def alerts(self, req: Request, who: Principal) -> Response:
+        """Firing and pending alerts grouped under their root cause, and rule health."""
+        return JSONResponse(await run_in_threadpool(self.alerts_for, who))
+
+    def alerts_for(self, who: Principal) -> dict[str, Any]:
+        from metricvault.server.ui_data import group_alerts, incident_labelled
+
+        state_dir = Path(self.gateway.vault.state_dir)
+        status = _read_json(state_dir / "rules-status.json")
+        incidents = _read_json(state_dir / "rules-incidents.json").get("incidents", [])
+        alerts = incident_labelled(status.get("alerts", []), incidents)
+        settings = self.gateway.settings
+        # the rules are a tenant's when they read only its series (rules_tenant); another
+        # tenant sees only alerts that carry its own tenant label
+        theirs = not who.tenant or who.tenant == settings.rules_tenant
+        if not theirs:
+            label = settings.tenant_label
+            alerts = [a for a in alerts if a.get("labels", {}).get(label) == who.tenant]
+        groups = status.get("groups", []) if theirs else []
+        rules = [
+            {
+                "group": g.get("name"),
+                "file": g.get("file"),
+                "rule": r.get("name"),
+                "type": r.get("type"),
+                "health": r.get("health"),
+                "last_error": r.get("lastError") or "",
+                "last_evaluation": r.get("lastEvaluation"),
+                "evaluation_time": r.get("evaluationTime"),
+                "state": r.get("state"),
+            }
+            for g in groups
+            for r in g.get("rules", [])
+        ]
+        return {"tenant": who.tenant or None, **group_alerts(alerts), "rules": rules}
+
+    async def anomalies(self, req: Request, who: Principal) -> Response:
+        from metricvault.durations import now_ms
+        from metricvault.server.reads import tenant_source
+        from metricvault.server.ui_data import ANOMALY_RANGES, anomalies
+
+        span = req.query_params.get("range") or "1d"
+        if span not in ANOMALY_RANGES:
+            raise InputError(
+                f"range={span!r} is not one of {', '.join(ANOMALY_RANGES)}: the anomalies page "
+                "looks back over one of these"
+            )
+        width = parse_width(req.query_params.get("width"))
+        raw_end = req.query_params.get("end")
+        if raw_end and not raw_end.isdigit():
+            raise InputError(f"end={raw_end!r} must be Unix seconds")
+
+        def work() -> dict[str, Any]:
+            end = int(raw_end) * 1000 if raw_end else now_ms()
+            source = tenant_source(self.gateway, who)
+            got = anomalies(source, (), end - ANOMALY_RANGES[span], end, width)
+            return {"range": span, **got}
+
+        return JSONResponse(await run_in_threadpool(work))
 
     # ---- pages
     async def root(self, req: Request, who: Principal) -> Response:
@@ -519,7 +637,9 @@ class UI:
             f'<div class="cols"><section><h2>Record</h2><table class="kv" id="record">{rows}'
             f"</table></section><section><h2>Params</h2>"
             f'<table class="kv" id="params">{params or "<tr><td>no params</td></tr>"}'
-            f"</table></section></div><h2>Training curves</h2>"
+            f"</table></section></div><h2>Archive</h2>"
+            f'<div id="archive" data-experiment="{esc(exp.id)}" aria-live="polite"></div>'
+            "<h2>Training curves</h2>"
             '<form class="filters"><label>Curves by <select id="curve-align" name="align">'
             '<option value="step">training step</option>'
             '<option value="elapsed">elapsed time (hours since start)</option>'
@@ -575,16 +695,31 @@ class UI:
         return page("explore", "Explore", body)
 
     async def alerts_page(self, req: Request, who: Principal) -> Response:
+        from metricvault.server.ui_data import ANOMALY_RANGES
+
+        options = "".join(
+            f'<option value="{r}"{" selected" if r == "1d" else ""}>{r}</option>'
+            for r in ANOMALY_RANGES
+        )
         body = (
             "<h1>Alerts</h1><h2>Firing and pending</h2>"
-            '<table id="alerts" class="data"></table><h2>Rule health</h2>'
-            '<table id="rules" class="data"></table>'
+            '<p id="alert-summary" aria-live="polite"></p><div id="incidents"></div>'
+            '<h3>Not in an incident</h3><table id="alerts" class="data"></table>'
+            '<h2>Rule health</h2><table id="rules" class="data"></table>'
+            '<h2>Anomalies</h2><form id="anomaly-form" class="filters">'
+            f'<label>Over the last <select id="anomaly-range" name="range">{options}</select>'
+            '</label><button type="submit">Show</button></form>'
+            '<p id="anomaly-info" aria-live="polite"></p>'
+            '<div id="anomaly-score-chart" class="chart"></div>'
+            '<div id="anomaly-charts"></div>'
+            '<table id="anomaly-table" class="data"></table>'
         )
         return page("alerts", "Alerts", body)
 
     async def vault_page(self, req: Request, who: Principal) -> Response:
         body = (
             '<h1>Vault</h1><div id="storage"></div>'
+            '<h2>Agents seen</h2><table id="agents" class="data"></table>'
             '<h2>Retention</h2><table id="retention" class="data"></table>'
             '<h2>Ingest</h2><p id="ingest-rate" aria-live="polite"></p>'
             '<table id="ingest" class="data"></table>'
@@ -598,6 +733,15 @@ class UI:
 
 
 TOP_LABELS = 20
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON file the rule evaluator writes; {} while there is none (or mid-replace)."""
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def label_cardinality(frame: Any, skip: Sequence[str]) -> dict[str, Any]:
@@ -801,7 +945,10 @@ def page(name: str, title: str, body: str) -> HTMLResponse:
         '<script src="/ui/static/vendor/uplot/uPlot.iife.min.js" defer></script>'
         '<script src="/ui/static/ui.js" defer></script></head>'
         f'<body data-page="{esc(name)}"><header><a class="brand" href="/ui/experiments">'
-        f'metricvault</a><nav aria-label="pages">{nav}</nav></header>'
+        f'metricvault</a><nav aria-label="pages">{nav}</nav>'
+        # shown by the script while a login session is open (its CSRF cookie is readable)
+        '<form id="logout" method="post" action="/ui/logout" hidden>'
+        '<button type="submit">Log out</button></form></header>'
         f'<main id="main"><p id="error" class="error" role="alert" hidden></p>{body}</main>'
         "</body></html>"
     )

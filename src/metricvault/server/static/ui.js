@@ -126,7 +126,37 @@ async function experimentsPage() {
 
 // ------------------------------------------------------------------ one experiment
 async function experimentPage() {
-  await Promise.all([stepCharts(), gpuCharts()]);
+  await Promise.all([stepCharts(), gpuCharts(), archiveState()]);
+}
+// The archive state: what `metricvault archive export` wrote for this experiment (snapshot,
+// content hash, DVC pointer and tag, pushed), read from the archive's git + DVC repository.
+async function archiveState() {
+  const box = $("archive");
+  const id = box.dataset.experiment;
+  const a = await api(`/api/v1/experiments/${encodeURIComponent(id)}/archive`);
+  window.mvCharts.archive = a;
+  box.dataset.state = a.state;
+  box.replaceChildren();
+  if (a.state === "not archived") {
+    const p = el("p", "Not archived yet: ", { class: "empty", id: "archive-empty" });
+    p.append(el("code", a.export_command), document.createTextNode(" writes its snapshot (add --dvc to version, push and tag it)."));
+    box.append(p);
+    return;
+  }
+  const t = el("table", null, { class: "kv", id: "archive-state" });
+  const rows = [["state", a.state], ["snapshot", a.snapshot + (a.present ? "" : " (not in this workspace)")],
+    ["tier", a.tier], ["rows", fmt(a.rows)], ["bytes", a.bytes === null ? "" : bytes(a.bytes)],
+    ["content hash", a.content_hash], ["DVC md5", a.md5], ["tag", a.tag],
+    ["commit", a.commit ? a.commit.slice(0, 12) : ""], ["DVC remote", a.remote],
+    ["pushed", a.pushed === null ? "unknown" : (a.pushed ? "yes" : "no")]];
+  for (const [k, v] of rows) {
+    if (v === null || v === undefined || v === "") continue;
+    const tr = el("tr", null, { "data-field": k.replace(/ /g, "_") }); tr.append(el("th", k), el("td", v)); t.append(tr);
+  }
+  box.append(t);
+  if (a.export_command) {
+    const p = el("p", "To finish archiving it: ", { class: "empty" }); p.append(el("code", a.export_command)); box.append(p);
+  }
 }
 const X_AXES = { step: ["training step", "by step"], elapsed: ["hours since start", "by hours since start"], time: ["time (UTC)", "by wall time"] };
 async function stepCharts() {
@@ -390,30 +420,85 @@ async function explorePage() {
 }
 
 // ------------------------------------------------------------------ alerts
+function alertRow(x, role) {
+  const tr = el("tr", null, { class: role || "", "data-alert": x.labels.alertname || "", "data-state": x.state });
+  const rest = Object.fromEntries(Object.entries(x.labels).filter(([k]) => !["alertname", "incident", "root_cause"].includes(k)));
+  tr.append(el("td", x.state), el("td", x.labels.alertname), el("td", seriesName(rest)), el("td", x.activeAt), el("td", x.value || ""));
+  return tr;
+}
+function alertHead() {
+  const head = el("tr"); ["state", "alert", "labels", "active since", "value"].forEach((h) => head.append(el("th", h))); return head;
+}
 async function alertsPage() {
-  const alerts = $("alerts"), rules = $("rules");
-  let a, r;
-  try {
-    [a, r] = await Promise.all([api("/api/v1/alerts"), api("/api/v1/rules")]);
-  } catch (e) {
-    empty(alerts, "No rules are evaluated here: start `metricvault serve --rules rules.yml` to see alerts.");
-    rules.replaceChildren();
-    return;
+  const alerts = $("alerts"), rules = $("rules"), box = $("incidents");
+  const data = await api("/api/v1/ui/alerts");
+  window.mvCharts.alerts = data;
+  box.replaceChildren();
+  const firing = data.incidents.length + data.ungrouped.length;
+  $("alert-summary").textContent = firing ? `${data.incidents.length} incident(s); ${data.ungrouped.length} alert(s) in none` : "";
+  for (const inc of data.incidents) {
+    const section = el("section", null, { class: "incident", "data-incident": inc.incident });
+    const cause = inc.root_cause;
+    const title = cause ? `${inc.incident}: ${(inc.cause || "").replace(/_/g, " ")}` : `${inc.incident} (root cause not named yet)`;
+    section.append(el("h3", title));
+    if (cause && cause.annotations && cause.annotations.description) section.append(el("p", cause.annotations.description, { class: "cause" }));
+    const t = el("table", null, { class: "data" }); t.append(alertHead());
+    if (cause) t.append(alertRow(cause, "root-cause"));
+    for (const x of inc.evidence) t.append(alertRow(x, "evidence"));
+    section.append(t); box.append(section);
   }
-  const list = (a.data && a.data.alerts) || [];
-  if (!list.length) empty(alerts, "Nothing is firing or pending.");
+  if (!data.ungrouped.length) empty(alerts, firing ? "Every alert is in an incident." : "Nothing is firing or pending.");
+  else { alerts.replaceChildren(alertHead()); for (const x of data.ungrouped) alerts.append(alertRow(x)); }
+  if (!data.rules.length) empty(rules, data.tenant ? "The rules evaluated here are not this tenant's." : "No rule groups loaded: start `metricvault serve --rules rules.yml` to see alerts and rule health.");
   else {
-    const head = el("tr"); ["state", "alert", "labels", "active since", "value"].forEach((h) => head.append(el("th", h))); alerts.replaceChildren(head);
-    for (const x of list) {
-      const tr = el("tr"); tr.append(el("td", x.state), el("td", x.labels.alertname), el("td", seriesName(x.labels)), el("td", x.activeAt), el("td", x.value)); alerts.append(tr);
+    const head = el("tr"); ["group", "rule", "type", "health", "last error", "last evaluation"].forEach((h) => head.append(el("th", h))); rules.replaceChildren(head);
+    for (const x of data.rules) {
+      const tr = el("tr", null, { "data-rule": x.rule, "data-health": x.health || "" });
+      tr.append(el("td", x.group), el("td", x.rule), el("td", x.type), el("td", x.health), el("td", x.last_error), el("td", x.last_evaluation || "")); rules.append(tr);
     }
   }
-  const groups = (r.data && r.data.groups) || [];
-  if (!groups.length) { empty(rules, "No rule groups loaded: pass --rules to metricvault serve."); return; }
-  const head = el("tr"); ["group", "rule", "type", "health", "last error", "last evaluation"].forEach((h) => head.append(el("th", h))); rules.replaceChildren(head);
-  for (const g of groups) for (const x of g.rules) {
-    const tr = el("tr"); tr.append(el("td", g.name), el("td", x.name), el("td", x.type), el("td", x.health), el("td", x.lastError || ""), el("td", x.lastEvaluation || "")); rules.append(tr);
+  const params = new URLSearchParams(location.search);
+  if (params.get("range")) $("anomaly-range").value = params.get("range");
+  $("anomaly-form").addEventListener("submit", (ev) => { ev.preventDefault(); window.mvReady = false; anomalyCharts().then(() => showError("")).catch((e) => showError(e.message)).finally(() => { window.mvReady = true; }); });
+  await anomalyCharts();
+}
+// Anomaly scores over the chosen range, and for the highest ones their source series beside
+// the baseline learned for it (metricvault baseline: mean, P95, P99 as flat lines).
+async function anomalyCharts() {
+  const span = $("anomaly-range").value;
+  history.replaceState(null, "", "?" + new URLSearchParams({ range: span }));
+  const chart = $("anomaly-score-chart"), charts = $("anomaly-charts"), table = $("anomaly-table");
+  const data = await api(`/api/v1/ui/anomalies?range=${encodeURIComponent(span)}&width=${chartWidth(chart) / 2 | 0}`);
+  window.mvCharts.anomalies = data;
+  charts.replaceChildren(); table.replaceChildren();
+  if (!data.top.length) {
+    empty(chart, `No anomaly scores in the last ${span}: set anomaly_score_selectors and run \`metricvault maintain\` (docs/anomaly.md).`);
+    $("anomaly-info").textContent = "";
+    return;
   }
+  $("anomaly-info").textContent = `${data.series} scored series in the last ${span}; the ${data.top.length} with the highest scores:`;
+  const xs = [...new Set(data.top.flatMap((a) => a.score.x))].sort((a, b) => a - b);
+  const lines = data.top.map((a) => { const at = new Map(a.score.x.map((x, i) => [x, a.score.y[i]])); return { label: seriesName({ __name__: a.source_metric, ...sourceLabels(a.labels) }), y: xs.map((x) => (at.has(x) ? at.get(x) : null)) }; });
+  drawChart(chart, "anomaly_score", xs, lines, { title: `anomaly score (last ${span})`, xLabel: "time (UTC)", yLabel: "score", time: true });
+  const head = el("tr"); ["series", "detector", "max score", "baseline mean", "baseline P95", "baseline P99"].forEach((h) => head.append(el("th", h))); table.append(head);
+  charts.classList.add("charts-grid");
+  data.top.forEach((a, i) => {
+    const name = seriesName({ __name__: a.source_metric, ...sourceLabels(a.labels) });
+    const b = a.baseline || {};
+    const tr = el("tr", null, { "data-series": name });
+    tr.append(el("td", name), el("td", a.detector || ""), el("td", fmt(a.max_score, 3), { class: "num", "data-col": "max_score" }),
+      el("td", fmt(b.mean, 2), { class: "num", "data-col": "mean" }), el("td", fmt(b.p95, 2), { class: "num", "data-col": "p95" }), el("td", fmt(b.p99, 2), { class: "num", "data-col": "p99" }));
+    table.append(tr);
+    if (!a.source) return;
+    const node = el("div", null, { class: "chart", id: `anomaly-${i}`, role: "img", "aria-label": `${name} beside its baseline` });
+    charts.append(node);
+    const lines2 = [{ label: a.source_metric, y: a.source.y }];
+    for (const stat of ["mean", "p95", "p99"]) if (b[stat] !== undefined) lines2.push({ label: `baseline ${stat}`, y: a.source.x.map(() => b[stat]) });
+    drawChart(node, `anomaly_${i}`, a.source.x, lines2, { title: `${name} and its baseline`, xLabel: "time (UTC)", yLabel: a.source_metric, time: true });
+  });
+}
+function sourceLabels(labels) {
+  return Object.fromEntries(Object.entries(labels).filter(([k]) => !["__name__", "source_metric", "detector"].includes(k)));
 }
 
 // ------------------------------------------------------------------ vault
@@ -440,6 +525,7 @@ async function vaultPage() {
   } else {
     storage.append(el("p", `${fmt(s.series)} series of tenant ${s.tenant}. The storage figures of the whole vault are shown to an administrator credential only.`, { id: "summary" }));
   }
+  agentsTable(s.agents || []);
   const ret = $("retention"); ret.replaceChildren();
   const rh = el("tr"); ["tier", "kept for", "series"].forEach((h) => rh.append(el("th", h))); ret.append(rh);
   for (const [tier, kept] of Object.entries(s.retention || {})) {
@@ -455,6 +541,27 @@ async function vaultPage() {
   if (!s.cardinality.length) { empty(card, "No series yet: point Prometheus or `metricvault agent` at this gateway."); return; }
   const head = el("tr"); head.append(el("th", "metric"), el("th", "series")); card.append(head);
   for (const c of s.cardinality) { const tr = el("tr", null, { "data-metric": c.metric }); tr.append(el("td", c.metric), el("td", fmt(c.series), { class: "num" })); card.append(tr); }
+}
+// Agents seen: from their own series (metricvault_agent_info, and the push series of those
+// that push), newest first; the age is their last sample's.
+function age(seconds) {
+  if (seconds < 120) return `${Math.round(seconds)} s ago`;
+  if (seconds < 7200) return `${Math.round(seconds / 60)} min ago`;
+  if (seconds < 172800) return `${(seconds / 3600).toFixed(1)} h ago`;
+  return `${(seconds / 86400).toFixed(1)} days ago`;
+}
+function agentsTable(agents) {
+  const node = $("agents"); node.replaceChildren();
+  if (!agents.length) { empty(node, "No agent seen in the last 7 days: run `metricvault agent --push http://THIS-GATEWAY` on a GPU host, or let Prometheus scrape one (`metricvault prometheus-config --agent`)."); return; }
+  const head = el("tr"); ["host", "instance", "profile", "how", "last sample", "age", "pushes stored", "version", "GPU source"].forEach((h) => head.append(el("th", h))); node.append(head);
+  for (const a of agents) {
+    const tr = el("tr", null, { "data-instance": a.instance });
+    tr.append(el("td", a.hostname, { "data-col": "hostname" }), el("td", a.instance), el("td", a.profile || "", { "data-col": "profile" }),
+      el("td", a.mode === "push" ? "pushes" : "scraped", { "data-col": "mode" }), el("td", new Date(a.last_ms).toISOString(), { "data-col": "last" }),
+      el("td", age(a.age_s), { "data-col": "age" }), el("td", a.sent_requests === null ? "" : fmt(a.sent_requests), { class: "num", "data-col": "sent" }),
+      el("td", a.version || ""), el("td", a.gpu_source || ""));
+    node.append(tr);
+  }
 }
 function table(node, heads, rows, key) {
   node.replaceChildren();
@@ -512,7 +619,24 @@ async function ingest() {
 
 const PAGES = { experiments: experimentsPage, experiment: experimentPage, compare: comparePage,
   explore: explorePage, alerts: alertsPage, vault: vaultPage };
+function csrfToken() {
+  const m = document.cookie.match(/(?:^|;\s*)mv_csrf=([^;]+)/);
+  return m ? decodeURIComponent(m[1]) : "";
+}
+// Logging out is a POST with the session's CSRF token (double submit: the mv_csrf cookie's
+// value in X-CSRF-Token); the form shows only while a login session is open.
+function setupLogout() {
+  const form = $("logout");
+  if (!form || !csrfToken()) return;
+  form.hidden = false;
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const answer = await fetch("/ui/logout", { method: "POST", credentials: "same-origin", headers: { "X-CSRF-Token": csrfToken() } });
+    if (answer.ok || answer.redirected) location.href = "/ui/login"; else showError(`logout answered ${answer.status}: ${(await answer.text()).trim()}`);
+  });
+}
 document.addEventListener("DOMContentLoaded", () => {
+  setupLogout();
   const run = PAGES[document.body.dataset.page];
   if (!run) { window.mvReady = true; return; }
   run().catch((e) => showError(e.message)).finally(() => { window.mvReady = true; });
