@@ -256,7 +256,7 @@ def maintain(
     settings = load_settings(data, config, set_)
     from metricvault.cli.light import open_with
     from metricvault.progressbar import console_progress
-    from metricvault.store.upkeep import MaintenanceLoop
+    from metricvault.store.upkeep import MaintenanceLoop, stop_on_signals
 
     at = parse_time_ms(now) if now else None
     from metricvault.analysis.baselines import BaselineSpec
@@ -285,7 +285,9 @@ def maintain(
             steps=[scoring.as_step(vault, at)] if scoring.enabled else [],
         )
         if loop:  # one line a round; a gateway's maintainer may take some rounds
-            maintainer.run(threading.Event(), now_ms=at)
+            stop = threading.Event()
+            with stop_on_signals(stop):  # SIGTERM/SIGINT: its claims released, exit 0
+                maintainer.run(stop, now_ms=at)
             return
         with console_progress() as progress:
             maintainer.round(at, progress, wait=True)
@@ -485,9 +487,11 @@ def serve(
     every `--alertmanager`, converged on a root cause. Health: `GET /-/healthy`,
     `GET /-/ready`, `GET /metrics` (the gateway's own metrics). Web UI (docs/ui.md): `GET /`,
     `/ui/experiments`, `/ui/experiments/<experiment_id>`, `/ui/compare`, `/ui/explore`,
-    `/ui/alerts`, `/ui/vault`, `/ui/static/<path>`, and its JSON `/api/v1/ui/experiments`,
+    `/ui/alerts`, `/ui/vault`, `/ui/static/<path>`, the login form `/ui/login` (`POST
+    /ui/session`, `POST /ui/logout`), and its JSON `/api/v1/ui/experiments`,
     `/api/v1/experiments/<experiment_id>/history`, `/api/v1/experiments/<experiment_id>/gpus`,
-    `/api/v1/compare`, `/api/v1/vault/stats`.
+    `/api/v1/experiments/<experiment_id>/archive`, `/api/v1/compare`, `/api/v1/vault/stats`,
+    `/api/v1/ui/alerts`, `/api/v1/ui/anomalies`.
     A 204 means the samples are durable. SIGTERM drains requests and flushes. Point Prometheus
     at it with the fragment from `metricvault prometheus-config`. A non-loopback `--listen`
     needs auth_bearer_tokens or auth_basic_users (or `--insecure-no-auth`).
