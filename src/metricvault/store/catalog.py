@@ -43,8 +43,9 @@ from metricvault.errors import CommitConflictError, NotFoundError, StorageError
 from metricvault.model import TIER_RESOLUTION_MS, KindChange
 from metricvault.store.layout import CATALOG_DIR, Location
 
-FORMAT = 2
+FORMAT = 3  # 3: series files name their shards (SeriesFile.shards)
 LEGACY_FORMAT = 1  # absolute paths, no vault id, no replacement times
+READABLE_FORMATS = (LEGACY_FORMAT, 2, FORMAT)  # 2: relative paths, no series shards
 log = logging.getLogger("metricvault")
 _VERSION_RE = re.compile(r"v(\d{12})\.json$")
 HOUR_MS = TIER_RESOLUTION_MS["1h"]  # dirty hours are the 1h tier's buckets (model.py)
@@ -84,6 +85,9 @@ class SeriesFile:
     path: str
     rows: int
     bytes: int
+    # the series shards the file holds (series_index.py); None: not recorded (a file written
+    # before shards, read whole)
+    shards: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -136,10 +140,10 @@ class Snapshot:
         ``TypeError`` or ``AttributeError`` mean a damaged file; StorageError a newer format."""
         body: dict[str, Any] = json.loads(data)
         fmt = body.pop("format", None)
-        if fmt not in (FORMAT, LEGACY_FORMAT):
+        if fmt not in READABLE_FORMATS:
             raise StorageError(
-                f"catalog snapshot has format {fmt!r}, this metricvault reads {LEGACY_FORMAT} "
-                f"and {FORMAT}: upgrade metricvault"
+                f"catalog snapshot has format {fmt!r}, this metricvault reads formats "
+                f"{LEGACY_FORMAT} to {FORMAT}: upgrade metricvault"
             )
         return cls(
             version=body["version"],
@@ -151,7 +155,14 @@ class Snapshot:
                 for f in body["files"]
             ),
             series_files=tuple(
-                SeriesFile(**{**f, "path": loc.resolve(f["path"])}) for f in body["series_files"]
+                SeriesFile(
+                    **{
+                        **f,
+                        "path": loc.resolve(f["path"]),
+                        "shards": None if f.get("shards") is None else tuple(f["shards"]),
+                    }
+                )
+                for f in body["series_files"]
             ),
             buffers=dict(body["buffers"]),
             dirty_hours=tuple(body["dirty_hours"]),

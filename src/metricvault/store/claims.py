@@ -8,7 +8,9 @@ claimant and an expiry, created with the same create-if-absent write the catalog
 expired or released claim over is creating the next generation, so of two maintainers that
 both saw it free exactly one succeeds; a maintainer killed mid-round holds its days until
 its claim expires (``maintain_claim_ttl``), then the next maintainer redoes that work -- at
-once when the next one runs on the same host and the killed process is gone.
+once when the next one runs on the same host and the killed process is gone. A maintainer
+stopped by SIGTERM/SIGINT releases what it holds on the way out (``stopping``, ``release_all``;
+store/upkeep.py), so the next one takes the work at once from any host.
 
 A lease is a promise about work, not a lock on the catalog: a maintainer slower than its lease
 may still commit, and then the catalog's own compare-and-swap refuses a commit whose input
@@ -23,6 +25,7 @@ import logging
 import os
 import re
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -85,6 +88,11 @@ class Claims:
         self.owner = owner or claimant_id()
         self.taken = 0  # claims this claimant won
         self.skipped = 0  # claims another claimant held
+        # set when the claimant's process is shutting down: it takes no more leases, so its
+        # round skips the rest of the work (store/upkeep.py links it to the loop's stop)
+        self.stopping = threading.Event()
+        self._held: dict[str, Lease] = {}  # leases taken and not released yet
+        self._held_lock = threading.Lock()
 
     def _dir(self, key: str) -> str:
         if not re.fullmatch(r"\w[\w.=-]*(/\w[\w.=-]*)*", key, re.ASCII):
@@ -122,6 +130,8 @@ class Claims:
     def acquire(self, key: str, now_ms: int | None = None) -> Lease | None:
         """A lease on ``key`` for ``ttl_ms``, or None when another claimant holds it or won
         the race for it (skip the work: it is being done)."""
+        if self.stopping.is_set():
+            return None  # shutting down: the work is left to the next maintainer
         now = int(time.time() * 1000) if now_ms is None else now_ms
         cur = self.current(key)
         if cur is False or (
@@ -134,7 +144,11 @@ class Claims:
             return None
         generation = (cur.generation if isinstance(cur, Lease) else 0) + 1
         lease = Lease(key, generation, self.owner, now + self.ttl_ms)
+        with self._held_lock:  # held from before the write: a shutdown releases it
+            self._held[key] = lease
         if not self._write(lease):
+            with self._held_lock:
+                self._held.pop(key, None)
             self.skipped += 1
             return None
         self.taken += 1
@@ -146,10 +160,33 @@ class Claims:
     def release(self, lease: Lease) -> None:
         """Give ``lease`` up: the next claimant need not wait for its expiry. Best effort: a
         claimant that took it over meanwhile (it had expired) keeps its own."""
+        with self._held_lock:
+            if self._held.get(lease.key) == lease:
+                del self._held[lease.key]
         try:
+            cur = self.current(lease.key)
+            if isinstance(cur, Lease) and (cur.generation, cur.owner) != (
+                lease.generation,
+                self.owner,
+            ):
+                return  # not ours (any more, or our write never landed): leave it be
             self._write(Lease(lease.key, lease.generation + 1, self.owner, 0, released=True))
         except StorageError as exc:
             log.warning("claim %s not released (%s): it expires by itself", lease.key, exc)
+
+    def held(self) -> list[Lease]:
+        """The leases this claimant holds now (taken, not released)."""
+        with self._held_lock:
+            return list(self._held.values())
+
+    def release_all(self) -> int:
+        """Release every lease held (a shutdown, after its round was cut short); how many.
+        One whose write did not land (the shutdown came during it) is left alone, as
+        ``release`` leaves any lease that is not the newest generation."""
+        leases = self.held()
+        for lease in leases:
+            self.release(lease)
+        return len(leases)
 
     def _write(self, lease: Lease) -> bool:
         data = json.dumps(asdict(lease), separators=(",", ":")).encode()

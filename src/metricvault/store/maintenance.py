@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from metricvault.durations import DAY_MS, HOUR_MS, now_ms, parse_duration_ms
+from metricvault.errors import CommitConflictError
 from metricvault.model import TIER_RESOLUTION_MS, TIERS
 from metricvault.selector import parse_selector
 from metricvault.store import files as fmt
@@ -52,6 +53,7 @@ def maintain(
     skipped = _claims(vault).skipped
     report: dict[str, Any] = {"flushed_samples": vault.flush() + vault.flush_other_buffers()}
     report["compacted_partitions"] = compact(vault, now, progress)
+    report["compacted_series_files"] = compact_series(vault)
     report["rolled_up_hours"] = roll_up(vault, progress)
     report["retention"] = apply_retention(vault, now, progress)
     report["expired"] = expire(vault, now)
@@ -73,6 +75,11 @@ def _claims(vault: Vault) -> Claims:
     return claims
 
 
+def claimant(vault: Vault) -> Claims:
+    """This process's claimant for ``vault`` (what store/upkeep.py stops and releases)."""
+    return _claims(vault)
+
+
 @contextmanager
 def _claimed(vault: Vault, key: str) -> Iterator[bool]:
     """Whether this maintainer has ``key``'s work (another maintainer of the vault may hold
@@ -92,6 +99,24 @@ def _track(progress: ProgressCallback | None, items: list[Any], step: str) -> It
 
 
 # ---------------------------------------------------------------- compaction
+def compact_series(vault: Vault) -> int:
+    """Merge the series files into one sharded file (``Vault.compact_series_files``) under
+    the ``series`` claim; the series files merged."""
+    from metricvault.store.vault import SERIES_FILES_COMPACT
+
+    files = vault.snapshot().series_files
+    if len(files) < SERIES_FILES_COMPACT and not any(sf.shards is None for sf in files):
+        return 0
+    with _claimed(vault, "series") as mine:
+        if not mine:
+            return 0
+        try:
+            return vault.compact_series_files()
+        except CommitConflictError as exc:  # another maintainer merged them first
+            log.info("series files not merged this round: %s", exc)
+            return 0
+
+
 def compact(vault: Vault, now: int, progress: ProgressCallback | None = None) -> int:
     """Merge the small files of each partition into one, dropping duplicate samples.
 

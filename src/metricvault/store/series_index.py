@@ -9,17 +9,32 @@ most a row a day and other processes know its span to the day. Reads therefore w
 whole UTC days (a series is listed for a range that overlaps the days it has samples on, as
 Prometheus lists the series of every block overlapping the range). A series file written
 before these columns existed says nothing about time: its series count as present always.
+
+**Shards.** Each series belongs to one of ``SERIES_SHARDS`` shards, by a hash of its metric
+name (``shard_of``). A series file (layout 2) holds its rows sorted by shard, one Parquet row
+group per shard, with a ``shard`` column, and the catalog names the shards each file holds
+(``SeriesFile.shards``). The index is told the files (``sync``) but reads none on open: a
+selector that names its metric reads only that shard's row groups, of only the files that
+hold it; a write reads the shards of the metrics it carries (so a known series is never
+registered again, and a colliding id is caught, within its metric's shard); anything that
+needs every series (a selector without a metric name, ``all``, ``len``) reads every shard. A
+file without shard information (layout 1, written before shards) is read whole the first time
+any shard is needed. ``files_read`` counts the reads, for tests and benchmarks.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import threading
-from collections.abc import Iterable
+import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from metricvault.errors import SeriesCollisionError
 from metricvault.model import SERIES_SCHEMA, TIER_RESOLUTION_MS
@@ -29,6 +44,20 @@ DAY_MS = 24 * TIER_RESOLUTION_MS["1h"]
 UNKNOWN_FIRST = -(2**63)  # a series from a file without times: seen since always
 UNKNOWN_LAST = 2**63 - 1  # ... and until now
 SPAN_COLUMNS = ("first_ms", "last_ms")  # the series files' extra, nullable columns
+SERIES_SHARDS = 64  # shards of the series table, by metric name (never change: files name them)
+SHARD_COLUMN = "shard"  # a layout-2 series file's shard of each row
+SERIES_LAYOUT_KEY = b"metricvault.series_layout"  # Parquet key-value metadata; absent = 1
+SERIES_LAYOUT = 2  # 1: any order, no shard column; 2: sorted by shard, a row group per shard
+
+# reads a series file's rows: all of them (None) or those of some shards (a sorted tuple);
+# the columns named, or all (None)
+SeriesLoader = Callable[[str, "tuple[int, ...] | None", "list[str] | None"], pa.Table]
+
+
+@lru_cache(maxsize=1 << 16)
+def shard_of(metric: str) -> int:
+    """The shard of a metric's series: stable across processes and versions (CRC-32)."""
+    return zlib.crc32(metric.encode()) % SERIES_SHARDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +70,14 @@ class SeriesInfo:
 
 
 class SeriesIndex:
-    def __init__(self) -> None:
+    def __init__(self, loader: SeriesLoader | None = None) -> None:
+        self._loader = loader
+        self._load_lock = threading.RLock()  # one reader of series files at a time
+        self._tracked: dict[str, tuple[int, ...] | None] = {}  # series files synced, shards
+        self._pending: dict[int, set[str]] = {}  # shard -> files not read for it yet
+        self._pending_whole: set[str] = set()  # files without shards, not read yet
+        self._file_ids: dict[str, np.ndarray] = {}  # series ids of unread files (len only)
+        self.files_read = 0  # series file reads (a whole file, or some shards' row groups)
         self._by_id: dict[int, SeriesInfo] = {}
         self._by_metric: dict[str, list[int]] = {}
         self._metric_kinds: dict[str, str] = {}  # from exposition metadata; wins over names
@@ -51,14 +87,118 @@ class SeriesIndex:
         self._seen: dict[int, tuple[int, int]] = {}
         self._saved_days: dict[int, tuple[int, int]] = {}
 
+    # ------------------------------------------------------------------ lazy loading
+    def sync(self, files: Iterable[tuple[str, tuple[int, ...] | None]]) -> None:
+        """The series files of the current catalog version, as ``(path, shards)`` (``None``:
+        a file without shard information). New ones are read when their shards are needed;
+        unread ones a version no longer names are forgotten (compaction wrote their rows into
+        a file it names)."""
+        current = dict(files)
+        with self._load_lock:
+            for path, shards in current.items():
+                if path in self._tracked:
+                    continue
+                self._tracked[path] = shards
+                if shards is None:
+                    self._pending_whole.add(path)
+                for shard in shards or ():
+                    self._pending.setdefault(shard, set()).add(path)
+            gone = [p for p in self._tracked if p not in current]
+            for path in gone:
+                del self._tracked[path]
+                self._pending_whole.discard(path)
+                self._file_ids.pop(path, None)
+                for shard in list(self._pending):
+                    self._pending[shard].discard(path)
+                    if not self._pending[shard]:
+                        del self._pending[shard]
+
+    def tracks(self, paths: Iterable[str]) -> bool:
+        """Whether every one of ``paths`` was synced already (nothing new to track)."""
+        return all(p in self._tracked for p in paths)
+
+    def fully_loaded(self) -> bool:
+        return not self._pending and not self._pending_whole
+
+    def need_metrics(self, metrics: Iterable[str]) -> None:
+        """Read the shards of these metrics' series from every file not read for them yet."""
+        if self.fully_loaded():
+            return
+        self._need({shard_of(m) for m in metrics})
+
+    def need_all(self) -> None:
+        """Read every shard of every series file not read yet."""
+        if not self.fully_loaded():
+            self._need(None)
+
+    def need_series(self, series_ids: Iterable[int]) -> None:
+        """Read the shards of these series (every shard when one of them is not known yet:
+        its metric, and so its shard, is what a series file says)."""
+        if self.fully_loaded():
+            return
+        by_id = self._by_id
+        metrics = set()
+        for sid in series_ids:
+            info = by_id.get(sid)
+            if info is None:
+                self._need(None)
+                return
+            metrics.add(info.metric)
+        self._need({shard_of(m) for m in metrics})
+
+    def _need(self, shards: set[int] | None) -> None:
+        if self._loader is None:
+            return
+        with self._load_lock:
+            todo: dict[str, set[int] | None] = dict.fromkeys(sorted(self._pending_whole))
+            pending = set(self._pending)
+            wanted = sorted(pending if shards is None else shards & pending)
+            for shard in wanted:
+                for path in sorted(self._pending[shard]):
+                    want = todo.setdefault(path, set())
+                    if want is not None:
+                        want.add(shard)
+            for path, want in todo.items():
+                table = self._loader(path, None if want is None else tuple(sorted(want)), None)
+                self.load_table(table)
+                self.files_read += 1
+                if want is None:
+                    self._pending_whole.discard(path)
+                    self._file_ids.pop(path, None)
+                for shard in want or ():
+                    self._pending[shard].discard(path)
+                    if not self._pending[shard]:
+                        del self._pending[shard]
+                if want is not None and not any(path in p for p in self._pending.values()):
+                    self._file_ids.pop(path, None)
+
     def __len__(self) -> int:
-        return len(self._by_id)
+        """Distinct series: the ones read, and the ids of files not read yet (their
+        ``series_id`` column only, so counting does not parse every series)."""
+        if self.fully_loaded() or self._loader is None:
+            return len(self._by_id)
+        with self._load_lock:
+            unread = set(self._pending_whole).union(*self._pending.values())
+            for path in unread:
+                if path not in self._file_ids:
+                    ids = self._loader(path, None, ["series_id"]).column("series_id")
+                    ids = ids.to_numpy()
+                    self._file_ids[path] = ids
+            arrays = [self._file_ids[p] for p in unread]
+        known = np.fromiter(self._by_id, np.int64, len(self._by_id))
+        return len(np.unique(np.concatenate([known, *arrays])))
 
     def __contains__(self, series_id: int) -> bool:
+        if series_id not in self._by_id:
+            self.need_all()
         return series_id in self._by_id
 
     def get(self, series_id: int) -> SeriesInfo:
-        return self._by_id[series_id]
+        info = self._by_id.get(series_id)
+        if info is None:
+            self.need_all()
+            info = self._by_id[series_id]
+        return info
 
     def add(self, series_id: int, metric: str, labels_json: str, kind: str) -> bool:
         """Register a series; False if known. A different series with the same id raises."""
@@ -74,6 +214,10 @@ class SeriesIndex:
         return True
 
     def unknown(self, series: list[tuple[int, str, str, str]]) -> list[tuple[int, str, str, str]]:
+        """The series not registered yet, after reading their metrics' shards: a series some
+        series file holds is known, whichever process wrote it."""
+        if not self.fully_loaded():
+            self.need_metrics({s[1] for s in series})
         by_id = self._by_id
         return [s for s in series if s[0] not in by_id]
 
@@ -126,6 +270,10 @@ class SeriesIndex:
             found = [sid for part in selector.parts for sid in self.match(part)]
             return list(dict.fromkeys(found))
         metric = selector.metric
+        if metric:
+            self.need_metrics((metric,))
+        else:
+            self.need_all()
         candidates = self._by_metric.get(metric, []) if metric else list(self._by_id)
         return [
             sid
@@ -142,16 +290,18 @@ class SeriesIndex:
     def kind(self, series_id: int) -> str:
         """The series' kind: its metric's metadata type if known, else the kind it got when it
         was first written (from ``write(kinds=...)`` or its name)."""
-        info = self._by_id[series_id]
+        info = self.get(series_id)
         return self._metric_kinds.get(info.metric, info.kind)
 
     def is_counter(self, series_id: int) -> bool:
         return self.kind(series_id) == "counter"
 
     def counters(self) -> list[int]:
+        self.need_all()
         return [sid for sid in self._by_id if self.is_counter(sid)]
 
     def all(self) -> list[SeriesInfo]:
+        self.need_all()
         return list(self._by_id.values())
 
     def to_table(self, series_ids: Iterable[int] | None = None) -> pa.Table:
@@ -215,6 +365,12 @@ class SeriesIndex:
         first, last = span
         return first // DAY_MS * DAY_MS <= end_ms and start_ms < (last // DAY_MS + 1) * DAY_MS
 
+    def file_rows(self) -> pa.Table:
+        """Every series a series file holds (read before: ``need_all``), with the widest span
+        known here: the rows of one file that replaces them all (maintenance's merge)."""
+        empty = np.empty(0, np.int64)
+        return self.flush_rows(empty, empty, empty, SERIES_SCHEMA.empty_table(), everything=True)
+
     def flush_rows(
         self,
         ids: np.ndarray,
@@ -263,6 +419,51 @@ class SeriesIndex:
                 ),
             }
         )
+
+
+def sharded_file(rows: pa.Table) -> tuple[bytes, tuple[int, ...]]:
+    """A series file (layout 2) of ``rows`` (``flush_rows``' columns): sorted by shard and
+    series id, a ``shard`` column, one row group per shard; and the shards it holds."""
+    metrics = rows.column("metric").to_pylist()
+    shard = np.fromiter((shard_of(m) for m in metrics), np.int16, len(metrics))
+    order = np.lexsort((rows.column("series_id").to_numpy(), shard))
+    table = rows.take(pa.array(order)).append_column(SHARD_COLUMN, pa.array(shard[order]))
+    table = table.replace_schema_metadata({SERIES_LAYOUT_KEY: str(SERIES_LAYOUT).encode()})
+    shards, starts = np.unique(shard[order], return_index=True)
+    ends = [*starts[1:].tolist(), len(order)]
+    sink = io.BytesIO()
+    with pq.ParquetWriter(
+        sink, table.schema, compression="zstd", write_page_checksum=True
+    ) as writer:
+        for lo, hi in zip(starts.tolist(), ends, strict=True):
+            writer.write_table(table.slice(lo, hi - lo), row_group_size=max(hi - lo, 1))
+    return sink.getvalue(), tuple(int(x) for x in shards)
+
+
+def read_shards(
+    parquet: pq.ParquetFile, shards: tuple[int, ...] | None, columns: list[str] | None = None
+) -> pa.Table:
+    """The rows of ``shards`` (None: all) of an open series file: only the row groups whose
+    ``shard`` statistics say they hold one of them; a layout-1 file is read whole."""
+    meta = parquet.metadata
+    names = parquet.schema_arrow.names
+    if shards is None or SHARD_COLUMN not in names:
+        return parquet.read(columns=columns)
+    col = names.index(SHARD_COLUMN)
+    wanted = set(shards)
+    groups = []
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(col).statistics
+        if stats is None or not stats.has_min_max:
+            groups.append(i)  # no statistics: read it, filter below
+        elif any(stats.min <= s <= stats.max for s in wanted):
+            groups.append(i)
+    read = list(dict.fromkeys([*(columns or names), SHARD_COLUMN]))
+    table = parquet.read_row_groups(groups, columns=read)
+    mask = np.isin(table.column(SHARD_COLUMN).to_numpy(), list(wanted))
+    table = table.filter(pa.array(mask))
+    keep = columns or [n for n in names if n != SHARD_COLUMN]
+    return table.select(keep)
 
 
 def _day(ms: int) -> int:

@@ -7,21 +7,34 @@ the lock taken skips its round (a loop) or waits for it (a one-off ``maintain``)
 with other state directories (other machines) are kept apart per day by claims in the vault
 itself (store/claims.py), not by this lock. Rounds are safe to kill at any moment: each step
 commits atomically and the next round finishes it.
+
+Stopping: ``run``'s ``stop`` event is also its claimant's ``stopping`` (store/claims.py), so
+once it is set a round takes no more claims and skips the rest of its work, and whatever the
+loop still holds when it ends is released. ``maintain --loop`` sets it on SIGTERM/SIGINT and
+cuts the piece of work in progress short (``stop_on_signals``); serve's maintainer sets it when
+the server shuts down and lets that piece finish. Either way the next maintainer, on any
+host, takes the work at once instead of after ``maintain_claim_ttl``.
 """
 
 from __future__ import annotations
 
 import fcntl
 import logging
+import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Protocol
 
 from metricvault.store.iceberg import publish_configured
 from metricvault.store.iceberg import report as iceberg_report
 from metricvault.store.layout import MAINTAIN_LOCK
+
+if TYPE_CHECKING:
+    from metricvault.store.claims import Claims
 
 log = logging.getLogger("metricvault.maintain")
 
@@ -85,13 +98,58 @@ class MaintenanceLoop:
 
     def run(self, stop: threading.Event, first_now: bool = True, now_ms: int | None = None) -> None:
         """Rounds until ``stop`` is set: the first at once (``first_now``) or after one
-        interval, then one every interval; ``now_ms`` pins the time retention sees."""
-        if not first_now and stop.wait(self.interval_s):
-            return
-        while True:
-            try:
-                self.round(now_ms)
-            except Exception:
-                log.exception("maintenance failed; it is retried next round")
-            if stop.wait(self.interval_s):
+        interval, then one every interval; ``now_ms`` pins the time retention sees. A round
+        in progress when ``stop`` is set claims nothing more; claims still held at the end
+        (a round cut short by an exception, ``stop_on_signals``) are released."""
+        claims = self._claims()
+        if claims is not None:
+            claims.stopping = stop
+        try:
+            if not first_now and stop.wait(self.interval_s):
                 return
+            while True:
+                try:
+                    self.round(now_ms)
+                except Exception:
+                    log.exception("maintenance failed; it is retried next round")
+                if stop.wait(self.interval_s):
+                    return
+        finally:
+            if claims is not None and (released := claims.release_all()):
+                log.info("maintenance stopped: released %d claim(s)", released)
+
+    def _claims(self) -> Claims | None:
+        """The claimant maintenance uses for this vault (embedded vaults only)."""
+        from metricvault.store.vault import Vault
+
+        if not isinstance(self.vault, Vault):
+            return None
+        from metricvault.store.maintenance import claimant
+
+        return claimant(self.vault)
+
+
+class Stopped(SystemExit):
+    """Raised in the main thread by the first SIGTERM/SIGINT under ``stop_on_signals``."""
+
+
+@contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT set ``stop`` and end what the main thread is doing with
+    :class:`Stopped` (exit status 0), so ``with claims.hold(...)`` and ``MaintenanceLoop.run``
+    release their claims on the way out; a second signal while that unwinds is ignored.
+    The previous handlers are restored afterwards."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            return  # already on the way out: let it finish releasing
+        stop.set()
+        log.info("%s: stopping maintenance", signal.Signals(signum).name)
+        raise Stopped(0)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

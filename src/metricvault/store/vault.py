@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Self
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from metricvault.config import Settings
 from metricvault.durations import (
@@ -53,7 +54,7 @@ from metricvault.store.layout import Location, open_location
 from metricvault.store.normalize import from_resolved, normalize
 from metricvault.store.reader import FileCache, Reader, read_error
 from metricvault.store.reading import SeriesArrays, check_horizon, run_query, select_series
-from metricvault.store.series_index import SeriesIndex, series_spans
+from metricvault.store.series_index import SeriesIndex, read_shards, series_spans, sharded_file
 
 if TYPE_CHECKING:
     from metricvault.store.experiments import Experiments
@@ -80,7 +81,7 @@ class Vault:
         self.location = location
         self.catalog = Catalog(location)
         self.buffer = IngestBuffer(layout.buffer_file(location.state_dir, buffer_name))
-        self.index = SeriesIndex()
+        self.index = SeriesIndex(self._read_series_file)
         self.reader = Reader(location, FileCache(settings.cache_bytes))
         self._commit_lock = threading.RLock()  # catalog commits (flush, maintenance)
         self._write_lock = threading.Lock()  # buffer appends and the series index
@@ -150,17 +151,23 @@ class Vault:
                 log.warning("catalog not upgraded on open (%s); the next commit does it", exc)
 
     def _load_series(self) -> None:
-        self._series_files: set[str] = set()
         self._load_new_series_files(self.catalog.current())
         self.index.load(self.buffer.all_series())
 
     def _load_new_series_files(self, snap: Snapshot) -> None:
-        """Series that other writers (processes, buffers) registered and flushed."""
+        """Series that other writers (processes, buffers) registered and flushed: the index
+        learns the files and reads each shard when it is first needed (series_index.py)."""
         self._load_kinds(snap)
-        for sf in snap.series_files:
-            if sf.path not in self._series_files:
-                self.index.load_table(_read_series(self.location, sf.path))
-                self._series_files.add(sf.path)
+        self.index.sync((sf.path, sf.shards) for sf in snap.series_files)
+
+    def _read_series_file(
+        self, path: str, shards: tuple[int, ...] | None, columns: list[str] | None
+    ) -> pa.Table:
+        try:
+            with self.location.fs.open_input_file(path) as handle:
+                return read_shards(pq.ParquetFile(handle, **fmt.VERIFY), shards, columns)
+        except (OSError, pa.ArrowException) as exc:
+            raise read_error(path, "series file", exc) from exc
 
     def _load_kinds(self, snap: Snapshot) -> None:
         """The metric kinds of ``snap`` (another process's ``kind set`` included), with the
@@ -458,27 +465,57 @@ class Vault:
             file_id += 1
         # new series, and known ones whose first/last-seen day moved (series_index.py)
         ids, first, last = series_spans(samples["series_id"].to_numpy(), samples["ts"].to_numpy())
+        self.index.sync((sf.path, sf.shards) for sf in snap.series_files)
+        self.index.need_series(ids.tolist())  # what the files say of these series' spans
         save = self.index.spans_to_save(ids, first, last)
         if pending.series.num_rows or save.any():
-            # a series file a day per writer would pile up (each is read on open): past
-            # SERIES_FILES_MAX, this flush's file holds every series and replaces them all
+            # maintenance merges series files (compact_series_files); where none runs, past
+            # SERIES_FILES_MAX this flush's file holds every series and replaces them all
             merge = len(snap.series_files) >= SERIES_FILES_MAX
             if merge:
-                self._load_new_series_files(snap)
+                self.index.need_all()
                 change.remove_series = {sf.path for sf in snap.series_files}
             rows = self.index.flush_rows(
                 ids[save], first[save], last[save], pending.series, everything=merge
             )
             path = self.location.new_series_path(file_id, self.catalog.owner())
-            data = fmt.write_plain_parquet(rows)
+            data, shards = sharded_file(rows)
             self.location.write_file(path, data)
-            change.add_series.append(SeriesFile(path, rows.num_rows, len(data)))
+            change.add_series.append(SeriesFile(path, rows.num_rows, len(data), shards))
             file_id += 1
             save |= np.isin(ids, rows["series_id"].to_numpy())
         change.file_ids_used = file_id - snap.next_file_id
         change.dirty_add = self._dirty_hours_to_roll_up(samples["ts"].to_numpy(), snap)
         self.catalog.commit(change)
         self.index.observe(ids, first, last, save)
+
+    def compact_series_files(self) -> int:
+        """Merge the series files into one (layout 2, sharded) once there are
+        ``SERIES_FILES_COMPACT`` of them, or any written before shards; returns the files
+        merged (0: nothing to do). The caller holds the ``series`` claim (maintenance). Only
+        series files are replaced, so a flush committed meanwhile rebases onto it; another
+        maintainer's merge of the same files makes this one's commit a conflict."""
+        with self.writer_lock():
+            snap = self.catalog.current()
+            files = snap.series_files
+            old_layout = any(sf.shards is None for sf in files)
+            if len(files) < SERIES_FILES_COMPACT and not (old_layout and files):
+                return 0
+            self.index.sync((sf.path, sf.shards) for sf in files)
+            self.index.need_all()
+            rows = self.index.file_rows()
+            path = self.location.new_series_path(snap.next_file_id, self.catalog.owner())
+            data, shards = sharded_file(rows)
+            self.location.write_file(path, data)
+            change = Change(
+                add_series=[SeriesFile(path, rows.num_rows, len(data), shards)],
+                remove_series={sf.path for sf in files},
+                file_ids_used=1,
+                based_on=snap,
+            )
+            self.catalog.commit(change)
+            self.index.sync((sf.path, sf.shards) for sf in self.catalog.current().series_files)
+        return len(files)
 
     def _dirty_hours_to_roll_up(self, ts: np.ndarray, snap: Snapshot) -> set[int]:
         """Hours to re-roll for these samples, except those whose raw data (or counter
@@ -715,7 +752,7 @@ class Vault:
 
     def _context(self) -> q.QueryContext:
         snap = self.catalog.current()
-        if any(sf.path not in self._series_files for sf in snap.series_files):
+        if not self.index.tracks(sf.path for sf in snap.series_files):
             self._load_new_series_files(snap)
         elif len(snap.kind_changes) != self._kind_changes_seen:
             self._load_kinds(snap)
@@ -774,6 +811,7 @@ class Vault:
 
 
 SERIES_FILES_MAX = 64  # series files in a catalog version before a flush merges them
+SERIES_FILES_COMPACT = 8  # ... before maintenance merges them (before a flush has to)
 
 
 def _owner_gone(buffer_name: str) -> bool:
@@ -815,15 +853,6 @@ def _refuse_unwritable(data: Any) -> None:
         f"columns) as an Arrow table or pandas/polars DataFrame, or (metric, labels_dict, "
         f"ts_ms, value) tuples; {hint}"
     )
-
-
-def _read_series(location: Location, path: str) -> pa.Table:
-    # fmt.read_table reads with ParquetFile, not pq.read_table: the latter imports
-    # pyarrow.dataset and with it pandas (~0.2 s on every command that opens a vault)
-    try:
-        return fmt.read_table(path, location.fs)
-    except (OSError, pa.ArrowException) as exc:
-        raise read_error(path, "series file", exc) from exc
 
 
 def _metric_selector(metric: str) -> Selector:
