@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from metricvault.config import Settings
-from metricvault.store.claims import Claims
+from metricvault.store.claims import Claims, Lease
 from metricvault.store.layout import Location, open_location
 
 TTL = 60_000
@@ -87,3 +87,33 @@ def test_a_claim_of_a_process_gone_from_this_host_is_taken_at_once(loc: Location
         key = f"day/2026-01-{day}"
         assert Claims(loc, TTL, owner=owner).acquire(key, now_ms=NOW) is not None
         assert (Claims(loc, TTL).acquire(key, now_ms=NOW + 1) is not None) == taken, owner
+
+
+def test_a_stopping_claimant_takes_no_more_claims(loc: Location) -> None:
+    a = Claims(loc, TTL)
+    a.stopping.set()
+    assert a.acquire("day/2026-01-01", now_ms=NOW) is None
+    assert a.current("day/2026-01-01") is None, "a stopping claimant wrote a lease"
+    assert Claims(loc, TTL).acquire("day/2026-01-01", now_ms=NOW) is not None
+
+
+def test_release_all_frees_every_claim_still_held_and_only_those(loc: Location) -> None:
+    a, b = Claims(loc, TTL), Claims(loc, TTL)
+    kept = a.acquire("day/2026-01-01", now_ms=NOW)
+    done = a.acquire("day/2026-01-02", now_ms=NOW)
+    assert kept is not None and done is not None
+    a.release(done)
+    assert [lease.key for lease in a.held()] == ["day/2026-01-01"]
+    assert a.release_all() == 1 and a.held() == []
+    for day in ("01", "02"):  # free at once for a claimant of any host
+        assert b.acquire(f"day/2026-01-{day}", now_ms=NOW + 1) is not None
+
+
+def test_releasing_a_lease_another_claimant_took_over_leaves_theirs(loc: Location) -> None:
+    a, b = Claims(loc, TTL), Claims(loc, TTL)
+    old = a.acquire("expire", now_ms=NOW)
+    assert old is not None
+    assert b.acquire("expire", now_ms=NOW + TTL) is not None  # a's had expired
+    a.release(old)  # a late release (a shutdown) of a lease that is not the newest any more
+    cur = b.current("expire")
+    assert isinstance(cur, Lease) and cur.owner == b.owner and cur.held_at(NOW + TTL + 1)

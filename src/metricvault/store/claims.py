@@ -160,19 +160,19 @@ class Claims:
     def release(self, lease: Lease) -> None:
         """Give ``lease`` up: the next claimant need not wait for its expiry. Best effort: a
         claimant that took it over meanwhile (it had expired) keeps its own."""
+        try:
+            cur = self.current(lease.key)
+            mine = (lease.generation, self.owner)
+            if not isinstance(cur, Lease) or (cur.generation, cur.owner) == mine:
+                self._write(Lease(lease.key, lease.generation + 1, self.owner, 0, released=True))
+            # else not ours (any more, or our write never landed): leave it be
+        except StorageError as exc:
+            log.warning("claim %s not released (%s): it expires by itself", lease.key, exc)
+        # only now: a shutdown that interrupts the write above still finds it held and
+        # releases it again (release_all), which is a no-op once the first write landed
         with self._held_lock:
             if self._held.get(lease.key) == lease:
                 del self._held[lease.key]
-        try:
-            cur = self.current(lease.key)
-            if isinstance(cur, Lease) and (cur.generation, cur.owner) != (
-                lease.generation,
-                self.owner,
-            ):
-                return  # not ours (any more, or our write never landed): leave it be
-            self._write(Lease(lease.key, lease.generation + 1, self.owner, 0, released=True))
-        except StorageError as exc:
-            log.warning("claim %s not released (%s): it expires by itself", lease.key, exc)
 
     def held(self) -> list[Lease]:
         """The leases this claimant holds now (taken, not released)."""
