@@ -39,7 +39,11 @@ from .conftest import (
 pytestmark = pytest.mark.e2e
 
 PREFIX = "fleet"
-CHAOS_S = 30.0  # load and kills; the whole test stays well under 90 s
+CHAOS_S = 60.0  # load and kills, as the issue asks; the whole test stays near two minutes
+# The load is light on purpose (the suite shares 2 cores): each gateway gets a batch of 100
+# points about every SEND_EVERY_S, the reader a query every READ_EVERY_S. What is checked does
+# not depend on the rate: every batch is acknowledged or not, across kills either way.
+SEND_EVERY_S, READ_EVERY_S = 0.2, 0.5
 GATEWAYS, MAINTAINERS = 4, 2
 SERIES_PER_GATEWAY = 5
 MINUTE, HOUR = 60_000, 3_600_000
@@ -215,7 +219,7 @@ def test_four_gateways_and_two_maintainers_killed_at_random_keep_every_acknowled
         while not stop.is_set():
             if load.gateway.running:
                 load.send()
-            time.sleep(0.05)
+            time.sleep(SEND_EVERY_S)
 
     def read_throughout() -> None:
         with Vault.open_local(
@@ -227,7 +231,7 @@ def test_four_gateways_and_two_maintainers_killed_at_random_keep_every_acknowled
                     reads[0] += 1
                 except Exception as exc:  # a torn or missing file; recorded, failed below
                     reader_errors.append(f"{type(exc).__name__}: {exc}")
-                time.sleep(0.2)
+                time.sleep(READ_EVERY_S)
 
     threads = [threading.Thread(target=drive, args=(load,)) for load in loads]
     threads.append(threading.Thread(target=read_throughout))
