@@ -146,3 +146,41 @@ def test_a_damaged_data_file_answers_nothing_with_the_pushdown_too(tmp_path: Pat
         Path(raw.path).write_bytes(bytes(data))
         with pytest.raises(CorruptionError, match="damaged"):
             v.sql(STATEMENTS[0].replace("DCGM_FI_DEV_XID_ERRORS", "m"), output="arrow")
+
+
+VIEW_STATEMENTS = [
+    "SELECT count(*) FROM rollup_1h",
+    "SELECT count(*), sum(value) FROM raw WHERE series_id IN (SELECT series_id FROM series "
+    "WHERE metric = 'node_load1')",
+    "WITH hot AS (SELECT * FROM raw WHERE value > 50) SELECT count(*) FROM hot",
+    "SELECT (SELECT count(*) FROM rollup_1m) + (SELECT count(*) FROM raw_src)",
+    "SELECT table_name FROM information_schema.tables ORDER BY 1",
+    "SELECT count(*) FROM experiments",
+]
+
+
+@pytest.mark.parametrize("pushdown", [True, False])
+@pytest.mark.parametrize("statement", [*STATEMENTS, *VIEW_STATEMENTS])
+def test_statements_answer_as_with_every_view_made(
+    vault: Vault, statement: str, pushdown: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the sample views a statement reads are made (introspect._tables_read); the
+    answer is the one every view gives."""
+    from metricvault.store import introspect
+
+    got = run_sql(vault, statement, "arrow", pushdown=pushdown)
+    monkeypatch.setattr(introspect, "_tables_read", lambda con, statement: None)
+    want = run_sql(vault, statement, "arrow", pushdown=pushdown)
+    assert got.to_pylist() == want.to_pylist()
+
+
+def test_the_views_a_statement_reads() -> None:
+    from metricvault.store.introspect import _tables_read
+
+    con = duckdb.connect()
+    assert _tables_read(con, STATEMENTS[0]) == {"raw", "series"}
+    assert _tables_read(con, VIEW_STATEMENTS[2]) == {"raw", "hot"}
+    assert _tables_read(con, VIEW_STATEMENTS[3]) == {"rollup_1m", "raw_src"}
+    assert _tables_read(con, VIEW_STATEMENTS[4]) is None  # the catalog's tables: every view
+    assert _tables_read(con, "SELECT * FROM read_parquet('x.parquet')") is None
+    assert _tables_read(con, "SELEC nonsense") is None

@@ -134,20 +134,17 @@ def run_sql(vault: Vault, statement: str, output: str, pushdown: bool = True) ->
     con.register("series_src", vault.index.to_table())
     con.execute("CREATE VIEW series AS SELECT * FROM series_src")
     con.register("experiments", experiments_table(vault.experiments.list()))
-    for tier in TIERS:
-        view = "raw" if tier == "raw" else f"rollup_{tier}"
-        files = [f.path for f in snap.tier_files(tier)]
-        if files:
-            # an Arrow dataset, not DuckDB's read_parquet: it verifies page checksums
-            con.register(f"{view}_src", fmt.dataset(files, vault.location.fs))
-            sql = _VIEW_SQL["raw" if tier == "raw" else "rollup"].format(src=f"{view}_src")
-        else:
-            con.register(f"{view}_src", empty_view(tier))
-            sql = f"SELECT * FROM {view}_src"
-        con.execute(f"CREATE VIEW {view} AS {sql}")
     try:
-        if pushdown:
+        if pushdown:  # reads the series view only (and the data files it narrows to)
             statement = push_series_filters(con, statement, _narrower(con, vault, snap))
+        # Only the sample views the statement reads: a view over every data file of a tier
+        # costs its listing and pyarrow.dataset's import (pandas), a second or so, which a
+        # statement narrowed to a few series' rows would otherwise spend for nothing.
+        wanted = _tables_read(con, statement)
+        for tier in TIERS:
+            view = "raw" if tier == "raw" else f"rollup_{tier}"
+            if wanted is None or {view, f"{view}_src"} & wanted:
+                _register_view(con, vault, snap, tier, view)
         result = fetch_arrow(con, statement)
     except duckdb.Error as exc:
         if "checksum" in str(exc).lower():
@@ -160,6 +157,65 @@ def run_sql(vault: Vault, statement: str, output: str, pushdown: bool = True) ->
     finally:
         con.close()
     return convert(result, output)
+
+
+def _register_view(con: Any, vault: Vault, snap: Any, tier: str, view: str) -> None:
+    files = [f.path for f in snap.tier_files(tier)]
+    if files:
+        # an Arrow dataset, not DuckDB's read_parquet: it verifies page checksums
+        con.register(f"{view}_src", fmt.dataset(files, vault.location.fs))
+        sql = _VIEW_SQL["raw" if tier == "raw" else "rollup"].format(src=f"{view}_src")
+    else:
+        con.register(f"{view}_src", empty_view(tier))
+        sql = f"SELECT * FROM {view}_src"
+    con.execute(f"CREATE VIEW {view} AS {sql}")
+
+
+def _tables_read(con: Any, statement: str) -> set[str] | None:
+    """The names of the tables a SELECT statement reads (in every subquery and CTE), or
+    None: not a statement parsed here, or one reading something else (a schema, a table
+    function, the catalog's own tables), for which every view is made."""
+    import json
+
+    try:
+        tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [statement]).fetchall()[0][0])
+    except Exception:  # not parseable here: DuckDB words the error when it runs
+        return None
+    if tree.get("error"):
+        return None
+    names: set[str] = set()
+    known = {*SQL_VIEWS, *(f"{v}_src" for v in SQL_VIEWS)}
+    ctes: set[str] = set()
+
+    def walk(x: Any) -> bool:
+        if isinstance(x, dict):
+            for entry in (x.get("cte_map") or {}).get("map") or []:
+                ctes.add(str(entry.get("key", "")).lower())
+            kind = x.get("type")
+            if kind == "BASE_TABLE":
+                if x.get("schema_name") or x.get("catalog_name"):
+                    return False
+                names.add(str(x.get("table_name", "")).lower())
+            elif kind == "TABLE_FUNCTION":
+                return False
+            return all(walk(v) for v in x.values())
+        if isinstance(x, list):
+            return all(walk(v) for v in x)
+        return True
+
+    if not walk(tree.get("statements", [])):
+        return None
+    if names - known - ctes - set(_pushed_names(con)):
+        return None
+    return names
+
+
+def _pushed_names(con: Any) -> list[str]:
+    """The views push_series_filters' narrowing registered (``raw_pushed_<n>``)."""
+    rows = con.execute(
+        "SELECT view_name FROM duckdb_views() WHERE view_name LIKE '%_pushed_%'"
+    ).fetchall()
+    return [str(r[0]).lower() for r in rows]
 
 
 def _narrower(con: Any, vault: Vault, snap: Any) -> Any:
