@@ -6,9 +6,15 @@ describes (local disk or S3) and needs no server. The record, its checks and mes
 from __future__ import annotations
 
 import json
+import time
 
 from metricvault.experiment import Experiment, RegistryBase, encode, validate_id
 from metricvault.store.layout import EXPERIMENTS_DIR, Location
+
+SETTLED_NS = 2_000_000_000  # a record file this old is cached by (mtime, size)
+Parsed = dict[str, tuple[tuple[int, int], Experiment]]  # file name -> ((mtime, size), record)
+# per registry directory: ``vault.experiments`` is a new object on every access
+_PARSED: dict[str, Parsed] = {}
 
 
 class Experiments(RegistryBase):
@@ -28,7 +34,33 @@ class Experiments(RegistryBase):
         return Experiment.from_record(json.loads(self.location.read_bytes(path)))
 
     def _all(self) -> list[Experiment]:
-        return [self.get(i) for i in self.ids()]
+        # One listing, and on local disk a record whose file is unchanged since it was read
+        # (same name, mtime and size) is not parsed again: the UI lists every experiment per
+        # request. Files younger than SETTLED_NS are always read: a second write within the
+        # clock's tick could keep the mtime.
+        infos = sorted(
+            (i for i in self.location.list_files(EXPERIMENTS_DIR) if i.base_name.endswith(".json")),
+            key=lambda i: i.base_name,
+        )
+        where = self.location.path(EXPERIMENTS_DIR)
+        now_ns, cached, out = time.time_ns(), _PARSED.get(where, {}), []
+        kept: Parsed = {}
+        for info in infos:
+            key = (info.mtime_ns or 0, info.size or 0)
+            hit = cached.get(info.base_name)
+            if hit is not None and hit[0] == key:
+                exp = hit[1]
+            else:
+                try:
+                    exp = Experiment.from_record(json.loads(self.location.read_bytes(info.path)))
+                except FileNotFoundError:  # gone since the listing
+                    continue
+            if not self.location.remote and info.mtime_ns and now_ns - key[0] > SETTLED_NS:
+                kept[info.base_name] = (key, exp)
+            out.append(exp)
+        if not self.location.remote:
+            _PARSED[where] = kept
+        return out
 
     def _store(self, exp: Experiment, *, new: bool) -> bool:
         path = self._path(exp.id)
