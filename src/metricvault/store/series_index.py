@@ -76,7 +76,7 @@ class SeriesIndex:
         self._tracked: dict[str, tuple[int, ...] | None] = {}  # series files synced, shards
         self._pending: dict[int, set[str]] = {}  # shard -> files not read for it yet
         self._pending_whole: set[str] = set()  # files without shards, not read yet
-        self._file_ids: dict[str, np.ndarray] = {}  # series ids of unread files (len only)
+        self._file_ids: dict[str, list[int]] = {}  # series ids of unread files (len only)
         self.files_read = 0  # series file reads (a whole file, or some shards' row groups)
         self._by_id: dict[int, SeriesInfo] = {}
         self._by_metric: dict[str, list[int]] = {}
@@ -182,11 +182,9 @@ class SeriesIndex:
             for path in unread:
                 if path not in self._file_ids:
                     ids = self._loader(path, None, ["series_id"]).column("series_id")
-                    ids = ids.to_numpy()
-                    self._file_ids[path] = ids
-            arrays = [self._file_ids[p] for p in unread]
-        known = np.fromiter(self._by_id, np.int64, len(self._by_id))
-        return len(np.unique(np.concatenate([known, *arrays])))
+                    self._file_ids[path] = ids.to_pylist()  # (to_numpy imports pandas)
+            lists = [self._file_ids[p] for p in unread]
+        return len(set(self._by_id).union(*lists))
 
     def __contains__(self, series_id: int) -> bool:
         if series_id not in self._by_id:
@@ -451,19 +449,23 @@ def read_shards(
         return parquet.read(columns=columns)
     col = names.index(SHARD_COLUMN)
     wanted = set(shards)
-    groups = []
+    groups, mixed = [], False
     for i in range(meta.num_row_groups):
         stats = meta.row_group(i).column(col).statistics
         if stats is None or not stats.has_min_max:
             groups.append(i)  # no statistics: read it, filter below
+            mixed = True
         elif any(stats.min <= s <= stats.max for s in wanted):
             groups.append(i)
-    read = list(dict.fromkeys([*(columns or names), SHARD_COLUMN]))
-    table = parquet.read_row_groups(groups, columns=read)
-    mask = np.isin(table.column(SHARD_COLUMN).to_numpy(), list(wanted))
-    table = table.filter(pa.array(mask))
+            mixed |= stats.min != stats.max
     keep = columns or [n for n in names if n != SHARD_COLUMN]
-    return table.select(keep)
+    if not mixed:  # a row group per shard (as sharded_file writes): nothing to filter
+        return parquet.read_row_groups(groups, columns=keep)
+    # (numpy and Arrow arrays from Python import pandas, which a vault's open avoids: only
+    # files this version did not write get here)
+    table = parquet.read_row_groups(groups, columns=list(dict.fromkeys([*keep, SHARD_COLUMN])))
+    mask = np.isin(table.column(SHARD_COLUMN).to_numpy(), list(wanted))
+    return table.filter(pa.array(mask)).select(keep)
 
 
 def _day(ms: int) -> int:
