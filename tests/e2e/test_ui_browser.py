@@ -57,13 +57,42 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
             vault.write(chunk)
         vault.maintain()
         ids = register_jobs(vault, spec)
+        _archive(vault, root / "paper", ids[0])  # the first run archived, the others not
     return root, ids
+
+
+def _git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+    return done.stdout.decode().strip()
+
+
+def _archive(vault: Vault, repo: Path, exp_id: str) -> None:
+    """`metricvault archive export <id> --dvc` into a git + DVC repository with a local
+    remote (docs/archive.md), through the same functions the command calls."""
+    from metricvault.archive.repository import publish
+    from metricvault.archive.snapshot_export import export_snapshot
+
+    dvc = Path(sys.executable).with_name("dvc")
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "researcher@example.org")
+    _git(repo, "config", "user.name", "Researcher")
+    (repo / "README.md").write_text("paper\n")
+    _git(repo, "add", "README.md")
+    _git(repo, "commit", "-q", "-m", "paper")
+    subprocess.run([str(dvc), "init", "-q"], cwd=repo, check=True, capture_output=True)
+    remote = repo.parent / "remote"
+    with open(repo / ".dvc" / "config", "a") as config:  # = `dvc remote add -d store DIR`
+        config.write(f"[core]\n    remote = store\n['remote \"store\"']\n    url = {remote}\n")
+    info = export_snapshot(vault, exp_id, repo / "artifacts" / "metrics", tier="1m")
+    publish(info, repo)
 
 
 def _server(root: Path, command: str, log_name: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = [sys.executable, "-m", "metricvault.cli", command, "--data", str(root / "vault")]
     cmd += ["--listen", f"127.0.0.1:{port}", "--config", str(_config(root / "auth.toml"))]
+    cmd += ["--set", f"archive_dir={root / 'paper' / 'artifacts' / 'metrics'}"]
     if command == "serve":
         cmd += ["--set", "gateway_maintain=false"]
     log = open(root / log_name, "wb")  # noqa: SIM115 - the server's whole life
@@ -174,7 +203,25 @@ def test_every_page_against_the_python_api(served, browser, tmp_path):
     for x, y in zip(drawn["x"], drawn["lines"][0]["y"], strict=True):
         assert y == pytest.approx(losses[int(x)], rel=1e-9)
     assert drawn["x"][0] == steps[0] and drawn["x"][-1] == steps[-1]
+    # the archive state: the DVC tag and the content hash the snapshot itself records
+    from metricvault.archive.snapshot_format import read_info
+
+    info = read_info(root / "paper" / "artifacts" / "metrics" / f"{ids[0]}.parquet")
+    state = browser.execute_script("return window.mvCharts.archive")
+    assert state["state"] == "archived" and state["tag"] == f"metrics/{ids[0]}"
+    assert state["commit"] == _git(root / "paper", "rev-parse", f"metrics/{ids[0]}^{{commit}}")
+
+    def field(name: str) -> str:
+        return str(
+            browser.find_element("css selector", f'#archive-state tr[data-field="{name}"] td').text
+        )
+
+    assert field("content_hash") == info.content_hash and field("pushed") == "yes"
+    assert field("rows") == f"{info.rows:,}" and field("tier") == "1m"
     shots.append(shot(browser, tmp_path, "experiment"))
+    open_page(browser, f"{url}/ui/experiments/{ids[1]}")
+    empty_state = browser.find_element("id", "archive-empty").text
+    assert empty_state.startswith("Not archived yet: metricvault archive export " + ids[1])
 
     # Compare: selected from the table, both runs overlaid, params differences highlighted
     open_page(browser, f"{url}/ui/experiments")
@@ -486,3 +533,167 @@ def test_the_experiment_page_draws_its_curves_by_step_or_by_time(served, browser
         assert drawn["x"] and set(drawn["x"]) <= set(expected)
         for x, y in zip(drawn["x"], drawn["lines"][0]["y"], strict=True):
             assert y == pytest.approx(expected[x], rel=1e-9)
+
+
+def test_logging_in_through_the_form_scopes_the_session_to_the_tenant(served, browser, tmp_path):
+    url, _, _ = served
+    browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {}})
+    browser.delete_all_cookies()
+    try:
+        browser.get(f"{url}/ui/vault")  # no credential: the login form, at the page's address
+        assert browser.find_element("id", "login-form").is_displayed()
+        shot(browser, tmp_path, "login")
+        browser.find_element("id", "token").send_keys(TOKEN_A)
+        browser.find_element("id", "login").click()
+        wait_ready(browser)
+        assert browser.current_url == f"{url}/ui/vault" and error_text(browser) == ""
+        assert "of tenant team-a" in browser.find_element("id", "summary").text
+        cookies = {c["name"]: c for c in browser.get_cookies()}
+        assert cookies["mv_session"]["httpOnly"] and cookies["mv_session"]["sameSite"] == "Strict"
+        assert "mv_session" not in browser.execute_script("return document.cookie")
+        # logging out (a POST with the CSRF token) ends the session
+        browser.find_element("css selector", "#logout button").click()
+        wait_for(browser, "return location.pathname === '/ui/login'")
+        assert "mv_session" not in {c["name"] for c in browser.get_cookies()}
+        browser.get(f"{url}/api/v1/vault/stats")
+        assert "authentication required" in browser.find_element("tag name", "body").text
+    finally:
+        browser.delete_all_cookies()
+        as_token(browser, ADMIN)
+
+
+def test_the_vault_page_lists_an_agent_pushing_to_the_gateway(served, browser, tmp_path):
+    url, _, _ = served
+    import httpx
+
+    token = tmp_path / "token"
+    token.write_text(ADMIN + "\n")
+    instance = "ui-probe-host:9400"
+    cmd = [sys.executable, "-m", "metricvault.cli", "agent", "--profile", "edge", "--push", url,
+           "--push-bearer-token-file", str(token), "--push-interval", "1s",
+           "--sample-interval", "1s", "--gpu", "none", "--hostname", "ui-probe-host",
+           "--instance", instance, "--state-dir", str(tmp_path / "agent")]  # fmt: skip
+    log = open(tmp_path / "agent.log", "wb")  # noqa: SIM115 - the agent's whole life
+    agent = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while True:  # a push that counts an earlier one stored (the agent's own series)
+            seen = httpx.get(f"{url}/api/v1/vault/stats", headers=auth).json()["agents"]
+            if any(a["instance"] == instance and a["sent_requests"] for a in seen):
+                break
+            assert agent.poll() is None, (tmp_path / "agent.log").read_text()
+            assert time.monotonic() < deadline, "the agent's push never showed"
+            time.sleep(0.2)
+        as_token(browser, ADMIN)
+        open_page(browser, f"{url}/ui/vault")
+        row = f'#agents tr[data-instance="{instance}"]'
+        cells = {
+            c.get_attribute("data-col"): c.text
+            for c in browser.find_elements("css selector", f"{row} td[data-col]")
+        }
+        assert cells["hostname"] == "ui-probe-host" and cells["profile"] == "edge"
+        assert cells["mode"] == "pushes" and cells["age"].endswith("s ago")
+        assert int(cells["sent"].replace(",", "")) >= 1
+        shot(browser, tmp_path, "vault")
+    finally:
+        stop_process(agent, 15)
+
+
+def test_the_alerts_page_groups_under_the_root_cause_and_charts_anomalies(
+    served, browser, tmp_path
+):
+    url, _, root = served
+    import json
+
+    import httpx
+
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    series = httpx.get(f"{url}/api/v1/series", params={"match[]": "DCGM_FI_DEV_GPU_TEMP"},
+                       headers=auth).json()["data"][0]  # fmt: skip
+    labels = {k: v for k, v in series.items() if k != "__name__"}
+
+    def esc(v: str) -> str:  # a line-protocol tag value
+        return v.replace("\\", "\\\\").replace(",", "\\,").replace("=", "\\=").replace(" ", "\\ ")
+
+    def tags(extra: dict[str, str]) -> str:
+        return ",".join(f"{k}={esc(v)}" for k, v in sorted({**labels, **extra}.items()))
+
+    score_tags = tags({"source_metric": "DCGM_FI_DEV_GPU_TEMP", "detector": "novelty"})
+    lines = []
+    for i in range(90):
+        score = 0.97 if i == 30 else 0.1
+        lines.append(f"metricvault_anomaly,{score_tags} score={score} {END_MS - (90 - i) * 60_000}")
+    for stat, value in (("mean", 61.5), ("p95", 70.0), ("p99", 75.0)):
+        stat_tags = tags({"source_metric": "DCGM_FI_DEV_GPU_TEMP", "stat": stat})
+        lines.append(f"metricvault,{stat_tags} baseline={value} {END_MS - 3_600_000}")
+    answer = httpx.post(f"{url}/write?precision=ms", content="\n".join(lines), headers=auth)
+    assert answer.status_code == 204, answer.text
+    deadline = time.monotonic() + WAIT_S
+    while True:  # every gateway worker reads them (the one that took the write flushed it)
+        got = httpx.get(f"{url}/api/v1/ui/anomalies", params={"range": "6h"}, headers=auth)
+        if got.json()["top"]:
+            break
+        assert time.monotonic() < deadline, "the anomaly scores written never showed"
+        time.sleep(0.2)
+    # what the rule evaluator and the alert delivery write after a round (rules-status.json,
+    # rules-incidents.json): two alerts about node01, converged on a GPU fault, and one other
+    with Vault.open_local(str(root / "vault")) as vault:
+        state = Path(vault.state_dir)
+    xid = {"alertname": "XidErrors", "Hostname": "node01", "severity": "critical"}
+    util = {"alertname": "GpuUtilLow", "Hostname": "node01", "severity": "warning"}
+    disk = {"alertname": "DiskFilling", "Hostname": "node02", "severity": "warning"}
+    since = "2026-01-01T00:00:00Z"
+    alerts = [
+        {"labels": x, "annotations": {}, "state": s, "activeAt": since, "value": "1e+00"}
+        for x, s in ((xid, "firing"), (util, "firing"), (disk, "pending"))
+    ]
+    cause = {"alertname": "RootCause", "root_cause": "true", "incident": "node01"}
+    cause |= {"cause": "gpu_fault", "severity": "critical", "scope": "incident"}
+    cause |= {"Hostname": "node01"}
+    incident = {"labels": cause, "annotations": {"description": "A GPU of node01 failed."},
+                "opened_at_ms": END_MS, "members": [xid, util]}  # fmt: skip
+    rules = [{"name": "XidErrors", "type": "alerting", "health": "ok", "lastError": ""}]
+    (state / "rules-status.json").write_text(
+        json.dumps({"groups": [{"name": "gpu", "file": "r.yml", "rules": rules}], "alerts": alerts})
+    )
+    (state / "rules-incidents.json").write_text(json.dumps({"incidents": [incident]}))
+    try:
+        as_token(browser, ADMIN)
+        open_page(browser, f"{url}/ui/alerts?range=6h")
+        assert error_text(browser) == ""
+        section = browser.find_element("css selector", '.incident[data-incident="node01"]')
+        rows = section.find_elements("css selector", "tr[data-alert]")
+        assert [r.get_attribute("data-alert") for r in rows] == [
+            "RootCause",
+            "GpuUtilLow",
+            "XidErrors",
+        ]
+        assert "root-cause" in rows[0].get_attribute("class")
+        assert "gpu fault" in section.find_element("tag name", "h3").text
+        loose = browser.find_elements("css selector", "#alerts tr[data-alert]")
+        assert [r.get_attribute("data-alert") for r in loose] == ["DiskFilling"]
+        # anomalies over the picked range: the score series, its source and its baseline
+        drawn = browser.execute_script("return window.mvCharts.anomalies")
+        top = drawn["top"][0]
+        assert top["max_score"] == 0.97 and top["baseline"] == {
+            "mean": 61.5,
+            "p95": 70.0,
+            "p99": 75.0,
+        }
+        row = browser.find_element("css selector", "#anomaly-table tr[data-series]")
+        assert row.find_element("css selector", 'td[data-col="max_score"]').text == "0.970"
+        assert row.find_element("css selector", 'td[data-col="p99"]').text == "75"
+        chart = browser.execute_script("return window.mvCharts.anomaly_0")
+        by_label = {line["label"]: line["y"] for line in chart["lines"]}
+        assert set(by_label["baseline p99"]) == {75.0}
+        assert any(y is not None for y in by_label["DCGM_FI_DEV_GPU_TEMP"])
+        assert "range=6h" in browser.current_url
+        browser.set_window_size(1280, 1900)  # the picture shows the anomalies too
+        try:
+            shot(browser, tmp_path, "alerts")
+        finally:
+            browser.set_window_size(1280, 800)
+    finally:
+        (state / "rules-status.json").unlink(missing_ok=True)
+        (state / "rules-incidents.json").unlink(missing_ok=True)

@@ -710,3 +710,30 @@ def test_login_goes_back_only_to_a_page_of_this_server():
     assert safe_next("/ui/vault?x=1") == "/ui/vault?x=1"
     for bad in ("https://evil.example/", "//evil.example/", "/\\evil", "ui/vault", "", None):
         assert safe_next(bad) == "/ui/experiments", bad
+
+
+def test_the_alert_delivery_publishes_its_incidents_for_the_alerts_page(make_client):
+    """The converger's incidents, as the alert delivery writes them after a round, group
+    the evaluator's alerts on the page's JSON (the file is the only link between them)."""
+    from metricvault.rules.convergence import FiringAlert
+    from metricvault.server.alert_delivery import Delivery
+
+    client, vault = make_client(alertmanagers=("http://127.0.0.1:9/",))
+    delivery = Delivery(client.app.state.gateway)
+    alerts = [
+        _alert("XidErrors", Hostname="node02", severity="critical"),
+        _alert("GpuUtilLow", Hostname="node02", severity="warning"),
+    ]
+    firing = [FiringAlert(a["labels"], {}, T0 + i * 1000) for i, a in enumerate(alerts)]
+    _rules_files(vault, alerts, [])  # the evaluator's status: the alerts without incident
+    delivery.converger.round(T0 + 60_000, firing)
+    delivery._publish_incidents()
+    got = client.get("/api/v1/ui/alerts").json()
+    [incident] = got["incidents"]
+    assert incident["root_cause"]["labels"]["root_cause"] == "true"
+    assert incident["root_cause"]["labels"]["Hostname"] == "node02"
+    assert sorted(a["labels"]["alertname"] for a in incident["evidence"]) == [
+        "GpuUtilLow",
+        "XidErrors",
+    ]
+    assert got["ungrouped"] == []

@@ -34,7 +34,7 @@ class ArchiveState:
 
     experiment: str
     state: str  # not archived | exported (file only) | in DVC (pointer, no tag) | archived
-    snapshot: str | None = None  # the file's path as the export wrote it
+    snapshot: str | None = None  # the file's path in its repository (else as configured)
     present: bool = False  # the snapshot file is in the workspace
     tier: str | None = None
     rows: int | None = None
@@ -87,6 +87,8 @@ def archive_state(
     record: dict[str, object] = {}
     if root is not None:
         found["repository"] = str(root)
+        with contextlib.suppress(ValueError):  # as the tag's summary names it
+            found["snapshot"] = str(path.resolve().relative_to(root))
         commit = tag_commit(root, tag)
         if commit is not None:
             record = _tag_record(root, tag)

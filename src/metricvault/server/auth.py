@@ -111,9 +111,7 @@ class Sessions:
         elif user or password:
             pair = base64.b64encode(f"{user}:{password}".encode()).decode()
             authenticate(self.settings, f"Basic {pair}")
-            digest = next(
-                c.sha256 for c in self.settings.auth_basic_users if c.user == user
-            )  # authenticate found this user with this password
+            digest = hash_secret(password)  # authenticate found this user with this digest
             mark = self.fingerprint("basic", user, digest)
         else:
             raise AuthError("give a bearer token, or a user and a password")
