@@ -129,6 +129,6 @@ def test_a_stopped_maintainer_releases_its_claim_and_the_next_takes_that_work_at
         leases = newest_leases(vault)
         assert not [k for k, v in leases.items() if not v["released"]], leases
     finally:
-        for proc in (first, second):
-            if proc is not None:
-                stop_process(proc, 15)
+        for started in (first, second):
+            if started is not None:
+                stop_process(started, 15)

@@ -117,3 +117,24 @@ def test_releasing_a_lease_another_claimant_took_over_leaves_theirs(loc: Locatio
     a.release(old)  # a late release (a shutdown) of a lease that is not the newest any more
     cur = b.current("expire")
     assert isinstance(cur, Lease) and cur.owner == b.owner and cur.held_at(NOW + TTL + 1)
+
+
+def test_a_stopped_maintenance_loop_claims_nothing_more_and_releases_what_it_holds(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    from metricvault.store.maintenance import claimant
+    from metricvault.store.upkeep import MaintenanceLoop
+    from metricvault.store.vault import Vault
+
+    with Vault.open_local(str(tmp_path / "vault")) as vault:
+        mine = claimant(vault)
+        cut_short = mine.acquire("day/2026-01-01")  # what a round interrupted mid-day holds
+        assert cut_short is not None
+        stop = threading.Event()
+        stop.set()  # serve shutting down, or SIGTERM: the loop ends after its first round
+        MaintenanceLoop(vault, 3600).run(stop)
+        assert mine.held() == [] and mine.acquire("day/2026-01-02") is None
+        other = Claims(vault.location, TTL)  # another live maintainer: no waiting out the TTL
+        assert other.acquire("day/2026-01-01") is not None
