@@ -265,33 +265,31 @@ def _quote(name: str) -> str:
 def series_rows(path: str, filesystem: pafs.FileSystem, ids: list[int]) -> pa.Table | None:
     """The rows of a data file (its physical columns, page checksums verified) whose
     series_id is in ``ids``, or None when it holds none. Files are sorted by series_id, so
-    each series is one run of rows: only the series_id column is read whole, and then only
-    the row groups those runs reach (a row group spans many series: its statistics alone
-    would keep most of them)."""
+    each series is one run of rows: the series_id column is read only in the row groups
+    whose statistics can hold one of them, and then only the row groups those runs reach
+    (a row group spans many series: its statistics alone would keep most of them), one at
+    a time, so that memory holds one row group beside the rows kept."""
     from metricvault.store.files import VERIFY
 
+    wanted = np.asarray(sorted(ids), dtype=np.int64)
     with filesystem.open_input_file(path) as handle:
         parquet = pq.ParquetFile(handle, **VERIFY)
-        sid = parquet.read(columns=["series_id"]).column(0).to_numpy()
-        wanted = np.asarray(ids, dtype=np.int64)
-        lo, hi = np.searchsorted(sid, wanted, "left"), np.searchsorted(sid, wanted, "right")
-        runs = [(int(a), int(b)) for a, b in zip(lo, hi, strict=True) if b > a]
-        if not runs:
-            return None
-        sizes = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
-        starts = np.r_[0, np.cumsum(sizes)]
-        group_of = np.searchsorted(starts, [[a, b - 1] for a, b in runs], "right") - 1
-        groups = sorted({g for first, last in group_of.tolist() for g in range(first, last + 1)})
-        table = parquet.read_row_groups(groups)
-    offset = {g: int(starts[g]) for g in groups}
-    base, pos = [], 0
-    for g in groups:  # where each row group's rows start in ``table``
-        base.append((offset[g], pos))
-        pos += sizes[g]
-    take = []
-    for a, b in runs:
-        for first_row, at in reversed(base):
-            if first_row <= a:
-                take.append(np.arange(at + a - first_row, at + b - first_row))
-                break
-    return table.take(pa.array(np.concatenate(take)))
+        meta = parquet.metadata
+        col = parquet.schema_arrow.names.index("series_id")
+        parts = []
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(col).statistics
+            if stats is not None and stats.has_min_max:
+                at = int(np.searchsorted(wanted, stats.min))
+                if at >= wanted.size or int(wanted[at]) > stats.max:
+                    continue  # no wanted series in this group's range
+            sid = parquet.read_row_group(g, columns=["series_id"]).column(0).to_numpy()
+            lo = np.searchsorted(sid, wanted, "left")
+            hi = np.searchsorted(sid, wanted, "right")
+            runs = [(int(a), int(b)) for a, b in zip(lo, hi, strict=True) if b > a]
+            if runs:
+                rows = np.concatenate([np.arange(a, b) for a, b in runs])
+                parts.append(parquet.read_row_group(g).take(pa.array(rows)))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
