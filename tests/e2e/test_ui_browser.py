@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,8 +58,34 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
             vault.write(chunk)
         vault.maintain()
         ids = register_jobs(vault, spec)
-        _archive(vault, root / "paper", ids[0])  # the first run archived, the others not
     return root, ids
+
+
+@pytest.fixture(scope="module")
+def archiving(filled: tuple[Path, list[str]]) -> Iterator[Any]:
+    """The first run archived (the others not) in a thread, while the gateway starts; the
+    test that looks at it waits for it (``archiving()`` re-raises what it raised)."""
+    root, ids = filled
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            with Vault.open_local(str(root / "vault")) as vault:
+                _archive(vault, root / "paper", ids[0])
+        except BaseException as exc:  # handed to the waiting test
+            failed.append(exc)
+
+    thread = threading.Thread(target=work, name="archive", daemon=True)
+    thread.start()
+
+    def wait() -> None:
+        thread.join(timeout=300)
+        assert not thread.is_alive(), "archiving the first run took over 300 s"
+        if failed:
+            raise failed[0]
+
+    yield wait
+    thread.join(timeout=300)
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -103,7 +130,7 @@ def _server(root: Path, command: str, log_name: str) -> tuple[subprocess.Popen[b
 
 
 @pytest.fixture(scope="module")
-def served(filled: tuple[Path, list[str]]) -> Iterator[tuple[str, list[str], Path]]:
+def served(filled: tuple[Path, list[str]], archiving: Any) -> Iterator[tuple[str, list[str], Path]]:
     root, ids = filled
     proc, url = _server(root, "serve", "serve.log")
     try:
@@ -162,7 +189,7 @@ def error_text(driver: Any) -> str:
     )
 
 
-def test_every_page_against_the_python_api(served, browser, tmp_path):
+def test_every_page_against_the_python_api(served, archiving, browser, tmp_path):
     url, ids, root = served
     as_token(browser, ADMIN)
     shots = []
@@ -195,6 +222,7 @@ def test_every_page_against_the_python_api(served, browser, tmp_path):
     assert shown == [ids[1]]
 
     # Experiment: the loss chart's points are history()'s (2 points per pixel column at most)
+    archiving()  # the first run's snapshot exported and tagged meanwhile
     open_page(browser, f"{url}/ui/experiments/{ids[0]}")
     drawn = browser.execute_script("return window.mvCharts.train_loss")
     steps = curves[ids[0]].index.tolist()

@@ -478,7 +478,7 @@ async function anomalyCharts() {
   }
   $("anomaly-info").textContent = `${data.series} scored series in the last ${span}; the ${data.top.length} with the highest scores:`;
   const xs = [...new Set(data.top.flatMap((a) => a.score.x))].sort((a, b) => a - b);
-  const lines = data.top.map((a) => { const at = new Map(a.score.x.map((x, i) => [x, a.score.y[i]])); return { label: seriesName({ __name__: a.source_metric, ...sourceLabels(a.labels) }), y: xs.map((x) => (at.has(x) ? at.get(x) : null)) }; });
+  const lines = data.top.map((a) => { const at = new Map(a.score.x.map((x, i) => [x, a.score.y[i]])); return { label: shortName(a), y: xs.map((x) => (at.has(x) ? at.get(x) : null)) }; });
   drawChart(chart, "anomaly_score", xs, lines, { title: `anomaly score (last ${span})`, xLabel: "time (UTC)", yLabel: "score", time: true });
   const head = el("tr"); ["series", "detector", "max score", "baseline mean", "baseline P95", "baseline P99"].forEach((h) => head.append(el("th", h))); table.append(head);
   charts.classList.add("charts-grid");
@@ -494,8 +494,16 @@ async function anomalyCharts() {
     charts.append(node);
     const lines2 = [{ label: a.source_metric, y: a.source.y }];
     for (const stat of ["mean", "p95", "p99"]) if (b[stat] !== undefined) lines2.push({ label: `baseline ${stat}`, y: a.source.x.map(() => b[stat]) });
-    drawChart(node, `anomaly_${i}`, a.source.x, lines2, { title: `${name} and its baseline`, xLabel: "time (UTC)", yLabel: a.source_metric, time: true });
+    drawChart(node, `anomaly_${i}`, a.source.x, lines2, { title: `${shortName(a)} and its baseline`, xLabel: "time (UTC)", yLabel: a.source_metric, time: true });
   });
+}
+// A scored series' name on the charts: its metric and host/GPU where it has them, else all
+// its labels.
+function shortName(a) {
+  const l = sourceLabels(a.labels);
+  const host = l.Hostname || l.hostname || l.instance || "";
+  const where = [host, l.gpu !== undefined ? `gpu ${l.gpu}` : ""].filter(Boolean).join(" ");
+  return where ? `${a.source_metric} ${where}` : seriesName({ __name__: a.source_metric, ...l });
 }
 function sourceLabels(labels) {
   return Object.fromEntries(Object.entries(labels).filter(([k]) => !["__name__", "source_metric", "detector"].includes(k)));
