@@ -336,6 +336,16 @@ class Series:
         return dict(self.labels)
 
 
+class SeriesRows(list[tuple[int, str, str, str]]):
+    """A batch's distinct series as (series_id, metric, labels_json, kind) rows, and ``keys``:
+    per row, a number that stands for exactly that row in this process (the decoder's series
+    cache gives them, never one for two rows), so a store can remember the rows it checked
+    against its series table and skip them the next time."""
+
+    __slots__ = ("keys",)
+    keys: Any  # int64 numpy array, one per row
+
+
 def series_id_of(canonical: str) -> int:
     digest = blake2b(canonical.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)

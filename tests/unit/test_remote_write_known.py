@@ -212,10 +212,33 @@ def test_broken_series_get_the_general_paths_error(name: str) -> None:
 
 def test_the_series_cache_is_bounded() -> None:
     cache = SeriesKeyCache(max_series=4)
-    body = _body(BUILT["one sample per series"])  # 50 series
-    decoded = decode_v1_known(_raw(body), _limits(), cache)
-    assert decoded is not None and decoded.samples == 50
+    body = _body(BUILT["one sample per series"])  # 50 series: more than it holds
+    assert decode_v1_known(_raw(body), _limits(), cache) is None  # the general path takes it
     assert len(cache.known) <= 4
+    small = _body(BUILT["one sample per series"][:3])
+    decoded = decode_v1_known(_raw(small), _limits(), cache)
+    assert decoded is not None and decoded.samples == 3
+    assert len(cache.known) == 3
+
+
+def test_series_keys_stand_for_one_row_each_across_requests() -> None:
+    cache = SeriesKeyCache()
+    series = BUILT["one sample per series"]
+    first = decode_v1_known(_raw(_body(series[:30])), _limits(), cache)
+    again = decode_v1_known(_raw(_body(series[10:40])), _limits(), cache)
+    assert first is not None and again is not None
+    rows: dict[int, tuple[int, str, str, str]] = {}
+    for decoded in (first, again):
+        resolved = decoded.prepared()
+        assert resolved is not None
+        keys = resolved.series.keys.tolist()
+        assert len(set(keys)) == len(keys) == len(resolved.series)
+        for key, row in zip(keys, resolved.series, strict=True):
+            assert rows.setdefault(key, row) == row
+    assert len(rows) == 40
+    other = decode_v1_known(_raw(_body(series[:30])), _limits(), SeriesKeyCache())
+    assert other is not None and other.prepared() is not None
+    assert not set(other.prepared().series.keys.tolist()) & set(rows)  # another cache's keys
 
 
 def _limits() -> Any:

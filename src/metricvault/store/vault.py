@@ -37,6 +37,7 @@ from metricvault.model import (
     KINDS,
     KindChange,
     KindUpdate,
+    SeriesRows,
     admissible_write_kinds,
     explicit_metrics,
     kind_from_name,
@@ -50,6 +51,7 @@ from metricvault.store import layout, selecting
 from metricvault.store import query as q
 from metricvault.store.buffer import IngestBuffer
 from metricvault.store.catalog import Catalog, Change, DataFile, SeriesFile, Snapshot
+from metricvault.store.checked_series import CheckedKeys
 from metricvault.store.layout import Location, open_location
 from metricvault.store.normalize import from_resolved, normalize
 from metricvault.store.reader import FileCache, Reader, read_error
@@ -88,6 +90,7 @@ class Vault:
         self._lock_file = open(location.state_dir / layout.VAULT_LOCK, "a+")  # noqa: SIM115
         self._lookback = parse_duration_ms(settings.counter_lookback)
         self._flusher: threading.Thread | None = None
+        self._checked = CheckedKeys()  # series rows checked against the index (write path)
         self._flush_wanted = threading.Event()
         self._closed = threading.Event()
         self.last_flush_error: str | None = None  # shown by stats()
@@ -230,17 +233,27 @@ class Vault:
         series it has seen): per row its series id, and the distinct series as (series_id,
         metric, labels_json, kind). The same checks and durability as :meth:`write`."""
         batch = from_resolved(series_ids, timestamps, values, series)
-        return self._write_batch(batch, admit_new_series)
+        keys = series.keys if isinstance(series, SeriesRows) else None
+        return self._write_batch(batch, admit_new_series, keys)
 
-    def _write_batch(self, batch: Any, admit_new_series: Callable[[int], None] | None) -> int:
+    def _write_batch(
+        self,
+        batch: Any,
+        admit_new_series: Callable[[int], None] | None,
+        keys: Any = None,
+    ) -> int:
+        """``keys``: the batch's SeriesRows keys; when this vault checked all of them before,
+        no series is new and none can collide (checked_series.py), so neither is looked for."""
         if batch.samples.num_rows == 0:
             return 0
         self._check_horizon(batch.samples)
         self._check_backpressure()
-        new = self.index.unknown(batch.series)
+        checked = keys is not None and self._checked.all_checked(keys)
+        new = [] if checked else self.index.unknown(batch.series)
         if new and admit_new_series is not None:
             admit_new_series(len(new))
-        self.index.check_known(batch.series)  # SeriesCollisionError if an id means another series
+        if not checked:  # SeriesCollisionError if an id means another series
+            self.index.check_known(batch.series)
         # Outside the write lock: concurrent appends share one commit and fsync (group
         # commit in the buffer); a series two of them introduce is stored once either way.
         self.buffer.append(batch.samples, new)
@@ -249,6 +262,8 @@ class Vault:
                 self.index.add(sid, metric, labels, kind)
             self._pending_samples += batch.samples.num_rows
             wake = self._pending_samples >= self.settings.flush_max_samples
+        if keys is not None and not checked:
+            self._checked.remember(keys)
         if wake:
             self._wake_flusher()
         return int(batch.samples.num_rows)
@@ -359,7 +374,11 @@ class Vault:
         )
 
     def _check_backpressure(self) -> None:
-        _, size = self.buffer.depth() if self._pending_samples else (0, 0)
+        if not self._pending_samples:
+            return
+        size = self.buffer.approx_bytes()  # counted in the file about once a second
+        if size > self.settings.buffer_max_bytes:
+            size = self.buffer.depth()[1]  # a refusal is decided on the exact count
         if size > self.settings.buffer_max_bytes:
             raise BackpressureError(
                 f"ingest buffer holds {size} bytes, over buffer_max_bytes="

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import threading
 from functools import partial
-from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -43,7 +42,7 @@ from metricvault.ingest.protocols.remote_write_columns import (
     _decode_canonical_samples,
     special_value_counts,
 )
-from metricvault.model import KINDS, Series, kind_from_name
+from metricvault.model import KINDS, Series, SeriesRows, kind_from_name
 from metricvault.wire.proto import messages
 
 MAX_SAMPLES_PER_SERIES = 64  # numpy steps over the samples: one per sample of a series
@@ -54,7 +53,7 @@ _SAMPLE_TAG = 0x12  # TimeSeries.samples: field 2, length-delimited
 
 
 class KnownSeries:
-    """What one series' label bytes mean: (series_id, metric, labels_json, kind, labels)."""
+    """What one series' label bytes mean: (series_id, metric, labels_json, kind), the labels."""
 
     __slots__ = ("kind", "labels", "labels_json", "metric", "names", "row", "series_id")
 
@@ -68,18 +67,67 @@ class KnownSeries:
         self.row = (self.series_id, self.metric, self.labels_json, self.kind)
 
 
+# Tokens: a process-wide number per cache entry, never given twice (each generation of each
+# cache takes a block of its own): the store remembers which it has checked (SeriesRows.keys).
+_TOKENS_LOCK = threading.Lock()
+_NEXT_TOKEN = [0]
+
+
+def _token_block(size: int) -> int:
+    with _TOKENS_LOCK:
+        first = _NEXT_TOKEN[0]
+        _NEXT_TOKEN[0] += size
+    return first
+
+
+class _Generation:
+    """The entries a cache learned since it was last emptied, each by its index here: the
+    label bytes map to that index, and the per-entry facts a request needs for all its series
+    at once are numpy arrays (series id, label-name set). Emptying the cache starts a new
+    generation and leaves this one as it is, for requests still reading it."""
+
+    def __init__(self, max_series: int) -> None:
+        self.known: dict[bytes, int] = {}
+        self.entries: list[KnownSeries] = []
+        self.rows: list[tuple[int, str, str, str]] = []
+        self.series_ids = np.zeros(64, dtype=np.int64)
+        self.name_set_of = np.zeros(64, dtype=np.int64)
+        self.name_sets: list[frozenset[str]] = []
+        self.name_set_index: dict[frozenset[str], int] = {}
+        self.first_token = _token_block(max_series)
+
+    def add(self, key: bytes, entry: KnownSeries) -> int:
+        at = len(self.entries)
+        if at == len(self.series_ids):  # grown by copying: readers keep the old array
+            self.series_ids = np.concatenate((self.series_ids, np.zeros(at, np.int64)))
+            self.name_set_of = np.concatenate((self.name_set_of, np.zeros(at, np.int64)))
+        name_set = self.name_set_index.setdefault(entry.names, len(self.name_sets))
+        if name_set == len(self.name_sets):
+            self.name_sets.append(entry.names)
+        self.series_ids[at] = entry.series_id
+        self.name_set_of[at] = name_set
+        self.entries.append(entry)
+        self.rows.append(entry.row)
+        self.known[key] = at  # last: a reader that finds the key finds the facts
+        return at
+
+
 class SeriesKeyCache:
     """Label bytes -> :class:`KnownSeries`, shared by the decoders of a process (lock-guarded).
     It only holds facts about bytes, so it never changes a result, only the speed."""
 
     def __init__(self, max_series: int = SERIES_CACHE_MAX) -> None:
         self.max_series = max_series
-        self.known: dict[bytes, KnownSeries] = {}
-        self.name_sets: dict[frozenset[str], frozenset[str]] = {}
+        self.generation = _Generation(max_series)
         self.lock = threading.Lock()
 
-    def learn(self, key: bytes) -> KnownSeries | None:
-        """Parse, check and hash a series' labels; None if they break any rule."""
+    @property
+    def known(self) -> dict[bytes, int]:
+        return self.generation.known
+
+    def learn(self, key: bytes, generation: _Generation) -> int | None:
+        """Parse, check and hash a series' labels into ``generation``; its index there, or
+        None if they break a rule or the cache was emptied meanwhile (a new generation)."""
         try:
             parsed = messages.TimeSeries.FromString(key)
         except messages.DecodeError:
@@ -97,17 +145,18 @@ class SeriesKeyCache:
         except (MetricVaultError, ValueError):
             return None
         with self.lock:
-            if len(self.known) >= self.max_series:
-                self.known.clear()
-                self.name_sets.clear()
-            names_here = frozenset(labels)
-            entry = KnownSeries(series, kind, self.name_sets.setdefault(names_here, names_here))
-            self.known[key] = entry
-        return entry
+            if generation is not self.generation:
+                return None
+            if len(generation.entries) >= self.max_series:
+                self.generation = _Generation(self.max_series)
+                return None  # this request's other indexes belong to the old generation
+            found = generation.known.get(key)
+            if found is not None:  # another thread learned it meanwhile
+                return found
+            return generation.add(key, KnownSeries(series, kind, frozenset(labels)))
 
 
 SERIES_KEYS = SeriesKeyCache()
-_SERIES_ID = attrgetter("series_id")
 
 
 def decode_v1_known(
@@ -141,10 +190,10 @@ def decode_v1_known(
         return None
     values, timestamps = decoded
     limits.budget.check(f"parsing {len(raw):,} bytes of protobuf")
-    entries = _known(cache, joined, starts.tolist(), label_ends.tolist())
-    if entries is None:
+    found = _known(cache, joined, starts.tolist(), label_ends.tolist())
+    if found is None:
         return None
-    return _result(entries, sample_counts, values, timestamps, limits)
+    return _result(*found, sample_counts, values, timestamps, limits)
 
 
 def _skip_labels(buffer: Any, starts: Any, ends: Any) -> Any:
@@ -211,33 +260,42 @@ def _locate_samples(buffer: Any, begins: Any, ends: Any) -> tuple[Any, Any, Any]
 
 def _known(
     cache: SeriesKeyCache, joined: bytes, starts: list[int], label_ends: list[int]
-) -> list[KnownSeries] | None:
-    keys = [joined[start:end] for start, end in zip(starts, label_ends, strict=True)]
-    known = cache.known
-    with cache.lock:
-        entries = [known.get(key) for key in keys]
-    if None in entries:
-        for i, entry in enumerate(entries):
-            if entry is None:
-                entry = entries[i] = cache.learn(keys[i])
-                if entry is None:
+) -> tuple[_Generation, Any] | None:
+    """Each series' index in the cache's current generation (learning those seen for the
+    first time), or None: a series breaks a rule, or the cache was emptied meanwhile."""
+    generation = cache.generation  # one generation for the whole request
+    get = generation.known.get
+    found = [get(joined[start:end]) for start, end in zip(starts, label_ends, strict=True)]
+    if None in found:
+        for i, at in enumerate(found):
+            if at is None:
+                at = found[i] = cache.learn(joined[starts[i] : label_ends[i]], generation)
+                if at is None:
                     return None  # the general path names the rule it breaks
-    return entries  # type: ignore[return-value]  # no None is left
+    return generation, np.array(found, dtype=np.int64)
 
 
 def _result(
-    entries: list[KnownSeries], counts: Any, values: Any, timestamps: Any, limits: Limits
+    generation: _Generation,
+    found: Any,
+    counts: Any,
+    values: Any,
+    timestamps: Any,
+    limits: Limits,
 ) -> DecodedWrite:
-    distinct = list(dict.fromkeys(entries))  # by identity: one entry per label bytes
-    names: set[str] = set().union(*{entry.names for entry in distinct})
+    ordered = np.sort(found)
+    distinct = ordered[np.r_[True, ordered[1:] != ordered[:-1]]]  # one per label bytes
+    name_sets = set(generation.name_set_of[distinct].tolist())
+    names: set[str] = set().union(*(generation.name_sets[i] for i in name_sets))
     shown = ", ".join(map(show, sorted(names)[:3]))
     check_label_names(len(names), limits.max_label_names, shown)
-    rows = np.repeat(np.arange(len(entries)), counts)
-    series_ids = np.fromiter(map(_SERIES_ID, entries), np.int64, len(entries))[rows]
-    _check_cells(len(entries), len(rows), len(names) + 1, limits.max_label_cells)
+    series_ids = np.repeat(generation.series_ids[found], counts)
+    _check_cells(len(found), len(series_ids), len(names) + 1, limits.max_label_cells)
     stale, non_finite = special_value_counts(values)
-    series = [entry.row for entry in distinct]
-    build = partial(_table, entries, rows, names, timestamps, values)
+    rows = generation.rows
+    series = SeriesRows([rows[i] for i in distinct.tolist()])
+    series.keys = distinct + generation.first_token
+    build = partial(_table, generation, found, counts, names, timestamps, values)
     return KnownDecodedWrite(
         table=None,
         kinds={},
@@ -248,7 +306,7 @@ def _result(
         exemplars=0,
         stale_markers=stale,
         non_finite=non_finite,
-        series=len(entries),
+        series=len(found),
         resolved=ResolvedSamples(series_ids, timestamps, values, series, build),
     )
 
@@ -264,11 +322,17 @@ def _check_cells(series: int, rows: int, names: int, max_label_cells: int) -> No
 
 
 def _table(
-    entries: list[KnownSeries], rows: Any, names: set[str], timestamps: Any, values: Any
+    generation: _Generation,
+    found: Any,
+    counts: Any,
+    names: set[str],
+    timestamps: Any,
+    values: Any,
 ) -> pa.Table:
     """The long shape, as the general path builds it: metric, timestamp, value, then one
     string column per label name (sorted), null where a row's series lacks the label."""
-    take = pa.array(rows)
+    entries = [generation.entries[i] for i in found.tolist()]
+    take = pa.array(np.repeat(np.arange(len(entries)), counts))
     columns: dict[str, Any] = {
         "metric": pa.array([e.metric for e in entries], pa.string()).take(take),
         "timestamp": pa.array(timestamps, type=pa.int64()),
