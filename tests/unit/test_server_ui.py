@@ -442,9 +442,16 @@ def test_vault_stats_list_the_agents_seen_with_their_last_sample(make_client):
 # --------------------------------------------------------------------------- alerts
 def _rules_files(vault, alerts, incidents):
     import json
+    import time
     from pathlib import Path
 
     state = Path(vault.state_dir)
+    deadline = time.monotonic() + 30
+    # the gateway's evaluator publishes its (empty) status once it holds the lease: wait for
+    # that, so it cannot replace the files written here
+    while not (state / "rules-status.json").exists():
+        assert time.monotonic() < deadline, "the rule evaluator never published its status"
+        time.sleep(0.05)
     groups = [
         {
             "name": "gpu",
