@@ -124,6 +124,18 @@ class Gateway:
                 self.metrics.dropped.labels("non_finite").inc(decoded.table.num_rows - stored)
         return stored
 
+    def store_known(self, decoded: DecodedWrite, who: Principal, protocol: str) -> int | None:
+        """:meth:`store_decoded` for the usual request (series the decoder resolved, no
+        metadata, no tenant) on the calling worker thread, so the request takes one thread
+        hop for decoding and storing: the samples stored, or None to take that method."""
+        resolved = decoded.prepared()
+        if resolved is None or decoded.kinds or decoded.histograms or who.tenant:
+            return None
+        if not isinstance(self.vault, Vault):
+            return None
+        self.metrics.received.labels(protocol).inc(decoded.samples)
+        return self._store_resolved(resolved, who, protocol)
+
     def _store_resolved(self, resolved: ResolvedSamples, who: Principal, protocol: str) -> int:
         assert isinstance(self.vault, Vault)
         stored = self.vault.write_resolved(

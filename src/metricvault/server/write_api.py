@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from metricvault.credentials import Principal
 from metricvault.ingest.protocols.influx_line import decode_line_protocol
-from metricvault.ingest.protocols.remote_write import decode_remote_write
+from metricvault.ingest.protocols.remote_write import DecodedWrite, decode_remote_write
 from metricvault.server.api import ServerAPI
 from metricvault.server.ha import HADecision, tracker_for
 
@@ -59,10 +59,11 @@ class Writes:
     async def remote_write(self, request: Request) -> Response:
         gateway = self.gateway
 
-        async def work(req: Request, who: Principal) -> Response:
-            body = await gateway.body(req)
-            decoded = await run_in_threadpool(
-                decode_remote_write,
+        def decode_and_store(
+            body: bytes, req: Request, who: Principal
+        ) -> tuple[DecodedWrite, int | None]:
+            """Decode, and store the usual request on the same worker thread (one hop)."""
+            decoded = decode_remote_write(
                 body,
                 content_type=req.headers.get("content-type"),
                 content_encoding=req.headers.get("content-encoding"),
@@ -71,6 +72,15 @@ class Writes:
                 internal_label=self.ha.replica_label if self.ha.enabled else "",
                 **gateway.decode_limits(),
             )
+            if self.ha.enabled:
+                return decoded, None
+            return decoded, gateway.store_known(decoded, who, "remote_write")
+
+        async def work(req: Request, who: Principal) -> Response:
+            body = await gateway.body(req)
+            decoded, stored = await run_in_threadpool(decode_and_store, body, req, who)
+            if stored is not None:
+                return Response(status_code=204, headers=_written_headers(decoded, stored))
             ha = None
             # HA pairs: keep the elected replica's samples. A request decoded through the
             # series cache (prepared) has no series with the replica label (the decoder sends
@@ -82,13 +92,7 @@ class Writes:
             stored = await gateway.store_decoded(decoded, who, "remote_write")
             if ha is not None:  # counted once the request is answered 2xx, never on a retry
                 self.count_ha(ha)
-            headers = {}
-            if decoded.version == "2.0":
-                headers = {
-                    "X-Prometheus-Remote-Write-Samples-Written": str(stored),
-                    "X-Prometheus-Remote-Write-Histograms-Written": "0",
-                    "X-Prometheus-Remote-Write-Exemplars-Written": "0",
-                }
+            headers = _written_headers(decoded, stored)
             if ha is not None and ha.dropped:  # accepted, not stored: Mimir's 202
                 return PlainTextResponse(ha.message(), 202, headers=headers)
             return Response(status_code=204, headers=headers)
@@ -164,6 +168,17 @@ class Writes:
 async def influx_ping(request: Request) -> Response:
     """InfluxDB clients (the `influx` CLI, Telegraf) ping before writing."""
     return Response(status_code=204, headers={"X-Influxdb-Version": INFLUX_VERSION})
+
+
+def _written_headers(decoded: DecodedWrite, stored: int) -> dict[str, str]:
+    """Remote-write 2.0's response headers: what was written (1.0 has none)."""
+    if decoded.version != "2.0":
+        return {}
+    return {
+        "X-Prometheus-Remote-Write-Samples-Written": str(stored),
+        "X-Prometheus-Remote-Write-Histograms-Written": "0",
+        "X-Prometheus-Remote-Write-Exemplars-Written": "0",
+    }
 
 
 def _is_ddl(statement: str) -> bool:
