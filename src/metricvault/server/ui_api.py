@@ -45,6 +45,7 @@ from metricvault.errors import InputError, NotFoundError
 from metricvault.experiment import Experiment
 from metricvault.server.api import ServerAPI
 from metricvault.server.experiments_api import Experiments, confine, visible
+from metricvault.server.ui_curves import step_curves
 from metricvault.server.ui_login import Login, page_guard
 
 if TYPE_CHECKING:
@@ -428,6 +429,8 @@ class UI:
         return JSONResponse(await run_in_threadpool(work))
 
     async def compare(self, req: Request, who: Principal) -> Response:
+        from metricvault.durations import now_ms
+
         ids = [i for i in req.query_params.get("ids", "").split(",") if i]
         metric = req.query_params.get("metric") or "train_loss"
         width = parse_width(req.query_params.get("width"))
@@ -444,7 +447,11 @@ class UI:
             exps = [self.experiment(i, who) for i in dict.fromkeys(ids)]
             curves = {}
             if align == "step":
-                for exp in exps:
+                # track()'s runs: two reads for all of them (ui_curves), else one history each
+                batched = step_curves(self.gateway.vault, exps, metric, width, now_ms())
+                if batched is not None:
+                    curves = batched
+                for exp in exps if batched is None else ():
                     got = history_curves(self.gateway.vault, exp, [metric], width)
                     curves[exp.id] = got["metrics"].get(metric)
             else:
