@@ -56,6 +56,7 @@ class Delivery:
         self.lock = threading.Lock()  # groups end their rounds in threads of their own
         self._seen: dict[str, tuple[int, int]] = {}  # url -> (sent, dropped) counted so far
         self.notifier = Notifier(gateway.settings.alertmanagers, on_change=self._count)
+        self._published = b""  # the incidents file as last written
 
     def __call__(self, group: RuleGroup, alerts: list[OutgoingAlert]) -> None:
         with self.lock:
@@ -86,8 +87,12 @@ class Delivery:
                     "members": members,
                 }
             )
+        data = json.dumps({"incidents": incidents}).encode()
+        if data == self._published:  # most rounds change nothing: no write
+            return
         path = Path(self.gateway.vault.state_dir) / INCIDENTS_FILE
-        write_atomically(str(path), json.dumps({"incidents": incidents}).encode())
+        write_atomically(str(path), data)
+        self._published = data
 
     def _count(self, url: str, stats: TargetStats) -> None:
         metrics = self.gateway.metrics
