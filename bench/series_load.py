@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -74,12 +73,19 @@ def build(path: Path, series: int, metrics: int, files: int) -> None:
             vault.flush()
 
 
+def _peak_rss_kb() -> int:
+    """This process's peak RSS (VmHWM: unlike ru_maxrss it is not inherited from the parent
+    across fork + exec, and the parent here holds the whole vault it built)."""
+    status = Path("/proc/self/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM"))
+
+
 def child(path: str, mode: str, metric: str) -> None:
     """One measurement in this process: prints a JSON line."""
     started = time.perf_counter()
     from metricvault import Vault
 
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss0 = _peak_rss_kb()
     t_import = time.perf_counter()
     vault = Vault.open_local(path)
     if mode == "eager":
@@ -93,7 +99,7 @@ def child(path: str, mode: str, metric: str) -> None:
         got = vault.query(metric, T0, T0 + 60_000, output="arrow")
         assert got.num_rows > 0, "the query found nothing"
     t_first = time.perf_counter()
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss = _peak_rss_kb()
     loaded = len(vault.index._by_id)
     files_read = vault.index.files_read
     vault.close()
