@@ -28,6 +28,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -246,6 +247,7 @@ def create_app(
             logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
         remember_secrets(settings)
         redact_logs()
+        await run_in_threadpool(_warm_write_path)
         gateway.ready = True
         try:
             yield
@@ -265,6 +267,13 @@ def create_app(
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.gateway = gateway
     return app
+
+
+def _warm_write_path() -> None:
+    """Before a worker takes requests: the store's first ``pa.array`` of a numpy array makes
+    pyarrow import pandas (~0.5 s, seconds on a busy machine), which the first write would
+    otherwise wait for."""
+    pa.array(np.zeros(1, dtype=np.int64))
 
 
 READ_METHODS = frozenset({"GET", "HEAD"})
