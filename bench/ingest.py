@@ -823,12 +823,18 @@ def _finish_profiler(spy: tuple[Any, Path]) -> list[str]:
     return summarize_profile(out)
 
 
+# Leaf frames of threads that only wait (py-spy --nonblocking samples some of them as busy):
+# the gateway's idle pool threads, the event loop's select, queued group-commit appends.
+PROFILE_WAITS = ("Condition.wait ", "Event.wait ", "Queue.get ", "EpollSelector.select ", "sleep ")
+
+
 def summarize_profile(path: Path, top: int = PROFILE_TOP) -> list[str]:
-    """The top functions of py-spy's raw stacks, by own time and by total (inclusive) time,
-    as a share of all samples of the gateway's busy threads (idle ones are not sampled)."""
+    """The top functions of py-spy's raw stacks, by own and by total (inclusive) time, as a
+    share of the samples of the gateway's busy threads: stacks that end in a wait
+    (``PROFILE_WAITS``) are counted apart and left out of the shares."""
     own: dict[str, int] = {}
     total: dict[str, int] = {}
-    samples = 0
+    samples = waiting = 0
     for line in path.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
@@ -840,13 +846,19 @@ def summarize_profile(path: Path, top: int = PROFILE_TOP) -> list[str]:
         frames = [f for f in frames if not f.startswith("process ")]
         if not frames:
             continue
+        if frames[-1].startswith(PROFILE_WAITS):
+            waiting += count
+            continue
         samples += count
         own[frames[-1]] = own.get(frames[-1], 0) + count
         for frame in set(frames):
             total[frame] = total.get(frame, 0) + count
     if not samples:
         return [f"profile {path}: no samples"]
-    lines = [f"profile {path.name}: {samples:,} samples (100 Hz, busy threads)"]
+    lines = [
+        f"profile {path.name}: {samples:,} busy samples (100 Hz; {waiting:,} more ended in a "
+        "wait and are left out)"
+    ]
     for title, table in (("own", own), ("total", total)):
         ranked = sorted(table.items(), key=lambda kv: -kv[1])[:top]
         lines.append(
