@@ -744,3 +744,35 @@ def test_the_alert_delivery_publishes_its_incidents_for_the_alerts_page(make_cli
         "XidErrors",
     ]
     assert got["ungrouped"] == []
+
+
+def test_alerts_evaluated_by_the_gateway_show_under_the_incident_it_formed(make_client, tmp_path):
+    """The whole path in one gateway: its evaluator fires two alerts about one node, the
+    alert delivery converges them into an incident (Alertmanager unreachable: it retries),
+    and the page's JSON shows them under their RootCause."""
+    import time
+
+    rules = tmp_path / "rules.yml"
+    rules.write_text(
+        "groups:\n  - name: node\n    interval: 1s\n    rules:\n"
+        "      - alert: XidErrors\n        expr: vector(1)\n"
+        "        labels: {Hostname: node02, severity: critical}\n"
+        "      - alert: GpuUtilLow\n        expr: vector(1)\n"
+        "        labels: {Hostname: node02, severity: warning}\n"
+    )
+    client, _ = make_client(rules_files=(str(rules),), alertmanagers=("http://127.0.0.1:9/",))
+    deadline = time.monotonic() + 60
+    while True:
+        got = client.get("/api/v1/ui/alerts").json()
+        if got["incidents"] and got["incidents"][0]["root_cause"]:
+            break
+        assert time.monotonic() < deadline, f"no incident formed: {got}"
+        time.sleep(0.1)
+    [incident] = got["incidents"]
+    assert incident["incident"] == "node02"
+    assert incident["root_cause"]["labels"]["alertname"] == "RootCause"
+    assert sorted(a["labels"]["alertname"] for a in incident["evidence"]) == [
+        "GpuUtilLow",
+        "XidErrors",
+    ]
+    assert {r["rule"]: r["health"] for r in got["rules"]} == {"XidErrors": "ok", "GpuUtilLow": "ok"}
