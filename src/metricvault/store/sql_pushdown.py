@@ -262,13 +262,16 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+GROUPS_PER_READ = 4  # row groups decoded together: parallel reads, memory still bounded
+
+
 def series_rows(path: str, filesystem: pafs.FileSystem, ids: list[int]) -> pa.Table | None:
     """The rows of a data file (its physical columns, page checksums verified) whose
     series_id is in ``ids``, or None when it holds none. Files are sorted by series_id, so
     each series is one run of rows: the series_id column is read only in the row groups
     whose statistics can hold one of them, and then only the row groups those runs reach
-    (a row group spans many series: its statistics alone would keep most of them), one at
-    a time, so that memory holds one row group beside the rows kept."""
+    (a row group spans many series: its statistics alone would keep most of them), a few
+    at a time, so that memory holds those beside the rows kept."""
     from metricvault.store.files import VERIFY
 
     wanted = np.asarray(sorted(ids), dtype=np.int64)
@@ -276,20 +279,36 @@ def series_rows(path: str, filesystem: pafs.FileSystem, ids: list[int]) -> pa.Ta
         parquet = pq.ParquetFile(handle, **VERIFY)
         meta = parquet.metadata
         col = parquet.schema_arrow.names.index("series_id")
-        parts = []
+        candidates = []
         for g in range(meta.num_row_groups):
             stats = meta.row_group(g).column(col).statistics
             if stats is not None and stats.has_min_max:
                 at = int(np.searchsorted(wanted, stats.min))
                 if at >= wanted.size or int(wanted[at]) > stats.max:
                     continue  # no wanted series in this group's range
-            sid = parquet.read_row_group(g, columns=["series_id"]).column(0).to_numpy()
+            candidates.append(g)
+        if not candidates:
+            return None
+        sids = parquet.read_row_groups(candidates, columns=["series_id"]).column(0)
+        rows_of: dict[int, np.ndarray] = {}
+        offset = 0
+        for g in candidates:
+            size = meta.row_group(g).num_rows
+            sid = sids.slice(offset, size).to_numpy()
+            offset += size
             lo = np.searchsorted(sid, wanted, "left")
             hi = np.searchsorted(sid, wanted, "right")
             runs = [(int(a), int(b)) for a, b in zip(lo, hi, strict=True) if b > a]
             if runs:
-                rows = np.concatenate([np.arange(a, b) for a, b in runs])
-                parts.append(parquet.read_row_group(g).take(pa.array(rows)))
+                rows_of[g] = np.concatenate([np.arange(a, b) for a, b in runs])
+        groups = sorted(rows_of)
+        parts = []
+        for i in range(0, len(groups), GROUPS_PER_READ):
+            batch = groups[i : i + GROUPS_PER_READ]
+            table = parquet.read_row_groups(batch)
+            base = np.cumsum([0] + [meta.row_group(g).num_rows for g in batch])
+            take = np.concatenate([rows_of[g] + base[j] for j, g in enumerate(batch)])
+            parts.append(table.take(pa.array(take)))
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
