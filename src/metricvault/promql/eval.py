@@ -40,6 +40,7 @@ from metricvault.promql.values import (
     StepVector,
     make_labels,
 )
+from metricvault.promql.window_cache import WindowCache
 from metricvault.protocols import BucketSelection, SelectHints
 from metricvault.selector import Matcher
 
@@ -85,6 +86,10 @@ class EngineOptions:
     max_samples: int = 50_000_000
     max_series: int = 0
     timeout_s: float | None = None
+    # Long windows (days, before the raw horizon) of instant queries kept between
+    # evaluations, so a rule re-evaluated every interval reads only what entered its window
+    # (window_cache.py; off: every evaluation reads all its rows, the bench's baseline)
+    window_cache: bool = True
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> EngineOptions:
@@ -119,6 +124,7 @@ class Engine:
         self.source = source
         self.options = options or EngineOptions()
         self.clock = clock
+        self.windows = WindowCache() if self.options.window_cache else None
 
     def evaluate(
         self, expr: str, start_ms: int, end_ms: int | None = None, step_ms: int | None = None
@@ -150,6 +156,7 @@ class Engine:
         check_int64("the query time", start_ms)
         if end_ms is None:
             ev = Evaluator(self.source, self.options, start_ms, start_ms, limits, at)
+            ev.windows = self.windows
             value = ev.eval(tree, np.array([start_ms], dtype=np.int64))
             return ev.annotate(_instant_result(value, start_ms))
         check_int64("the query's end time", end_ms)
@@ -236,6 +243,7 @@ class Evaluator:
         self.query_end = query_end
         self.notes: list[str] = []  # warnings for the answer (approximations)
         self.served_by: set[str] = set()  # rollup tiers that answered a range function
+        self.windows: WindowCache | None = None  # kept long windows (instant queries)
 
     def annotate(self, result: QueryResult) -> QueryResult:
         result.warnings = list(dict.fromkeys(self.notes))

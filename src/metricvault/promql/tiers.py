@@ -96,6 +96,10 @@ def range_call(
     for the steps the rows do not answer."""
     if not ev.options.use_rollups or name not in FUNCTIONS or not isinstance(ms, pp.MatrixSelector):
         return None
+    if ev.windows is not None:  # a long window kept from the last evaluation
+        kept = ev.windows.range_call(ev, name, ms, steps, args or [])
+        if kept is not None:
+            return kept
     if name in PAST_HORIZON_FUNCTIONS:
         if raw is None:
             return None

@@ -1,0 +1,170 @@
+"""A rule's long window kept between evaluations (promql/window_cache.py) answers what the
+uncached rollup path answers for the same window, evaluation after evaluation: as the window
+slides, after newer samples, after late samples, after maintenance, across an hour, and
+for a series that appears in the window's newest minutes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from metricvault.promql import Engine
+from metricvault.promql.eval import EngineOptions
+
+HOUR = 3_600_000
+MIN = 60_000
+DAY = 24 * HOUR
+T0 = (1_700_000_000_000 // DAY) * DAY
+SPAN = 3 * DAY
+NOW = T0 + SPAN
+STEP = 30_000  # a rule group's interval
+OFFSET = 7_000  # its offset: evaluation times are never whole minutes
+EXPRS = (
+    "avg_over_time(gpu_util[2d])",
+    "sum_over_time(gpu_util[2d])",
+    "count_over_time(gpu_util[2d])",
+    "min_over_time(gpu_util[2d])",
+    "max_over_time(gpu_util[2d])",
+    "quantile_over_time(0.9, gpu_util[2d])",
+    "quantile_over_time(0, gpu_util[47h30m])",
+)
+
+
+def _rows(start: int, end: int, gpus: int = 3, seed: int = 5) -> list[Any]:
+    rng = np.random.default_rng(seed)
+    ts = np.arange(start, end, MIN)
+    rows = []
+    for gpu in range(gpus):
+        util = np.round(rng.uniform(0, 100, ts.size), 1)
+        rows += [
+            ("gpu_util", {"gpu": str(gpu)}, int(t), float(v)) for t, v in zip(ts, util, strict=True)
+        ]
+    return rows
+
+
+@pytest.fixture
+def vault(tmp_path: Any) -> Iterator[Any]:
+    from metricvault.store.vault import Vault
+
+    v = Vault.open_local(str(tmp_path / "v"), retention_raw="1d")
+    v.write(_rows(T0, NOW))
+    v.maintain(now_ms=NOW)
+    assert v.catalog_version().raw_horizon_ms > T0 + DAY  # the window starts before it
+    yield v
+    v.close()
+
+
+def _answers(engine: Engine, expr: str, at: int) -> dict[tuple[tuple[str, str], ...], float]:
+    result = engine.evaluate(expr, at)
+    assert result.result_type == "vector"
+    return {tuple(sorted(labels.items())): float(vs[0]) for labels, _, vs in result.series}
+
+
+def _same(cached: Engine, plain: Engine, at: int, exprs: tuple[str, ...] = EXPRS) -> None:
+    for expr in exprs:
+        got, want = _answers(cached, expr, at), _answers(plain, expr, at)
+        if not want and expr.startswith("quantile") and _dirty(cached):
+            # The rows of hours not rolled up yet come without sketches (store/query.py
+            # buckets), so the rows leave the step out; the kept window has the raw samples'
+            # sketch codes of its newest minutes (and takes the rows' path for the others).
+            continue
+        assert got.keys() == want.keys(), expr
+        assert want, expr
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-12, abs=0), (expr, key)
+
+
+def _dirty(engine: Engine) -> bool:
+    return engine.source.catalog_version().rollup_watermark_ms() is not None  # type: ignore[attr-defined]
+
+
+def _engines(vault: Any) -> tuple[Engine, Engine]:
+    return Engine(vault), Engine(vault, EngineOptions(window_cache=False))
+
+
+def test_a_kept_window_answers_as_the_rows_do_while_it_slides(vault):
+    cached, plain = _engines(vault)
+    start = NOW - 20 * MIN + OFFSET
+    for i in range(6):
+        _same(cached, plain, start + i * STEP)
+    assert cached.windows is not None
+    assert cached.windows.updates >= 5 * 3  # later evaluations came from the kept entries
+    assert cached.windows.builds <= 3 * 2  # one entry per window length and kind, at most twice
+
+
+def test_the_kept_window_is_served_from_hour_rows_with_the_rows_warnings(vault):
+    cached, plain = _engines(vault)
+    at = NOW - 20 * MIN + OFFSET
+    for expr in EXPRS:
+        for _ in range(2):  # the second one from the kept entry
+            got = cached.evaluate(expr, at)
+        want = plain.evaluate(expr, at)
+        assert "1h" in got.served_by and "1m" in got.served_by
+        assert got.warnings == want.warnings
+
+
+def test_newer_samples_extend_the_kept_window_without_reading_it_again(vault):
+    cached, plain = _engines(vault)
+    builds = 0
+    for i in range(6):  # the next minute's samples, then an evaluation after them
+        vault.write(_rows(NOW + i * MIN, NOW + (i + 1) * MIN, seed=10 + i))
+        _same(cached, plain, NOW + i * MIN + STEP + OFFSET)
+        if i == 1:  # the window's start just left a whole hour: its hours stay from here on
+            builds = cached.windows.builds if cached.windows else 0
+    assert cached.windows is not None and cached.windows.builds == builds
+    assert cached.windows.invalidated == 0
+
+
+def test_late_samples_inside_the_window_are_in_the_next_answer(vault):
+    cached, plain = _engines(vault)
+    at = NOW - 20 * MIN + OFFSET
+    _same(cached, plain, at)
+    # within raw retention, in the whole hours the entry holds: extreme values, so a stale
+    # answer shows in the max, the sum and the quantiles
+    late = NOW - 12 * HOUR + 30_000
+    vault.write([("gpu_util", {"gpu": str(g)}, late, 1e6) for g in range(3)])
+    _same(cached, plain, at + STEP)
+    assert cached.windows is not None and cached.windows.invalidated >= 1
+    assert _answers(cached, "max_over_time(gpu_util[2d])", at + STEP) == {
+        (("gpu", str(g)),): 1e6 for g in range(3)
+    }
+
+
+def test_maintenance_drops_the_kept_window(vault):
+    cached, plain = _engines(vault)
+    at = NOW - 20 * MIN + OFFSET
+    _same(cached, plain, at)
+    vault.write([("gpu_util", {"gpu": "1"}, NOW - 20 * HOUR, -5.0)])  # late, a rolled-up hour
+    vault.write(_rows(NOW, NOW + 10 * MIN, seed=3))
+    vault.maintain(now_ms=NOW + 10 * MIN)
+    invalidated = cached.windows.invalidated if cached.windows else 0
+    _same(cached, plain, at + STEP)
+    _same(cached, plain, NOW + 5 * MIN + OFFSET)
+    assert cached.windows is not None and cached.windows.invalidated > invalidated
+
+
+def test_a_window_that_crosses_an_hour_is_read_again(vault):
+    cached, plain = _engines(vault)
+    vault.write(_rows(NOW, NOW + HOUR, seed=4))
+    before_hour = NOW + HOUR - 2 * MIN + OFFSET
+    for i in range(10):  # from two minutes before a whole hour to three after
+        _same(cached, plain, before_hour + i * STEP)
+
+
+def test_a_series_new_in_the_newest_minutes_joins_the_kept_window(vault):
+    cached, plain = _engines(vault)
+    at = NOW - 2 * MIN + OFFSET
+    _same(cached, plain, at)
+    vault.write(_rows(NOW, NOW + 2 * MIN, gpus=4, seed=8))  # gpu 3 is new
+    _same(cached, plain, NOW + 2 * MIN + OFFSET)
+    assert (("gpu", "3"),) in _answers(cached, "avg_over_time(gpu_util[2d])", NOW + 2 * MIN)
+
+
+def test_range_queries_and_short_windows_take_the_ordinary_path(vault):
+    cached, _ = _engines(vault)
+    cached.evaluate("avg_over_time(gpu_util[2d])", NOW - HOUR, NOW, 5 * MIN)
+    cached.evaluate("avg_over_time(gpu_util[1h])", NOW - 10 * MIN + OFFSET)
+    assert cached.windows is not None and len(cached.windows) == 0
