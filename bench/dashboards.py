@@ -79,6 +79,11 @@ def main() -> None:
         "--selector-rows", action="store_true", help="plain selectors: rows vs raw, engine only"
     )
     parser.add_argument(
+        "--check",
+        action="store_true",
+        help="compare every range query's answer with one reading every raw sample",
+    )
+    parser.add_argument(
         "--result-cache",
         action="store_true",
         help="let repeated queries hit the query_range result cache (default: nocache=1)",
@@ -113,6 +118,8 @@ def main() -> None:
                 queries += gr.panel_requests(board, name, start_ms, end_ms, variables, source, {})
             if not args.result_cache:  # each run evaluates (a refresh would hit the cache)
                 queries = [_uncached(q) for q in queries]
+            if args.check:
+                _check(vault, settings, queries)
             if args.selector_rows:
                 _selector_rows(vault, settings, queries, args.runs)
                 queries = []
@@ -201,6 +208,50 @@ def _selector_rows(vault: Any, settings: Any, queries: list[Any], runs: int) -> 
         mark = "" if same else "  (ANSWERS DIFFER)"
         print(f"{raw_s:7.3f} {rows_s:7.3f} {raw_s / max(rows_s, 1e-9):6.1f} {tier:>4} "
               f"{step // 1000:5} {q.dashboard}: {q.panel} [{q.ref}]{mark}")  # fmt: skip
+
+
+class _EverySample:
+    """The vault as a source whose selections read every raw sample in their range (the
+    store's hints dropped: no newest-sample-per-step picking), rollup rows as before."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def select(self, matchers: Any, lo: int, hi: int, hints: Any = None) -> Any:
+        return self.inner.select(matchers, lo, hi)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _check(vault: Any, settings: Any, queries: list[Any]) -> None:
+    """Each range query's answer, as served, against the one every raw sample gives."""
+    import numpy as np
+
+    from metricvault.promql import Engine, EngineOptions
+
+    options = EngineOptions.from_settings(settings)
+    served, every = Engine(vault, options), Engine(_EverySample(vault), options)
+    differ = []
+    checked = 0
+    for q in queries:
+        params = dict(q.request.params)
+        if "step" not in params:
+            continue
+        start, end = (int(float(params[k]) * 1000) for k in ("start", "end"))
+        step = int(float(params["step"]) * 1000)
+        got = served.evaluate(params["query"], start, end, step)
+        want = every.evaluate(params["query"], start, end, step)
+        same = [s[0] for s in got.series] == [s[0] for s in want.series] and all(
+            a[1].tolist() == b[1].tolist()
+            and a[2].view(np.int64).tolist() == b[2].view(np.int64).tolist()
+            for a, b in zip(got.series, want.series, strict=True)
+        )
+        checked += 1
+        if not same:
+            differ.append(f"{q.dashboard}: {q.panel} [{q.ref}]")
+    print(f"checked {checked} range queries against every raw sample: "
+          f"{'all identical' if not differ else 'DIFFER: ' + '; '.join(differ)}")  # fmt: skip
 
 
 def _uncached(q: Any) -> Any:
