@@ -2,6 +2,7 @@
 
     python bench/anomaly.py                 # NAB (19 files) + ASD/SMD (13 machines) + root cause
     python bench/anomaly.py --only nab      # one part: nab, smd or rootcause
+    python bench/anomaly.py --only libraries  # statsmodels/stumpy/river on NAB ([anomaly] extra)
 
 NAB (``../shared/data/nab_machine_metrics``): each detector streams every file (no look-ahead,
 one parameter set), and NAB's scoring function (metricvault.analysis.nab_score, re-implemented
@@ -50,6 +51,7 @@ PUBLISHED = {
     "random (NAB)": 9.0,
 }
 NAB_DETECTORS = {
+    "range": None,
     "random": "random (NAB)",
     "gaussian": "windowed Gaussian (NAB)",
     "gaussian-rolling": None,
@@ -123,6 +125,92 @@ def nab_random_seeds(seeds: int = 20) -> dict[str, Any]:
     row["published"] = PUBLISHED["random (NAB)"]
     print(json.dumps(row), file=sys.stderr)
     return row
+
+
+def _hst(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """river's HalfSpaceTrees (online isolation) behind its online MinMaxScaler, score then
+    learn each sample."""
+    from river import anomaly, compose, preprocessing
+
+    model = compose.Pipeline(
+        preprocessing.MinMaxScaler(),
+        anomaly.HalfSpaceTrees(n_trees=25, height=8, window_size=250, seed=42),
+    )
+    out = np.zeros(len(values))
+    for i, v in enumerate(values.tolist()):
+        out[i] = model.score_one({"v": v})
+        model.learn_one({"v": v})
+    return out
+
+
+def _stl(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """statsmodels STL (daily period of 288) refitted every 288 samples on the last 2016 before
+    it; a sample's score is its distance from the fit's trend + seasonal forecast in MADs of
+    the fit's residuals."""
+    from statsmodels.tsa.seasonal import STL
+
+    out = np.zeros(len(values))
+    fit: tuple[npt.NDArray[np.float64], float, float] | None = None
+    base = 0
+    for i in range(len(values)):
+        if i >= 576 and (fit is None or i - base >= 288):
+            past = values[max(0, i - 2016) : i]
+            res = STL(past, period=288, robust=False).fit()
+            resid = np.asarray(res.resid)
+            mad = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
+            scale = mad + 1e-9 + 1e-3 * abs(float(np.median(past)))
+            fit, base = (
+                (np.asarray(res.seasonal)[-288:], float(np.asarray(res.trend)[-1]), scale),
+                i,
+            )
+        if fit is not None:
+            season, trend, scale = fit
+            z = abs(values[i] - trend - season[(i - base) % 288]) / scale
+            out[i] = z / (z + 3.0)
+    return out
+
+
+def _left_matrix_profile(values: npt.NDArray[np.float64], m: int = 12) -> npt.NDArray[np.float64]:
+    """stumpy's left matrix profile: the z-normalised distance of the subsequence ending at each
+    sample to its nearest neighbour among the EARLIER subsequences only (what stumpy.stumpi
+    streams, computed in one stumpy.stump call), over its maximum 2*sqrt(m)."""
+    import stumpy
+
+    jitter = np.random.default_rng(0).normal(0, 1e-9, len(values)) * (np.std(values) + 1e-9)
+    series = values.astype(np.float64) + jitter  # flat stretches have no z-normalisation
+    left = stumpy.stump(series, m)[:, 2].astype(np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(series, m)
+    z = (windows - windows.mean(axis=1, keepdims=True)) / (
+        windows.std(axis=1, keepdims=True) + 1e-12
+    )
+    out = np.zeros(len(values))
+    has = left >= 0
+    idx = np.flatnonzero(has)
+    out[idx + m - 1] = np.sqrt(((z[idx] - z[left[idx]]) ** 2).sum(axis=1)) / (2 * math.sqrt(m))
+    return out
+
+
+LIBRARY_DETECTORS = {
+    "river HalfSpaceTrees": _hst,
+    "statsmodels STL residual": _stl,
+    "stumpy left matrix profile (m=12)": _left_matrix_profile,
+}
+
+
+def bench_libraries() -> list[dict[str, Any]]:
+    """The methods of the [anomaly] extra on NAB, alone: measured to decide whether the default
+    should use them (it does not: docs/anomaly.md)."""
+    data = load_nab()
+    rows = []
+    for name, fn in LIBRARY_DETECTORS.items():
+        t0 = time.perf_counter()
+        files = [LabelledFile(fn(vals), window_rows(ts, wins)) for _, ts, vals, wins in data]
+        row: dict[str, Any] = {"detector": name, "seconds": round(time.perf_counter() - t0, 2)}
+        for profile in PROFILES:
+            row[profile] = round(nab_score(files, profile).score, 1)
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr)
+    return rows
 
 
 class _Numpy(pickle.Unpickler):
@@ -277,7 +365,7 @@ def bench_rootcause(full: bool) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["nab", "smd", "rootcause"], action="append")
+    parser.add_argument("--only", choices=["nab", "smd", "rootcause", "libraries"], action="append")
     parser.add_argument("--full", action="store_true", help="every machine, the whole train split")
     parser.add_argument("--detectors", default=",".join(NAB_DETECTORS))
     args = parser.parse_args()
@@ -290,6 +378,8 @@ def main() -> None:
         result["smd"] = bench_smd([d for d in detectors if d != "quantile"], args.full)
     if "rootcause" in parts:
         result["rootcause"] = bench_rootcause(args.full)
+    if "libraries" in parts:  # opt-in: needs the [anomaly] extra, and takes long
+        result["libraries"] = bench_libraries()
     print(json.dumps(result, indent=1))
 
 

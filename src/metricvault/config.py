@@ -323,7 +323,7 @@ class Settings:
         "metricvault_anomaly_score series. Empty: none.",
     )
     anomaly_detector: str = _setting(
-        "novelty",
+        "range",
         "The detector that scores anomaly_score_selectors' series (docs/anomaly.md, Detectors).",
     )
     anomaly_score_interval: str = _setting(

@@ -161,9 +161,9 @@ def test_maintain_scores_the_configured_series(tmp_path: Path) -> None:
     now = "2026-01-01T05:00:00Z"  # T0 + 300 minutes
     args = ["maintain", "-d", path, "--now", now, "--set", "anomaly_score_selectors=gpu_temp"]
     first = CliRunner().invoke(app, args, catch_exceptions=False)
-    assert "anomaly scores: 600 new sample(s) scored (novelty)" in first.output
+    assert "anomaly scores: 600 new sample(s) scored (range)" in first.output
     again = CliRunner().invoke(app, args, catch_exceptions=False)
-    assert "anomaly scores: 0 new sample(s) scored (novelty)" in again.output
+    assert "anomaly scores: 0 new sample(s) scored (range)" in again.output
     with Vault.open_local(path) as v:
         assert {gpu: len(ts) for gpu, (ts, _) in _stored(v, SCORE_METRIC).items()} == {
             "0": 300,

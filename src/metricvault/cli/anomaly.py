@@ -26,7 +26,9 @@ def score(
     detector: Annotated[
         str,
         typer.Option(
-            "--detector", help="gaussian, gaussian-rolling, quantile, mad, novelty, random."
+            "--detector",
+            help="range (the default), novelty, gaussian, gaussian-rolling, quantile, mad, "
+            "history, random (docs/anomaly.md).",
         ),
     ] = "",
 ) -> None:
