@@ -20,6 +20,7 @@ import promql_parser as pp
 
 from metricvault.errors import PromQLError, SelectorError
 from metricvault.promql import aggregate, binary, functions, tiers
+from metricvault.promql.head_cache import HeadCache
 from metricvault.promql.limits import MAX_POINTS_PER_SERIES, Clock, Limits, check_resolution
 from metricvault.promql.parse import duration_ms, parse
 from metricvault.promql.source import SampleSource, hints_for, is_stale
@@ -90,6 +91,9 @@ class EngineOptions:
     # evaluations, so a rule re-evaluated every interval reads only what entered its window
     # (window_cache.py; off: every evaluation reads all its rows, the bench's baseline)
     window_cache: bool = True
+    # Recent raw samples of instant queries kept per selector while the catalog shows no
+    # change, so the rules of a group that read one metric read it once (head_cache.py)
+    head_cache: bool = True
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> EngineOptions:
@@ -125,6 +129,7 @@ class Engine:
         self.options = options or EngineOptions()
         self.clock = clock
         self.windows = WindowCache() if self.options.window_cache else None
+        self.heads = HeadCache() if self.options.head_cache else None
 
     def evaluate(
         self, expr: str, start_ms: int, end_ms: int | None = None, step_ms: int | None = None
@@ -156,7 +161,7 @@ class Engine:
         check_int64("the query time", start_ms)
         if end_ms is None:
             ev = Evaluator(self.source, self.options, start_ms, start_ms, limits, at)
-            ev.windows = self.windows
+            ev.windows, ev.heads = self.windows, self.heads
             value = ev.eval(tree, np.array([start_ms], dtype=np.int64))
             return ev.annotate(_instant_result(value, start_ms))
         check_int64("the query's end time", end_ms)
@@ -244,6 +249,7 @@ class Evaluator:
         self.notes: list[str] = []  # warnings for the answer (approximations)
         self.served_by: set[str] = set()  # rollup tiers that answered a range function
         self.windows: WindowCache | None = None  # kept long windows (instant queries)
+        self.heads: HeadCache | None = None  # kept recent raw samples (instant queries)
 
     def annotate(self, result: QueryResult) -> QueryResult:
         result.warnings = list(dict.fromkeys(self.notes))
@@ -361,7 +367,12 @@ class Evaluator:
         self.limits.check()
         # Nothing is stored outside what a datetime holds; a store asked for it may overflow.
         lo, hi = max(lo, MIN_STORED_MS), min(hi, MAX_STORED_MS)
-        found = self.source.select(matchers, lo, hi, hints) if lo <= hi else []
+        if lo > hi:
+            found = []
+        elif self.heads is not None:
+            found = self.heads.select(self.source, matchers, lo, hi, hints)
+        else:
+            found = self.source.select(matchers, lo, hi, hints)
         series = [RangeSeries(make_labels(s.labels.items()), s.ts, s.values) for s in found]
         self.limits.selected(s.labels for s in series)
         self.limits.reserve(sum(int(s.ts.size) for s in series))

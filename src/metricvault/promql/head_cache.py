@@ -1,0 +1,103 @@
+"""Recent raw samples kept between the queries of one engine: the rules of a group, evaluated at
+one time, read the same metrics over windows of minutes to an hour, and each read would decode
+and slice the same files again.
+
+Per selector (its matchers), the samples of the last read are kept: at least the hour
+(:data:`HEAD_MS`) before its end, so the instant selector, the 5-minute and the 1-hour window
+of a metric share one read. A later read inside that span is a slice of the kept arrays, the
+same samples the store returns (staleness markers and NaN included); one outside it reads
+the store again. Whether the kept samples still hold is the store's catalog version, compared
+as the query-result cache compares it (:func:`metricvault.promql.result_cache.still_holds`):
+any raw file whose oldest sample is not after the kept span's end (late data, or a flush of
+samples at that time: a rule group's own writes at its evaluation time), any rollup or
+compaction drops the kept samples. Buffered samples are flushed before comparing, as every
+read flushes them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from metricvault.promql.result_cache import Version, still_holds
+from metricvault.promql.window_cache import catalog_of
+from metricvault.protocols import SampleSource, SeriesSamples
+from metricvault.selector import Matcher
+
+HEAD_MS = 3_600_000 + 300_000  # the widest window of shipped rules, and a lookback
+MAX_SAMPLES = 20_000_000  # kept across selectors (about 320 MB), least recently used out
+
+
+@dataclass
+class _Kept:
+    version: Version
+    start: int
+    end: int
+    series: list[SeriesSamples]
+    samples: int
+
+
+class HeadCache:
+    """The recent raw samples of one engine's selectors (see the module's text); thread-safe."""
+
+    def __init__(self, max_samples: int = MAX_SAMPLES) -> None:
+        self.max_samples = max_samples
+        self._kept: OrderedDict[tuple[Matcher, ...], _Kept] = OrderedDict()
+        self._samples = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def select(
+        self, source: SampleSource, matchers: Sequence[Matcher], lo: int, hi: int, hints: Any
+    ) -> list[SeriesSamples]:
+        """``source.select(matchers, lo, hi, hints)``, from kept samples where they hold."""
+        catalog = catalog_of(source)
+        snap = catalog() if catalog is not None else None
+        if snap is None or hi - lo > HEAD_MS:
+            return source.select(matchers, lo, hi, hints)
+        key = tuple(matchers)
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None and not still_holds(kept.version, snap, kept.end):
+                self._drop(key)
+                kept = None
+            if kept is not None and kept.start <= lo and hi <= kept.end:
+                self._kept.move_to_end(key)
+                self.hits += 1
+                return _sliced(kept.series, lo, hi)
+        start = min(lo, hi - HEAD_MS)
+        found = source.select(matchers, start, hi)
+        self.reads += 1
+        size = sum(int(s.ts.size) for s in found)
+        with self._lock:
+            self._drop(key)
+            if size <= self.max_samples:
+                self._kept[key] = _Kept(Version.of(snap), start, hi, found, size)
+                self._samples += size
+                while self._samples > self.max_samples and self._kept:
+                    self._drop(next(iter(self._kept)))
+        return _sliced(found, lo, hi) if start < lo else found
+
+    def _drop(self, key: tuple[Matcher, ...]) -> None:
+        kept = self._kept.pop(key, None)
+        if kept is not None:
+            self._samples -= kept.samples
+
+
+def _sliced(series: list[SeriesSamples], lo: int, hi: int) -> list[SeriesSamples]:
+    out = []
+    for s in series:
+        a = int(np.searchsorted(s.ts, lo, "left"))
+        b = int(np.searchsorted(s.ts, hi, "right"))
+        if b > a:
+            out.append(SeriesSamples(s.labels, s.ts[a:b], s.values[a:b]))
+    return out
