@@ -105,8 +105,7 @@ def _git(root: Path, env: dict[str, str], *args: str) -> None:
     subprocess.run(["git", *args], cwd=root, env=env, check=True, capture_output=True, timeout=60)
 
 
-def _make_workspace(root: Path, vault: Path, page_text: str, influx: str | None) -> Workspace:
-    shutil.copytree(vault, root / "metricvault-data")
+def _workspace_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("METRICVAULT_")}
     env.update(
         PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
@@ -120,18 +119,47 @@ def _make_workspace(root: Path, vault: Path, page_text: str, influx: str | None)
         # (its sender cannot reach the network here) and would phone home where it can.
         DVC_NO_ANALYTICS="1",
     )
+    return env
+
+
+@pytest.fixture(scope="session")
+def workspace_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What every page's workspace starts with and costs a process start or a key to make,
+    made once and copied into each: DVC set up (``dvc init``, and ``dvc remote add -d store
+    dvc-remote``, which DVC writes relative to ``.dvc/``, so the copy's remote is the copy's own
+    ``dvc-remote``) and a certificate for 127.0.0.1."""
+    root = tmp_path_factory.mktemp("docs-workspace-template")
+    env = _workspace_env()
+    _git(root, env, "init", "-q", "-b", "main")
+    dvc = str(VENV_BIN / "dvc")
+    for args in (["init", "-q"], ["remote", "add", "-d", "store", "dvc-remote"]):
+        subprocess.run([dvc, *args], cwd=root, env=env, check=True, capture_output=True)
+    if shutil.which("openssl"):
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+             "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+             "-keyout", str(root / "key.pem"), "-out", str(root / "cert.pem")],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+    return root
+
+
+def _make_workspace(
+    root: Path, vault: Path, page_text: str, influx: str | None, template: Path
+) -> Workspace:
+    shutil.copytree(vault, root / "metricvault-data")
+    env = _workspace_env()
     _git(root, env, "init", "-q", "-b", "main")
     (root / ".gitignore").write_text("metricvault-data/\n")
     (root / "README.txt").write_text("a paper's repository\n")
     _git(root, env, "add", ".gitignore", "README.txt")
     _git(root, env, "commit", "-q", "-m", "start")
     if "dvc init" not in page_text:  # the page assumes DVC is set up already
-        dvc = str(VENV_BIN / "dvc")
-        for args in (["init", "-q"], ["remote", "add", "-d", "store", str(root / "dvc-remote")]):
-            subprocess.run([dvc, *args], cwd=root, env=env, check=True, capture_output=True)
+        shutil.copytree(template / ".dvc", root / ".dvc", ignore=shutil.ignore_patterns("tmp"))
+        shutil.copy2(template / ".dvcignore", root / ".dvcignore")
         _git(root, env, "add", ".dvc", ".dvcignore")
         _git(root, env, "commit", "-q", "-m", "dvc")
-    _write_inputs(root)
+    _write_inputs(root, template)
     gateway, agent = free_port(), free_port()
     rewrites = [
         (r"/mnt/archive/dvc", str(root / "dvc-archive")),
@@ -146,7 +174,7 @@ def _make_workspace(root: Path, vault: Path, page_text: str, influx: str | None)
     return Workspace(root, env, rewrites)
 
 
-def _write_inputs(root: Path) -> None:
+def _write_inputs(root: Path, template: Path) -> None:
     for log in (root / "train.log", root / "runs" / "r3" / "train.log"):
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text("step 1 loss 2.31\nRuntimeError: CUDA error: out of memory\n")
@@ -164,13 +192,9 @@ def _write_inputs(root: Path) -> None:
         if (repo / shipped).is_dir():
             shutil.copytree(repo / shipped, root / shipped, dirs_exist_ok=True)
     (root / "metricvault.toml").write_text('retention_raw = "30d"\n')
-    if shutil.which("openssl"):
-        subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-             "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-             "-keyout", str(root / "key.pem"), "-out", str(root / "cert.pem")],
-            check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
+    for pem in ("cert.pem", "key.pem"):
+        if (template / pem).exists():
+            shutil.copy2(template / pem, root / pem)
 
 
 SERVER_COMMANDS = re.compile(r"^metricvault (serve|agent|maintain .*--loop)\b")
@@ -322,7 +346,8 @@ def run_page(
     if "influxdb://127.0.0.1:8086" in text:
         server = request.getfixturevalue("influxd")
         influx = f"{server.host}:{server.port}"
-    ws = _make_workspace(tmp_path / "ws", demo_vault, text, influx)
+    template = request.getfixturevalue("workspace_template")
+    ws = _make_workspace(tmp_path / "ws", demo_vault, text, influx, template)
     workspace_factory.append(ws)
     for cmd in commands(page):
         if cmd.exemption() is None:

@@ -15,12 +15,14 @@ from .test_docs_commands import (
     demo_vault,
     run_page,
     workspace_factory,
+    workspace_template,
 )
 
 pytestmark = pytest.mark.e2e
 
 SLOW = [p for p in PAGES if p.name in SLOW_PAGES]
-__all__ = ["demo_vault", "workspace_factory"]  # the fixtures this file's test uses
+# the fixtures this file's test uses
+__all__ = ["demo_vault", "workspace_factory", "workspace_template"]
 
 
 @pytest.mark.parametrize("page", SLOW, ids=[p.name for p in SLOW])

@@ -9,6 +9,7 @@ run). There are no exceptions: a crossing or a cycle is fixed, not listed.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,7 @@ def imports_of(path: Path, known: set[str], name: str = "") -> list[tuple[str, b
     return [(m, r) for m, r in found if m != name]
 
 
+@functools.cache  # parsed once per run: four tests walk the same sources
 def graph() -> dict[str, list[tuple[str, bool]]]:
     files = sorted(SRC.rglob("*.py"))
     known = {module_name(p) for p in files}

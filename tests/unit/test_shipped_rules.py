@@ -5,6 +5,8 @@ same files once the evaluator provides it."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -112,8 +114,31 @@ def test_metricvault_rules_test_passes_every_shipped_unit_test_file() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.fixture(scope="module")
+def mutated_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """One ``metricvault rules test`` of every mutated file (a process start each costs more
+    than most files' evaluation), its report split per file: each file's failures follow its
+    ``Unit Testing:`` line (stdout and stderr, unbuffered, in one stream)."""
+    tmp = tmp_path_factory.mktemp("mutated")
+    files = [_mutated(path, tmp) for path in TEST_FILES]
+    result = subprocess.run(
+        [sys.executable, "-m", "metricvault.cli", "rules", "test", *map(str, files)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, check=False,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    parts = re.split(r"^Unit Testing:\s+(\S+)$", result.stdout, flags=re.M)
+    sections = {Path(name).name: text for name, text in zip(parts[1::2], parts[2::2], strict=True)}
+    return result, sections
+
+
 @pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: p.name)
-def test_metricvault_rules_test_fails_a_mutated_expectation(path: Path, tmp_path: Path) -> None:
-    mutated = _metricvault_rules_test(_mutated(path, tmp_path))
-    assert mutated.returncode != 0, mutated.stdout + mutated.stderr
-    assert 'severity="mutated"' in mutated.stdout + mutated.stderr
+def test_metricvault_rules_test_fails_a_mutated_expectation(
+    path: Path, mutated_run: tuple[subprocess.CompletedProcess[str], dict[str, str]]
+) -> None:
+    result, sections = mutated_run
+    assert result.returncode != 0, result.stdout
+    assert path.name in sections, result.stdout
+    assert "SUCCESS" not in sections[path.name], sections[path.name]
+    assert 'severity="mutated"' in sections[path.name], result.stdout
