@@ -85,6 +85,8 @@ def test_newer_samples_and_a_rules_own_writes_are_read(vault):
     vault.write([("recorded:util", {"gpu": "0"}, AT, 1.0)])  # a rule's write at its time
     _same(cached, plain, NOW + 30_000)
     _same(cached, plain, NOW + 30_000 + 7_000)
+    assert cached.heads is not None and cached.heads.reads == 2  # the newest samples appended
+    assert cached.heads.extended >= 2
 
 
 def test_late_samples_are_in_the_next_answer(vault):
@@ -107,3 +109,12 @@ def test_maintenance_drops_the_kept_samples(vault):
     assert (
         _answers(cached, "min_over_time(gpu_util[1h])", AT)[(("gpu", "2"), ("host", "h0"))] == -3.0
     )
+
+
+def test_a_sample_at_the_kept_spans_end_arriving_after_the_read_is_read(vault):
+    cached, plain = _engines(vault)
+    _same(cached, plain, AT)
+    vault.write([("gpu_util", {"gpu": "2", "host": "h0"}, AT, 1e6)])  # at the read's end
+    _same(cached, plain, AT)
+    got = _answers(cached, "gpu_util", AT)
+    assert got[(("__name__", "gpu_util"), ("gpu", "2"), ("host", "h0"))] == 1e6

@@ -5,13 +5,16 @@ and slice the same files again.
 Per selector (its matchers), the samples of the last read are kept: at least the hour
 (:data:`HEAD_MS`) before its end, so the instant selector, the 5-minute and the 1-hour window
 of a metric share one read. A later read inside that span is a slice of the kept arrays, the
-same samples the store returns (staleness markers and NaN included); one outside it reads
-the store again. Whether the kept samples still hold is the store's catalog version, compared
-as the query-result cache compares it (:func:`metricvault.promql.result_cache.still_holds`):
-any raw file whose oldest sample is not after the kept span's end (late data, or a flush of
-samples at that time: a rule group's own writes at its evaluation time), any rollup or
-compaction drops the kept samples. Buffered samples are flushed before comparing, as every
-read flushes them.
+same samples the store returns (staleness markers and NaN included); one that reaches past
+the span's end (the next group's later time), or comes after a flush, reads the store only
+from the span's end on (its samples at that end time too) and appends them; one that starts
+before the span reads it all again. Whether the kept samples still hold is the store's
+catalog version, compared as the query-result cache compares it
+(:func:`metricvault.promql.result_cache.still_holds`) up to just before the span's end: a raw
+file with an older sample (late data), any rollup or compaction drops them; files of samples
+at the span's end or after (the scrapes since, a rule group's own writes at its evaluation
+time) are what the read from the end on takes in. Buffered samples are flushed before
+comparing, as every read flushes them.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from metricvault.promql.result_cache import Version, still_holds
+from metricvault.promql.result_cache import CatalogVersion, Version, still_holds
 from metricvault.promql.window_cache import catalog_of
 from metricvault.protocols import SampleSource, SeriesSamples
 from metricvault.selector import Matcher
@@ -50,8 +53,9 @@ class HeadCache:
         self._kept: OrderedDict[tuple[Matcher, ...], _Kept] = OrderedDict()
         self._samples = 0
         self._lock = threading.Lock()
-        self.hits = 0
-        self.reads = 0
+        self.hits = 0  # reads answered from kept samples alone
+        self.extended = 0  # ... with the samples from the kept span's end read anew
+        self.reads = 0  # reads of the whole span
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -67,12 +71,18 @@ class HeadCache:
         key = tuple(matchers)
         with self._lock:
             kept = self._kept.get(key)
-            if kept is not None and not still_holds(kept.version, snap, kept.end):
+            if kept is not None and not still_holds(kept.version, snap, kept.end - 1):
                 self._drop(key)
                 kept = None
-            if kept is not None and kept.start <= lo and hi <= kept.end:
+            if kept is not None and kept.start <= lo:
                 self._kept.move_to_end(key)
-                self.hits += 1
+                if hi > kept.end or kept.version.version != snap.version:
+                    # newer samples, or files of samples at kept.end or after: those read anew
+                    fresh = source.select(matchers, kept.end, max(hi, kept.end))
+                    self._extend(key, kept, fresh, max(hi, kept.end), snap)
+                    self.extended += 1
+                else:
+                    self.hits += 1
                 return _sliced(kept.series, lo, hi)
         start = min(lo, hi - HEAD_MS)
         found = source.select(matchers, start, hi)
@@ -83,14 +93,54 @@ class HeadCache:
             if size <= self.max_samples:
                 self._kept[key] = _Kept(Version.of(snap), start, hi, found, size)
                 self._samples += size
-                while self._samples > self.max_samples and self._kept:
-                    self._drop(next(iter(self._kept)))
+                self._bound()
         return _sliced(found, lo, hi) if start < lo else found
+
+    def _extend(
+        self,
+        key: tuple[Matcher, ...],
+        kept: _Kept,
+        fresh: list[SeriesSamples],
+        end: int,
+        snap: CatalogVersion,
+    ) -> None:
+        """``kept`` with its samples at ``kept.end`` and after replaced by ``fresh`` (the
+        store's samples of ``[kept.end, end]``), its oldest beyond two heads dropped."""
+        start = kept.start if end - kept.start <= 2 * HEAD_MS else end - HEAD_MS
+        by_labels = {_key(s): s for s in fresh}
+        series = []
+        for s in kept.series:
+            new = by_labels.pop(_key(s), None)
+            a = int(np.searchsorted(s.ts, start, "left"))
+            b = int(np.searchsorted(s.ts, kept.end, "left"))
+            if new is None:
+                if b > a:
+                    series.append(SeriesSamples(s.labels, s.ts[a:b], s.values[a:b]))
+                continue
+            ts, values = (
+                np.concatenate([s.ts[a:b], new.ts]),
+                np.concatenate([s.values[a:b], new.values]),
+            )
+            series.append(SeriesSamples(s.labels, ts, values))
+        series += by_labels.values()  # series whose first samples are the newest
+        size = sum(int(s.ts.size) for s in series)
+        self._samples += size - kept.samples
+        kept.series, kept.samples, kept.start, kept.end = series, size, start, end
+        kept.version = Version.of(snap)
+        self._bound()
+
+    def _bound(self) -> None:
+        while self._samples > self.max_samples and self._kept:
+            self._drop(next(iter(self._kept)))
 
     def _drop(self, key: tuple[Matcher, ...]) -> None:
         kept = self._kept.pop(key, None)
         if kept is not None:
             self._samples -= kept.samples
+
+
+def _key(s: SeriesSamples) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(s.labels.items()))
 
 
 def _sliced(series: list[SeriesSamples], lo: int, hi: int) -> list[SeriesSamples]:
