@@ -9,8 +9,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ENV_PREFIX = "METRICVAULT_"
+
+# Property tests: the ``ci`` profile (the default, what ``make test`` runs) gives a test that
+# sets no max_examples hypothesis's own 100 examples; ``HYPOTHESIS_PROFILE=thorough`` gives it
+# 3000 (before a release, after changing a decoder or the store), and the store oracle
+# (test_oracle.py, a whole vault per example) 250 workloads instead of 12.
+PROFILE_EXAMPLES = {"ci": 100, "thorough": 3000}
+for _name, _examples in PROFILE_EXAMPLES.items():
+    settings.register_profile(_name, max_examples=_examples)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(autouse=True, scope="session")

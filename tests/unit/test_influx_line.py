@@ -506,14 +506,14 @@ def decodes_or_refuses(body: bytes, **kwargs: Any) -> None:
     assert result.samples == result.table.num_rows
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=300))
 def test_fuzz_random_bytes(body: bytes) -> None:
     decodes_or_refuses(body)
     decodes_or_refuses(body, content_encoding="gzip")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(mutated())
 def test_fuzz_mutated_valid_bodies(text: str) -> None:
     body = text.encode("utf-8", "surrogatepass")
@@ -521,13 +521,13 @@ def test_fuzz_mutated_valid_bodies(text: str) -> None:
     decodes_or_refuses(gzip.compress(body), content_encoding="gzip", max_decoded_bytes=200)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(st.lists(generated_line(), max_size=5).map("\n".join))
 def test_fuzz_generated_bodies(text: str) -> None:
     decodes_or_refuses(text.encode())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(mutated())
 def test_fast_path_agrees_with_the_scanner(text: str) -> None:
     """Whatever the split-based fast path accepts, the character scanner parses the same way."""
@@ -540,7 +540,7 @@ def test_fast_path_agrees_with_the_scanner(text: str) -> None:
             assert fast == influx_line.parse_slow(line)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(generated_line())
 def test_fast_path_agrees_with_the_scanner_on_escapes(line: str) -> None:
     fast = influx_line.parse_fast(line)

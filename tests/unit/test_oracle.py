@@ -351,8 +351,11 @@ ALIGNED = (T0, T0 + 4 * DAY)
 PHASES = [Phase.explicit, Phase.reuse, Phase.generate]
 if os.environ.get("ORACLE_SHRINK"):
     PHASES.append(Phase.shrink)
+# workloads a property: 12 under the suite's ``ci`` profile, 250 under ``thorough``
+# (tests/conftest.py); ORACLE_EXAMPLES=N sets it
+DEFAULT_EXAMPLES = "250" if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else "12"
 HYPO = settings(
-    max_examples=int(os.environ.get("ORACLE_EXAMPLES", "25")),
+    max_examples=int(os.environ.get("ORACLE_EXAMPLES", DEFAULT_EXAMPLES)),
     deadline=None,
     phases=PHASES,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
