@@ -52,24 +52,32 @@ def test_sigterm_flushes_every_acknowledged_sample_to_s3_before_the_gateway_exit
     gateway.start()
     try:
         gateway.wait_ready()
-        acked = 0
-        for b in range(BATCHES):
-            lines = [
-                f"sig,series=s{s} v={b * PER_BATCH + s} {T0_MS + b * 1_000}"
-                for s in range(PER_BATCH)
-            ]
-            request = urllib.request.Request(
-                f"{gateway.url}/api/v2/write?precision=ms",
-                data="\n".join(lines).encode(),
-                method="POST",
-            )
-            with urllib.request.urlopen(request, timeout=30) as response:
-                assert response.status == 204
-            acked += PER_BATCH
-        before = stored(uri, s3_server.endpoint, tmp_path / "reader-before")
-        assert before == 0, "flushed before SIGTERM: the test would prove nothing"
+        acked = batch = 0
+        # A worker that starts after the other has taken writes flushes the other's buffer
+        # (every worker's start does): on a loaded machine that can empty what was acked
+        # so far. Write until samples are acked that no flush has stored yet, so that the
+        # SIGTERM flush is what must store them.
+        for _round in range(4):
+            for _ in range(BATCHES):
+                lines = [
+                    f"sig,series=s{s} v={batch * PER_BATCH + s} {T0_MS + batch * 1_000}"
+                    for s in range(PER_BATCH)
+                ]
+                request = urllib.request.Request(
+                    f"{gateway.url}/api/v2/write?precision=ms",
+                    data="\n".join(lines).encode(),
+                    method="POST",
+                )
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    assert response.status == 204
+                acked += PER_BATCH
+                batch += 1
+            before = stored(uri, s3_server.endpoint, tmp_path / f"reader-before-{_round}")
+            if before < acked:
+                break
+        assert before < acked, "everything flushed before SIGTERM: the test would prove nothing"
     finally:
         status = gateway.stop(timeout=60)
     assert status == 0, f"serve exited {status} on SIGTERM:\n{gateway.log_tail()}"
     # the emptyDir is gone: a reader without the gateway's state directory
-    assert stored(uri, s3_server.endpoint, tmp_path / "reader-after") == acked == 200
+    assert stored(uri, s3_server.endpoint, tmp_path / "reader-after") == acked
