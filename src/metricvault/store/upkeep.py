@@ -129,15 +129,16 @@ class MaintenanceLoop:
         return claimant(self.vault)
 
 
-class Stopped(SystemExit):
+class _Stopped(SystemExit):
     """Raised in the main thread by the first SIGTERM/SIGINT under ``stop_on_signals``."""
 
 
 @contextmanager
 def stop_on_signals(stop: threading.Event) -> Iterator[None]:
     """SIGTERM and SIGINT set ``stop`` and end what the main thread is doing with
-    :class:`Stopped` (exit status 0), so ``with claims.hold(...)`` and ``MaintenanceLoop.run``
-    release their claims on the way out; a second signal while that unwinds is ignored.
+    :class:`_Stopped` (exit status 0, a SystemExit nothing catches), so
+    ``with claims.hold(...)`` and ``MaintenanceLoop.run`` release their claims on the way
+    out; a second signal while that unwinds is ignored.
     The previous handlers are restored afterwards."""
 
     def handler(signum: int, _frame: FrameType | None) -> None:
@@ -145,7 +146,7 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
             return  # already on the way out: let it finish releasing
         stop.set()
         log.info("%s: stopping maintenance", signal.Signals(signum).name)
-        raise Stopped(0)
+        raise _Stopped(0)
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
