@@ -342,17 +342,46 @@ class UI:
         experiments (their window no longer moves)."""
         from metricvault.archive.compare import summarise
 
-        key = (exp.id, exp.selector, str(exp.start_ms), str(exp.end_ms), exp.tenant)
+        key = self.summary_key(exp)
         if exp.end_ms is not None and key in self.summaries:
             self.summaries.move_to_end(key)
             return self.summaries[key]
         figures = dataclasses.asdict(summarise(self.gateway.vault, exp))
         result = {k: finite(figures[k]) for k in SUMMARY_FIELDS}
         if exp.end_ms is not None:
-            self.summaries[key] = result
-            while len(self.summaries) > 20_000:
-                self.summaries.popitem(last=False)
+            self.remember(key, result)
         return result
+
+    def summary_key(self, exp: Experiment) -> tuple[str, ...]:
+        return (exp.id, exp.selector, str(exp.start_ms), str(exp.end_ms), exp.tenant)
+
+    def page_summaries(self, exps: Sequence[Experiment], now: int) -> dict[str, dict[str, Any]]:
+        """The summary figures of a page's rows: finished experiments from the cache, the
+        rest in one batch of reads (``ui_summaries``) where their selectors allow it; rows
+        missing from the answer are left to :meth:`summary` (one experiment each)."""
+        from metricvault.server.ui_summaries import page_summaries
+
+        out: dict[str, dict[str, Any]] = {}
+        todo = []
+        for exp in exps:
+            key = self.summary_key(exp)
+            if exp.end_ms is not None and key in self.summaries:
+                self.summaries.move_to_end(key)
+                out[exp.id] = self.summaries[key]
+            else:
+                todo.append(exp)
+        batched = (page_summaries(self.gateway.vault, todo, now) if todo else None) or {}
+        for exp in todo if batched else ():
+            result = {k: finite(batched[exp.id][k]) for k in SUMMARY_FIELDS}
+            out[exp.id] = result
+            if exp.end_ms is not None:
+                self.remember(self.summary_key(exp), result)
+        return out
+
+    def remember(self, key: tuple[str, ...], result: dict[str, Any]) -> None:
+        self.summaries[key] = result
+        while len(self.summaries) > 20_000:
+            self.summaries.popitem(last=False)
 
     async def table(self, req: Request, who: Principal) -> Response:
         from metricvault.durations import now_ms
@@ -373,16 +402,18 @@ class UI:
         def work() -> dict[str, Any]:
             registry = self.gateway.vault.experiments
             exps = visible(registry.list(), who.tenant)
-            total, rows = filter_and_sort(exps, query, now_ms())
+            now = now_ms()
+            total, rows = filter_and_sort(exps, query, now)
             if with_summary:
                 label = self.gateway.settings.tenant_label
                 by_id = {e.id: e for e in exps}
-                for row in rows:
-                    exp = by_id[row["id"]]
-                    exp = dataclasses.replace(
-                        exp, selector=confine(exp.selector, label, who.tenant)
-                    )
-                    row.update(self.summary(exp))
+                page = [
+                    dataclasses.replace(e, selector=confine(e.selector, label, who.tenant))
+                    for e in (by_id[row["id"]] for row in rows)
+                ]
+                figures = self.page_summaries(page, now)
+                for row, exp in zip(rows, page, strict=True):
+                    row.update(figures.get(exp.id) or self.summary(exp))
             return {
                 "total": total,
                 "offset": query["offset"],
