@@ -725,3 +725,63 @@ def test_the_alerts_page_groups_under_the_root_cause_and_charts_anomalies(
     finally:
         (state / "rules-status.json").unlink(missing_ok=True)
         (state / "rules-incidents.json").unlink(missing_ok=True)
+
+
+def test_the_experiments_table_scrolls_to_the_last_of_many_rows_rendering_few(tmp_path, browser):
+    """600 experiments: the table is virtualised (far fewer rows in the DOM than the total);
+    scrolled to the bottom it shows the last experiment of the Python API's order; the arrow
+    keys move between rows and a ticked box survives the rows coming and going."""
+    total = 600
+    with Vault.open_local(str(tmp_path / "vault")) as vault:
+        for i in range(total):
+            exp_id = f"many-{i:04d}"
+            start = END_MS - (i + 1) * 3_600_000
+            vault.experiments.create(
+                exp_id, f'{{experiment="{exp_id}"}}', start=start, end=start + 1_800_000
+            )
+        exps = vault.experiments.list()
+    # the table's default order (start, newest first): its last row is the oldest run
+    newest = max(exps, key=lambda e: (e.start_ms, e.id)).id
+    oldest = min(exps, key=lambda e: (e.start_ms, e.id)).id
+    proc, url = _server(tmp_path, "ui", "ui.log")
+    try:
+        as_token(browser, ADMIN)
+        open_page(browser, f"{url}/ui/experiments")
+        rows = "document.querySelectorAll('#experiments tbody tr[data-id]')"
+        first = wait_for(browser, f"const r = {rows}; return r.length && r[0].dataset.id")
+        assert first == newest
+        assert browser.execute_script(f"return {rows}.length") < total / 4
+        browser.find_element("css selector", f'tr[data-id="{newest}"] input.pick').click()
+        browser.execute_script(
+            "const b = document.getElementById('table-scroll'); b.scrollTop = b.scrollHeight"
+        )
+        last = wait_for(
+            browser,
+            f"const r = {rows}; const l = r[r.length - 1];"
+            f"return l && l.dataset.id === {oldest!r} && l.dataset.id",
+        )
+        assert last == oldest
+        shown = browser.execute_script(
+            f"const b = document.getElementById('table-scroll').getBoundingClientRect();"
+            f"const r = document.querySelector('tr[data-id=\"{oldest}\"]').getBoundingClientRect();"
+            "return r.top >= b.top && r.bottom <= b.bottom + 1"
+        )
+        assert shown, "the last row is not within the scroll box"
+        assert browser.execute_script(f"return {rows}.length") < total / 4
+        assert browser.find_element("id", "count").text.startswith(f"{total} experiment(s)")
+        # keyboard: Home goes back to the first row, ArrowDown to the second
+        from selenium.webdriver.common.keys import Keys
+
+        browser.find_element("id", "table-scroll").send_keys(Keys.HOME)
+        wait_for(
+            browser,
+            f"return document.activeElement.value === {newest!r}",
+        )
+        browser.switch_to.active_element.send_keys(Keys.ARROW_DOWN)
+        second = sorted(exps, key=lambda e: (e.start_ms, e.id), reverse=True)[1].id
+        wait_for(browser, f"return document.activeElement.value === {second!r}")
+        assert browser.execute_script(
+            f"return document.querySelector('tr[data-id=\"{newest}\"] input.pick').checked"
+        ), "the tick was lost when its row was rendered again"
+    finally:
+        stop_process(proc, 15)

@@ -660,7 +660,10 @@ class UI:
             '<label>Param <input id="param" name="param" placeholder="key=value"></label>'
             '<button type="submit">Filter</button>'
             '<button type="button" id="compare-selected">Compare selected</button></form>'
-            '<p id="count" aria-live="polite"></p><div class="scroll">'
+            '<p id="count" aria-live="polite"></p>'
+            # virtualised by the script: only the rows in view, the filler below the rest
+            '<div class="scroll table-scroll" id="table-scroll" tabindex="0" role="region" '
+            'aria-label="experiments (arrow keys, Page Up/Down, Home/End move between rows)">'
             '<table id="experiments" class="data"><thead><tr><th></th>'
             + "".join(
                 f'<th><button type="button" class="sort" data-sort="{c}">{esc(h)}</button></th>'
@@ -668,9 +671,9 @@ class UI:
                 else f"<th>{esc(h)}</th>"
                 for c, h in TABLE_HEADERS
             )
-            + '</tr></thead><tbody></tbody></table></div><nav class="pager">'
-            '<button type="button" id="prev">Previous</button>'
-            '<button type="button" id="next">Next</button></nav>'
+            + '</tr></thead><tbody></tbody></table><div id="table-filler"></div></div>'
+            '<nav class="pager"><button type="button" id="prev">Page up</button>'
+            '<button type="button" id="next">Page down</button></nav>'
         )
         return page("experiments", "Experiments", body)
 

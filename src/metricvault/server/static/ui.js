@@ -64,64 +64,159 @@ function drawChart(node, key, xs, lines, opts) {
 }
 
 // ------------------------------------------------------------------ experiments
+// The table is virtualised: one scroll box as tall as total x row height, holding only the
+// rows in view plus a margin (the table moved down by the rows above them, a filler below).
+// Rows come in pages of PAGE_ROWS from the server, which filters and sorts; a few pages are
+// kept. Arrow keys, PageUp/PageDown, Home/End move the active row (its checkbox focused, so
+// Space ticks it for Compare); ticks are kept while rows come and go.
 const SUMMARY_COLUMNS = ["gpus", "gpu_hours", "energy_kwh", "final_loss", "mfu_mean"];
+const PAGE_ROWS = 100, KEPT_PAGES = 12, MARGIN_ROWS = 20;
+function experimentRow(row, picked) {
+  const tr = el("tr", null, { "data-id": row.id });
+  const box = el("input", null, { type: "checkbox", class: "pick", value: row.id, "aria-label": "select " + row.id });
+  box.checked = picked.has(row.id);
+  box.addEventListener("change", () => { if (box.checked) picked.add(row.id); else picked.delete(row.id); });
+  const first = el("td"); first.append(box); tr.append(first);
+  const idCell = el("td"); idCell.append(el("a", row.id, { href: "/ui/experiments/" + encodeURIComponent(row.id) }));
+  tr.append(idCell);
+  const cells = [["owner", row.owner], ["team", row.team], ["start", row.start], ["end", row.end || "running"],
+    ["duration_h", fmt(row.duration_h, 1)]];
+  for (const c of SUMMARY_COLUMNS) cells.push([c, fmt(row[c], c === "gpus" ? 0 : (c === "final_loss" || c === "mfu_mean" ? 3 : 1))]);
+  cells.push(["git_sha", (row.git_sha || "").slice(0, 10)], ["tags", fmt(row.tags)]);
+  for (const [name, text] of cells) {
+    const numeric = ["duration_h", ...SUMMARY_COLUMNS].includes(name);
+    tr.append(el("td", text, { "data-col": name, class: numeric ? "num" : "", title: name === "tags" ? text : "" }));
+  }
+  return tr;
+}
 async function experimentsPage() {
   const params = new URLSearchParams(location.search);
   for (const name of ["q", "tag", "owner", "param"]) $(name).value = params.get(name) || "";
   const state = { sort: params.get("sort") || "start", order: params.get("order") || "desc",
-    offset: Number(params.get("offset") || 0), limit: 50 };
-  const load = async () => {
+    total: 0, rowHeight: 0, active: -1, generation: 0, pages: new Map(), picked: new Set() };
+  const box = $("table-scroll"), tableNode = $("experiments"), filler = $("table-filler");
+  const body = tableNode.querySelector("tbody");
+  const query = () => {
     const q = new URLSearchParams();
     for (const name of ["q", "tag", "owner", "param"]) if ($(name).value) q.set(name, $(name).value);
     q.set("sort", state.sort); q.set("order", state.order);
-    q.set("offset", state.offset); q.set("limit", state.limit);
-    history.replaceState(null, "", "?" + q.toString());
-    const data = await api("/api/v1/ui/experiments?" + q.toString());
-    const body = $("experiments").querySelector("tbody");
-    body.replaceChildren();
-    if (data.total === 0) {
+    return q;
+  };
+  // one page of rows (a promise, kept: scrolling back costs no request)
+  const page = (n) => {
+    if (state.pages.has(n)) {
+      const got = state.pages.get(n); state.pages.delete(n); state.pages.set(n, got);
+      return got;
+    }
+    const q = query(); q.set("offset", n * PAGE_ROWS); q.set("limit", PAGE_ROWS);
+    const got = api("/api/v1/ui/experiments?" + q.toString());
+    got.catch(() => state.pages.delete(n));
+    state.pages.set(n, got);
+    while (state.pages.size > KEPT_PAGES) state.pages.delete(state.pages.keys().next().value);
+    return got;
+  };
+  const shown = () => {  // [first, last) rows to render for the current scroll position
+    const h = state.rowHeight || 30, total = state.total || PAGE_ROWS;  // unknown: page 0
+    const top = Math.floor(box.scrollTop / h), rows = Math.ceil(box.clientHeight / h) + 1;
+    return [Math.max(0, Math.min(top, total) - MARGIN_ROWS), Math.min(total, top + rows + MARGIN_ROWS)];
+  };
+  const render = async () => {
+    const generation = state.generation;
+    let [first, last] = shown();
+    const numbers = [];
+    for (let n = Math.floor(first / PAGE_ROWS); n * PAGE_ROWS < Math.max(last, 1); n++) numbers.push(n);
+    const pages = await Promise.all(numbers.map(page));
+    if (generation !== state.generation) return;
+    state.total = pages.length ? pages[0].total : 0;
+    last = Math.min(last, state.total);
+    first = Math.min(first, last);
+    const rows = [];
+    pages.forEach((p, i) => p.rows.forEach((row, j) => rows.push([(numbers[i]) * PAGE_ROWS + j, row])));
+    const focused = document.activeElement && body.contains(document.activeElement);
+    body.replaceChildren(...rows.filter(([i]) => i >= first && i < last).map(([i, row]) => {
+      const tr = experimentRow(row, state.picked);
+      tr.dataset.index = String(i);
+      if (i === state.active) tr.classList.add("active");
+      if (i % 2) tr.classList.add("alt");
+      return tr;
+    }));
+    if (!state.rowHeight && body.firstElementChild) state.rowHeight = body.firstElementChild.getBoundingClientRect().height || 30;
+    const h = state.rowHeight || 30, end = Math.min(last, first + body.children.length);
+    tableNode.style.marginTop = `${first * h}px`;
+    filler.style.height = `${Math.max(0, state.total - end) * h}px`;
+    if (state.total === 0) {
+      const q = query();
       const any = q.has("q") || q.has("tag") || q.has("owner") || q.has("param");
       $("count").textContent = any ? "No experiment matches these filters: clear them to see all."
         : "No experiments yet: `metricvault experiment create` or `metricvault.track()`.";
-      return;
+    } else {
+      const top = Math.min(state.total, Math.floor(box.scrollTop / h) + 1);
+      const bottom = Math.min(state.total, Math.floor((box.scrollTop + box.clientHeight) / h));
+      $("count").textContent = `${state.total} experiment(s); showing ${top}–${Math.max(top, bottom)}`;
     }
-    $("count").textContent = `${data.total} experiment(s); showing ${data.offset + 1}–${data.offset + data.rows.length}`;
-    for (const row of data.rows) {
-      const tr = el("tr", null, { "data-id": row.id });
-      const box = el("input", null, { type: "checkbox", class: "pick", value: row.id, "aria-label": "select " + row.id });
-      const first = el("td"); first.append(box); tr.append(first);
-      const idCell = el("td"); idCell.append(el("a", row.id, { href: "/ui/experiments/" + encodeURIComponent(row.id) }));
-      tr.append(idCell);
-      const cells = [["owner", row.owner], ["team", row.team], ["start", row.start], ["end", row.end || "running"],
-        ["duration_h", fmt(row.duration_h, 1)]];
-      for (const c of SUMMARY_COLUMNS) cells.push([c, fmt(row[c], c === "gpus" ? 0 : (c === "final_loss" || c === "mfu_mean" ? 3 : 1))]);
-      cells.push(["git_sha", (row.git_sha || "").slice(0, 10)], ["tags", fmt(row.tags)]);
-      for (const [name, text] of cells) {
-        const numeric = ["duration_h", ...SUMMARY_COLUMNS].includes(name);
-        tr.append(el("td", text, { "data-col": name, class: numeric ? "num" : "" }));
-      }
-      body.append(tr);
+    $("prev").disabled = box.scrollTop <= 0;
+    $("next").disabled = box.scrollTop + box.clientHeight >= box.scrollHeight - 1;
+    if (focused || state.focusActive) {
+      state.focusActive = false;
+      const tr = body.querySelector(`tr[data-index="${state.active}"]`);
+      if (tr) tr.querySelector("input.pick").focus({ preventScroll: true });
     }
-    $("prev").disabled = state.offset === 0;
-    $("next").disabled = state.offset + data.rows.length >= data.total;
   };
-  const run = () => load().then(() => showError("")).catch((e) => showError(e.message)).finally(() => { window.mvReady = true; });
-  $("filters").addEventListener("submit", (ev) => { ev.preventDefault(); state.offset = 0; window.mvReady = false; run(); });
+  const run = () => render().then(() => showError("")).catch((e) => showError(e.message)).finally(() => { window.mvReady = true; });
+  const reload = () => {  // filters or order changed: forget the pages, back to the top
+    state.generation++; state.pages.clear(); state.active = -1; state.total = 0; box.scrollTop = 0;
+    history.replaceState(null, "", "?" + query().toString());
+    window.mvReady = false; return run();
+  };
+  let queued = false;
+  box.addEventListener("scroll", () => {
+    if (queued) return;
+    queued = true;
+    requestAnimationFrame(() => { queued = false; state.generation++; run(); });
+  });
+  const moveTo = (index) => {  // the active row, scrolled into view
+    if (!state.total) return;
+    const h = state.rowHeight || 30, head = tableNode.tHead.getBoundingClientRect().height;
+    state.active = Math.max(0, Math.min(state.total - 1, index));
+    const y = state.active * h;
+    if (y < box.scrollTop) box.scrollTop = y;
+    else if (y + h + head > box.scrollTop + box.clientHeight) box.scrollTop = y + h + head - box.clientHeight;
+    state.focusActive = true; state.generation++; run();
+  };
+  body.addEventListener("focusin", (ev) => {
+    const tr = ev.target.closest("tr[data-index]");
+    if (tr) state.active = Number(tr.dataset.index);
+  });
+  const visibleRows = () => Math.max(1, Math.floor(box.clientHeight / (state.rowHeight || 30)) - 2);
+  box.addEventListener("keydown", (ev) => {
+    const steps = { ArrowDown: 1, ArrowUp: -1, PageDown: visibleRows(), PageUp: -visibleRows() };
+    if (ev.key in steps) moveTo((state.active < 0 ? shown()[0] - 1 : state.active) + steps[ev.key]);
+    else if (ev.key === "Home") moveTo(0);
+    else if (ev.key === "End") moveTo(state.total - 1);
+    else return;
+    ev.preventDefault();
+  });
+  $("filters").addEventListener("submit", (ev) => { ev.preventDefault(); reload(); });
   for (const button of document.querySelectorAll("button.sort")) {
     button.addEventListener("click", () => {
       const col = button.dataset.sort;
       state.order = state.sort === col && state.order === "asc" ? "desc" : "asc";
-      state.sort = col; state.offset = 0; window.mvReady = false; run();
+      state.sort = col; reload();
     });
   }
-  $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - state.limit); window.mvReady = false; run(); });
-  $("next").addEventListener("click", () => { state.offset += state.limit; window.mvReady = false; run(); });
+  const scrollBy = (sign) => {
+    window.mvReady = false;
+    box.scrollTop += sign * (box.clientHeight - (state.rowHeight || 30));
+    state.generation++; run();
+  };
+  $("prev").addEventListener("click", () => scrollBy(-1));
+  $("next").addEventListener("click", () => scrollBy(1));
   $("compare-selected").addEventListener("click", () => {
-    const ids = [...document.querySelectorAll("input.pick:checked")].map((b) => b.value);
+    const ids = [...state.picked];
     if (ids.length < 1) { showError("Select one or more experiments (the boxes in the first column) to compare."); return; }
     location.href = "/ui/compare?ids=" + ids.map(encodeURIComponent).join(",");
   });
-  await run();
+  await reload();
 }
 
 // ------------------------------------------------------------------ one experiment
