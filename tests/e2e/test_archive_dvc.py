@@ -66,6 +66,28 @@ def dvc(repo: Path, *args: str) -> str:
 
 
 def make_repo(path: Path, *, with_dvc: bool = True, remote: str | None = None) -> Path:
+    """A paper's git repository, with DVC set up (and a default remote) unless told not to.
+
+    A repository with DVC is a copy of one made once per worker (two DVC starts cost more CPU
+    than most tests here): ``dvc remote add`` writes a relative path into ``.dvc/config``
+    relative to ``.dvc/``, so the template's remote, given at the same place relative to the
+    repository, is the copy's own."""
+    if with_dvc:
+        relative = os.path.relpath(remote, path) if remote else None
+        template = _dvc_repo_template(path.parents[1] / "dvc-repo-templates", relative)
+        shutil.copytree(template, path, symlinks=True, ignore=shutil.ignore_patterns("tmp"))
+        return path
+    return _make_repo(path, with_dvc=False)
+
+
+def _dvc_repo_template(root: Path, remote: str | None) -> Path:
+    template = root / (remote or "no-remote").replace("/", "_").replace(".", "_") / "paper"
+    if not template.exists():
+        _make_repo(template, with_dvc=True, remote=remote)
+    return template
+
+
+def _make_repo(path: Path, *, with_dvc: bool, remote: str | None = None) -> Path:
     path.mkdir(parents=True)
     git(path, "init", "-q")
     git(path, "config", "user.email", "researcher@example.org")
