@@ -90,6 +90,11 @@ BUILT = {
     "long label values (two-byte lengths)": [
         ([("Hostname", "h" * 300), ("__name__", "m")], [(1.0, T0)]),
     ],
+    "a long label value among short ones, at a later label position": [
+        ([("__name__", "m"), ("a", "1")], [(1.0, T0)]),
+        ([("__name__", "m"), ("a", "2"), ("b", "x" * 200)], [(2.0, T0), (3.0, T0 + 1)]),
+        ([("__name__", "n")], [(4.0, T0)]),
+    ],
     "dcgm-like labels": [(sorted(GPU), [(50.0, T0)])],
 }
 

@@ -197,7 +197,27 @@ def decode_v1_known(
 
 
 def _skip_labels(buffer: Any, starts: Any, ends: Any) -> Any:
-    """Where each series' labels end (its first field that is not a label), or None."""
+    """Where each series' labels end (its first field that is not a label), or None.
+
+    One step per label position, over every series at once; labels under 128 bytes (a
+    one-byte length) are the usual case, any longer one sends the request to
+    :func:`_skip_long_labels`."""
+    pos = starts.copy()
+    last = len(buffer) - 4
+    for _ in range(MAX_LABELS_PER_SERIES):
+        here = np.minimum(pos, last)
+        active = (buffer[here] == _LABEL_TAG) & (pos < ends)
+        if not active.any():
+            return None if (pos > ends).any() else pos
+        size = buffer[here + 1].astype(np.int64)
+        if (size[active] >= 0x80).any():
+            return _skip_long_labels(buffer, starts, ends)
+        pos += np.where(active, size + 2, 0)
+    return None
+
+
+def _skip_long_labels(buffer: Any, starts: Any, ends: Any) -> Any:
+    """:func:`_skip_labels` for labels of up to 16 KB (a two-byte length)."""
     pos = starts.copy()
     last = len(buffer) - 4
     active = (pos < ends) & (buffer[np.minimum(pos, last)] == _LABEL_TAG)
