@@ -99,3 +99,24 @@ def test_other_selectors_are_left_to_the_per_row_path(tmp_path: Path) -> None:
         exps = [vault.experiments.get("a"), vault.experiments.get("j")]
         assert page_summaries(vault, exps, NOW) is None
         assert page_summaries(vault, [], NOW) is None
+
+
+def test_the_table_endpoint_shows_the_per_row_figures_for_a_mixed_page(make_client) -> None:
+    """track()'s runs batched, a job's selector one summary itself, all in one page."""
+    client, vault = make_client()
+    _run(vault, "a", T0, 120, {"train_loss": 1.0, "mfu": 0.2})
+    _run(vault, "b", T0 + 60_000, 60, {"mfu": 0.3, "DCGM_FI_DEV_GPU_UTIL": 50.0})
+    vault.write([("train_loss", {"job": "j"}, T0 + 1_000, 4.0)])
+    vault.experiments.create("j", '{job="j"} or {Hostname="n1"}', start=T0, end=T0 + 5_000)
+    got = client.get("/api/v1/ui/experiments?limit=10").json()
+    assert {r["id"] for r in got["rows"]} == {"a", "b", "j"}
+    for row in got["rows"]:
+        want = dataclasses.asdict(summarise(vault, vault.experiments.get(row["id"])))
+        for k in SUMMARY_FIELDS:
+            if isinstance(want[k], float) and math.isnan(want[k]):
+                assert row[k] is None, (row["id"], k)
+            else:
+                assert row[k] == pytest.approx(want[k], rel=1e-12), (row["id"], k)
+    assert [r["final_loss"] for r in got["rows"] if r["id"] == "j"] == [4.0]
+    # the second read of finished runs comes from the cache: the same answer
+    assert client.get("/api/v1/ui/experiments?limit=10").json()["rows"] == got["rows"]

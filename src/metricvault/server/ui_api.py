@@ -45,7 +45,7 @@ from metricvault.errors import InputError, NotFoundError
 from metricvault.experiment import Experiment
 from metricvault.server.api import ServerAPI
 from metricvault.server.experiments_api import Experiments, confine, visible
-from metricvault.server.ui_curves import step_curves
+from metricvault.server.ui_curves import step_curves, tracked
 from metricvault.server.ui_login import Login, page_guard
 
 if TYPE_CHECKING:
@@ -370,8 +370,9 @@ class UI:
                 out[exp.id] = self.summaries[key]
             else:
                 todo.append(exp)
-        batched = (page_summaries(self.gateway.vault, todo, now) if todo else None) or {}
-        for exp in todo if batched else ():
+        runs = [e for e in todo if tracked([e])]  # the rest: one summary each
+        batched = (page_summaries(self.gateway.vault, runs, now) if runs else None) or {}
+        for exp in runs if batched else ():
             result = {k: finite(batched[exp.id][k]) for k in SUMMARY_FIELDS}
             out[exp.id] = result
             if exp.end_ms is not None:

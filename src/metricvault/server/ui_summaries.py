@@ -57,7 +57,9 @@ def page_summaries(
     names = "|".join((GPU_UTIL, MFU, LOSS))
     frame = vault.query(f'{{__name__=~"{names}",experiment=~"{ids}"}}', start, end)
     per_metric = {
-        name: _series_figures(frame[frame["metric"] == name] if len(frame) else frame, windows)
+        name: _by_run(
+            _series_figures(frame[frame["metric"] == name] if len(frame) else frame, windows)
+        )
         for name in (GPU_UTIL, MFU, LOSS)
     }
     energy = vault.query(f'{GPU_ENERGY}{{experiment=~"{ids}"}}', start, end)
@@ -66,9 +68,9 @@ def page_summaries(
     for exp in exps:
         lo, hi = windows[exp.id]
         hours = (hi - lo) / HOUR_MS
-        util = _of(per_metric[GPU_UTIL], exp.id)
-        mfus = _of(per_metric[MFU], exp.id)
-        losses = _of(per_metric[LOSS], exp.id)
+        util = per_metric[GPU_UTIL].get(exp.id, _EMPTY)
+        mfus = per_metric[MFU].get(exp.id, _EMPTY)
+        losses = per_metric[LOSS].get(exp.id, _EMPTY)
         gpus = len(util)
         kwh = math.nan
         if exp.id in with_energy:
@@ -87,8 +89,11 @@ def page_summaries(
     return out
 
 
-def _of(figures: pd.DataFrame, run: str) -> pd.DataFrame:
-    return figures[figures["run"] == run]
+_EMPTY = pd.DataFrame(columns=["run", "key", "count", "sum", "last"])
+
+
+def _by_run(figures: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    return {str(run): part for run, part in figures.groupby("run", sort=False)}
 
 
 def _ratio(figures: pd.DataFrame) -> float:
@@ -100,14 +105,13 @@ def _series_figures(frame: pd.DataFrame, windows: dict[str, tuple[int, int]]) ->
     """Per (run, series) with a finite sample in the run's window: ``count``, ``sum`` and
     ``last`` (the value of the latest) of its finite samples there, as ``step="all"`` answers
     (a series whose samples there are all NaN has no row)."""
-    empty = pd.DataFrame(columns=["run", "key", "count", "sum", "last"])
     if not len(frame):
-        return empty
+        return _EMPTY
     rows = _keyed_runs(frame, windows)
     values = pd.to_numeric(rows["value"], errors="coerce").to_numpy(np.float64)
     rows = rows[np.isfinite(values)]
     if not len(rows):
-        return empty
+        return _EMPTY
     rows = rows.assign(value=rows["value"].astype(np.float64)).sort_values(
         ["run", "key", "timestamp"], kind="stable"
     )
