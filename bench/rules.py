@@ -20,6 +20,8 @@ evaluate "now" over full windows. Per evaluation round (all groups once):
   groups' times, and the round's elapsed time) and CPU time (``time.process_time``) of this
   process; once with the groups one after another and once ``--concurrency`` at a time in
   a thread pool, as the evaluator runs them (``rules_max_concurrent_groups``);
+  ``--no-head-cache``: with the engine's kept recent samples off (every rule reads the
+  store, promql/head_cache.py), the before;
 - Prometheus: the sum of the groups' ``evaluationTime`` from ``/api/v1/rules`` (its own timer
   around each group's round) and the process's CPU time (``/proc/PID/stat`` utime + stime)
   between the first and the last round observed, per round.
@@ -368,12 +370,13 @@ def metricvault_rounds(
     rounds: int,
     times: list[dict[str, int]] | None,
     concurrency: int = 1,
+    options: EngineOptions | None = None,
 ) -> Rounds:
     """``rounds + 1`` rounds, the first unmeasured; at Prometheus's evaluation times where it
     ran (each group's aligned time at its ``lastEvaluation``), else at the aligned times of
     now; ``concurrency`` groups at a time."""
     groups = [RuleGroup(spec) for spec in read_rule_files([str(rule_file)])]
-    query = engine_query(Engine(vault))
+    query = engine_query(Engine(vault, options))
     wall, cpu, elapsed = [], [], []
     messages: dict[str, str] = {}
     pool = ThreadPoolExecutor(concurrency) if concurrency > 1 else None
@@ -505,8 +508,12 @@ def rules_part(
         print(f"vault: {sum(t.num_rows for t in tables):,} samples loaded and maintained "
               f"in {time.perf_counter() - started:.0f} s")  # fmt: skip
         prom_times = prom.times if prom else None
-        mv = metricvault_rounds(vault, rule_file, args.rounds, prom_times)
-        mv_pool = metricvault_rounds(vault, rule_file, args.rounds, prom_times, args.concurrency)
+        # --no-head-cache: the engine reads every rule's samples from the store (the before)
+        options = EngineOptions(head_cache=False) if args.no_head_cache else None
+        mv = metricvault_rounds(vault, rule_file, args.rounds, prom_times, 1, options)
+        mv_pool = metricvault_rounds(
+            vault, rule_file, args.rounds, prom_times, args.concurrency, options
+        )
     tables.clear()
     print()
     head = ["evaluator", "size", "wall per round (sum of groups, median)", "round elapsed",
@@ -557,6 +564,8 @@ def main() -> None:
                         help="groups evaluated at once in the pooled run")  # fmt: skip
     parser.add_argument("--no-prometheus", action="store_true")
     parser.add_argument("--skip-long", action="store_true", help="skip the 28-day rule")
+    parser.add_argument("--no-head-cache", action="store_true",
+                        help="no recent samples kept between rules (the before)")  # fmt: skip
     parser.add_argument("--skip-rules", action="store_true", help="only the 28-day rule")
     args = parser.parse_args()
 
