@@ -85,6 +85,9 @@ class HeadCache:
                     self.hits += 1
                 return _sliced(kept.series, lo, hi)
         start = min(lo, hi - HEAD_MS)
+        horizon = source.horizons().raw_start_ms
+        if start < horizon <= lo:
+            start = horizon  # not widened to where raw samples are gone (a tenant's warning)
         found = source.select(matchers, start, hi)
         self.reads += 1
         size = sum(int(s.ts.size) for s in found)
