@@ -110,7 +110,7 @@ async function experimentsPage() {
     }
     const q = query(); q.set("offset", n * PAGE_ROWS); q.set("limit", PAGE_ROWS);
     const got = api("/api/v1/ui/experiments?" + q.toString());
-    got.catch(() => state.pages.delete(n));
+    got.catch(() => { if (state.pages.get(n) === got) state.pages.delete(n); });
     state.pages.set(n, got);
     while (state.pages.size > KEPT_PAGES) state.pages.delete(state.pages.keys().next().value);
     return got;
@@ -162,7 +162,12 @@ async function experimentsPage() {
       if (tr) tr.querySelector("input.pick").focus({ preventScroll: true });
     }
   };
-  const run = () => render().then(() => showError("")).catch((e) => showError(e.message)).finally(() => { window.mvReady = true; });
+  // ready once the latest render is in (a superseded one says nothing)
+  const run = () => {
+    const generation = state.generation;
+    return render().then(() => showError("")).catch((e) => showError(e.message))
+      .finally(() => { if (generation === state.generation) window.mvReady = true; });
+  };
   const reload = () => {  // filters or order changed: forget the pages, back to the top
     state.generation++; state.pages.clear(); state.active = -1; state.total = 0; box.scrollTop = 0;
     history.replaceState(null, "", "?" + query().toString());
