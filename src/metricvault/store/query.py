@@ -384,18 +384,23 @@ def buckets(
 ) -> Buckets:
     """Buckets of ``width`` (a multiple of every tier it may use) over ``[start, end)``;
     with ``inner`` (within it, whole ``inner_width`` buckets), buckets of ``inner_width``
-    there and of ``width`` before and after (BucketChoice.inner). ``sketches=False``: the
-    rollup files' quantile sketches are not read (null)."""
+    there and of ``width`` before and after (BucketChoice.inner). With ``sketches`` every
+    bucket has its quantile sketch (the rollup rows' own, and made from the raw samples of
+    hours not rolled up yet); ``sketches=False``: no sketches are read or made (null)."""
     if series_ids and inner is not None and start <= inner[0] < inner[1] <= end:
         parts, segments = [], []
         for lo, hi, w in ((start, inner[0], width), (*inner, inner_width), (inner[1], end, width)):
             if lo < hi:
-                part, used = aggregate(ctx, series_ids, lo, hi, w, rollup_sketches=sketches)
+                part, used = aggregate(
+                    ctx, series_ids, lo, hi, w, sketch=sketches, rollup_sketches=sketches
+                )
                 parts.append(part)
                 segments += used
         table = _series_major(pa.concat_tables(parts, promote_options="default"))
     elif series_ids:
-        table, segments = aggregate(ctx, series_ids, start, end, width, rollup_sketches=sketches)
+        table, segments = aggregate(
+            ctx, series_ids, start, end, width, sketch=sketches, rollup_sketches=sketches
+        )
         table = _series_major(table)
     else:
         table, segments = rollup.empty_partials(), []
