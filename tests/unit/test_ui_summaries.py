@@ -120,3 +120,24 @@ def test_the_table_endpoint_shows_the_per_row_figures_for_a_mixed_page(make_clie
     assert [r["final_loss"] for r in got["rows"] if r["id"] == "j"] == [4.0]
     # the second read of finished runs comes from the cache: the same answer
     assert client.get("/api/v1/ui/experiments?limit=10").json()["rows"] == got["rows"]
+
+
+def test_late_data_in_a_finished_runs_window_is_not_hidden_by_the_cache(make_client) -> None:
+    client, vault = make_client()
+    _run(vault, "a", T0, 120, {"train_loss": 1.0})
+    _run(vault, "b", T0, 60, {"train_loss": 2.0})
+    first = {r["id"]: r for r in client.get("/api/v1/ui/experiments").json()["rows"]}
+    assert first["a"]["final_loss"] == pytest.approx(1.0)
+    # a's last step arrives late (after the table was read): its final loss changes
+    end = vault.experiments.get("a").end_ms
+    assert end is not None
+    vault.write([("train_loss", {"experiment": "a", "host": "h0"}, end - 1, 0.25)])
+    again = {r["id"]: r for r in client.get("/api/v1/ui/experiments").json()["rows"]}
+    assert again["a"]["final_loss"] == pytest.approx(0.25)
+    assert again["b"] == first["b"]
+    # Compare's summaries are the same figures
+    compared = client.get("/api/v1/compare?ids=a,b").json()["summaries"]
+    assert [s["final_loss"] for s in compared] == [
+        again["a"]["final_loss"],
+        first["b"]["final_loss"],
+    ]

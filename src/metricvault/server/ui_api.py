@@ -41,7 +41,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from metricvault.credentials import Principal
-from metricvault.errors import InputError, NotFoundError
+from metricvault.errors import InputError, NotFoundError, UnsupportedError
 from metricvault.experiment import Experiment
 from metricvault.server.api import ServerAPI
 from metricvault.server.experiments_api import Experiments, confine, visible
@@ -309,7 +309,8 @@ class UI:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.registry_api = Experiments(gateway)
-        self.summaries: OrderedDict[tuple[str, ...], dict[str, Any]] = OrderedDict()
+        # a finished experiment's figures, with the catalog version they were computed at
+        self.summaries: OrderedDict[tuple[str, ...], tuple[Any, dict[str, Any]]] = OrderedDict()
 
     def endpoint(self, work: Work) -> Callable[[Request], Any]:
         async def answer(request: Request) -> Response:
@@ -338,49 +339,102 @@ class UI:
         return dataclasses.replace(exp, selector=confine(exp.selector, label, who.tenant))
 
     def summary(self, exp: Experiment) -> dict[str, Any]:
-        """The summary figures of ``archive.compare.summarise``, cached for finished
-        experiments (their window no longer moves)."""
+        """The summary figures of ``archive.compare.summarise``; a finished experiment's are
+        cached while the catalog shows no data that could change them (:meth:`cached`)."""
+        snap = self.catalog()
+        return self._summary(exp, snap, self._version(snap))
+
+    def _summary(self, exp: Experiment, snap: Any, version: Any) -> dict[str, Any]:
         from metricvault.archive.compare import summarise
 
-        key = self.summary_key(exp)
-        if exp.end_ms is not None and key in self.summaries:
-            self.summaries.move_to_end(key)
-            return self.summaries[key]
+        hit = self.cached([exp], snap, version)
+        if exp.id in hit:
+            return hit[exp.id]
         figures = dataclasses.asdict(summarise(self.gateway.vault, exp))
         result = {k: finite(figures[k]) for k in SUMMARY_FIELDS}
         if exp.end_ms is not None:
-            self.remember(key, result)
+            self.remember(self.summary_key(exp), version, result)
         return result
 
     def summary_key(self, exp: Experiment) -> tuple[str, ...]:
         return (exp.id, exp.selector, str(exp.start_ms), str(exp.end_ms), exp.tenant)
 
-    def page_summaries(self, exps: Sequence[Experiment], now: int) -> dict[str, dict[str, Any]]:
-        """The summary figures of a page's rows: finished experiments from the cache, the
-        rest in one batch of reads (``ui_summaries``) where their selectors allow it; rows
-        missing from the answer are left to :meth:`summary` (one experiment each)."""
-        from metricvault.server.ui_summaries import page_summaries
+    def catalog(self) -> Any:
+        """The vault's catalog version now (buffered samples flushed first, as a read does),
+        which cached figures are checked against; None where the backend has none."""
+        vault: Any = self.gateway.vault
+        if not callable(getattr(vault, "catalog_version", None)):
+            return None
+        flush = getattr(vault, "flush_for_read", None)
+        if callable(flush):
+            flush()
+        try:
+            snap = vault.catalog_version()
+        except UnsupportedError:  # InfluxDB keeps no versions: cached as they are
+            return None
+        needed = ("version", "vault_id", "raw_horizon_ms", "files", "metric_kinds")
+        return snap if all(hasattr(snap, a) for a in needed) else None
 
-        out: dict[str, dict[str, Any]] = {}
-        todo = []
+    @staticmethod
+    def _version(snap: Any) -> Any:
+        from metricvault.promql.result_cache import Version
+
+        return None if snap is None else Version.of(snap)
+
+    def cached(
+        self, exps: Sequence[Experiment], snap: Any, version: Any
+    ) -> dict[str, dict[str, Any]]:
+        """The cached figures of the finished experiments among ``exps`` that still hold: a
+        run's figures cannot change once it ended, unless late data lands in its window or
+        files are rolled up, compacted or dropped; ``result_cache.still_holds`` tells (as
+        for the query_range cache), up to the run's end. Entries computed at one catalog
+        version are checked together; those that hold are stamped with ``version`` (the
+        current one), the others dropped."""
+        from metricvault.promql.result_cache import still_holds
+
+        groups: dict[Any, list[tuple[Experiment, tuple[str, ...]]]] = {}
         for exp in exps:
             key = self.summary_key(exp)
             if exp.end_ms is not None and key in self.summaries:
+                groups.setdefault(self.summaries[key][0], []).append((exp, key))
+        out: dict[str, dict[str, Any]] = {}
+        for old, group in groups.items():
+            settled = max(int(e.end_ms or 0) for e, _ in group) - 1
+            holds = old is None or snap is None or still_holds(old, snap, settled)
+            for exp, key in group:
+                if not holds:
+                    del self.summaries[key]
+                    continue
+                result = self.summaries[key][1]
+                self.summaries[key] = (version, result)
                 self.summaries.move_to_end(key)
-                out[exp.id] = self.summaries[key]
-            else:
-                todo.append(exp)
-        runs = [e for e in todo if tracked([e])]  # the rest: one summary each
+                out[exp.id] = result
+        return out
+
+    def page_summaries(self, exps: Sequence[Experiment], now: int) -> dict[str, dict[str, Any]]:
+        """The summary figures of a page's rows: finished experiments from the cache, the
+        rest in one batch of reads (``ui_summaries``) for ``track()``'s runs and one
+        ``summarise`` each for the others."""
+        from metricvault.server.ui_summaries import page_summaries
+
+        snap = self.catalog()
+        version = self._version(snap)
+        out = self.cached(exps, snap, version)
+        todo = [e for e in exps if e.id not in out]
+        runs = [e for e in todo if tracked([e])]
         batched = (page_summaries(self.gateway.vault, runs, now) if runs else None) or {}
-        for exp in runs if batched else ():
+        for exp in todo:
+            if exp.id not in batched:
+                out[exp.id] = self._summary(exp, snap, version)
+                continue
             result = {k: finite(batched[exp.id][k]) for k in SUMMARY_FIELDS}
             out[exp.id] = result
             if exp.end_ms is not None:
-                self.remember(self.summary_key(exp), result)
+                self.remember(self.summary_key(exp), version, result)
         return out
 
-    def remember(self, key: tuple[str, ...], result: dict[str, Any]) -> None:
-        self.summaries[key] = result
+    def remember(self, key: tuple[str, ...], version: Any, result: dict[str, Any]) -> None:
+        self.summaries[key] = (version, result)
         while len(self.summaries) > 20_000:
             self.summaries.popitem(last=False)
 
@@ -414,7 +468,7 @@ class UI:
                 ]
                 figures = self.page_summaries(page, now)
                 for row, exp in zip(rows, page, strict=True):
-                    row.update(figures.get(exp.id) or self.summary(exp))
+                    row.update(figures[exp.id])
             return {
                 "total": total,
                 "offset": query["offset"],
@@ -477,6 +531,7 @@ class UI:
 
         def work() -> dict[str, Any]:
             exps = [self.experiment(i, who) for i in dict.fromkeys(ids)]
+            summaries = self.page_summaries(exps, now_ms())
             curves = {}
             if align == "step":
                 # track()'s runs: two reads for all of them (ui_curves), else one history each
@@ -493,7 +548,7 @@ class UI:
                 "metric": metric,
                 "align": align,
                 "x_label": X_LABELS[align],
-                "summaries": [{"id": e.id, **self.summary(e)} for e in exps],
+                "summaries": [{"id": e.id, **summaries[e.id]} for e in exps],
                 "records": [row_of(e, 0) for e in exps],
                 "params": param_rows(exps),
                 "curves": curves,
