@@ -53,7 +53,7 @@ def test_a_checked_batch_skips_the_series_lookups(tmp_path: Path) -> None:
         looked_up.append(len(batch_series))
         return unknown(batch_series)
 
-    vault.index.unknown = counting  # type: ignore[method-assign]
+    vault.index.unknown = counting  # type: ignore[method-assign,assignment]
     assert _write(vault, rows, T0) == 3
     assert _write(vault, _rows(series, [10, 11, 12]), T0 + 1000) == 3
     assert looked_up == [3]  # the second batch's rows were all checked already

@@ -64,10 +64,10 @@ def test_newest_at_keeps_exactly_the_newest_row_at_or_before_each_time(seed: int
 
 def test_instant_times_only_for_instant_selectors() -> None:
     grid = SelectHints(None, 0, MIN, T0, T0 + 10 * MIN)
-    assert instant_times(grid, T0 - 5 * MIN, T0 + 10 * MIN).tolist() == [
-        T0 + i * MIN for i in range(11)
-    ]
-    assert instant_times(SelectHints(None, 0, 0, T0, T0), T0 - MIN, T0).tolist() == [T0]
+    times = instant_times(grid, T0 - 5 * MIN, T0 + 10 * MIN)
+    assert times is not None and times.tolist() == [T0 + i * MIN for i in range(11)]
+    one = instant_times(SelectHints(None, 0, 0, T0, T0), T0 - MIN, T0)
+    assert one is not None and one.tolist() == [T0]
     assert instant_times(SelectHints(None, 5 * MIN, MIN, T0, T0 + MIN), T0, T0 + MIN) is None
     assert instant_times(SelectHints("rate", 0, MIN, T0, T0 + MIN), T0, T0 + MIN) is None
     assert instant_times(None, T0, T0 + MIN) is None

@@ -20,6 +20,7 @@ from metricvault.errors import LabelError, MetricVaultError, ValueRangeError
 from metricvault.ingest.protocols.remote_write import LabelPairCache, decode_remote_write
 from metricvault.ingest.protocols.remote_write_columns import KnownDecodedWrite
 from metricvault.ingest.protocols.remote_write_known import SeriesKeyCache, decode_v1_known
+from metricvault.model import SeriesRows
 from metricvault.store.normalize import from_resolved, normalize
 from metricvault.wire.proto import messages
 
@@ -236,14 +237,17 @@ def test_series_keys_stand_for_one_row_each_across_requests() -> None:
     for decoded in (first, again):
         resolved = decoded.prepared()
         assert resolved is not None
+        assert isinstance(resolved.series, SeriesRows)
         keys = resolved.series.keys.tolist()
         assert len(set(keys)) == len(keys) == len(resolved.series)
         for key, row in zip(keys, resolved.series, strict=True):
             assert rows.setdefault(key, row) == row
     assert len(rows) == 40
     other = decode_v1_known(_raw(_body(series[:30])), _limits(), SeriesKeyCache())
-    assert other is not None and other.prepared() is not None
-    assert not set(other.prepared().series.keys.tolist()) & set(rows)  # another cache's keys
+    assert other is not None
+    prepared = other.prepared()
+    assert prepared is not None and isinstance(prepared.series, SeriesRows)
+    assert not set(prepared.series.keys.tolist()) & set(rows)  # another cache's keys
 
 
 def _limits() -> Any:
