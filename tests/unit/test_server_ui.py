@@ -592,8 +592,9 @@ def _login_form(client):
 
     page = client.get("/ui/login")
     assert page.status_code == 200
-    nonce = re.search(r'name="login_nonce" value="([^"]+)"', page.text).group(1)
-    return nonce
+    found = re.search(r'name="login_nonce" value="([^"]+)"', page.text)
+    assert found is not None, "the login form carries its nonce"
+    return found.group(1)
 
 
 def test_a_page_without_credentials_answers_the_login_form(tenants):
