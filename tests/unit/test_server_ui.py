@@ -11,7 +11,7 @@ from metricvault.archive.compare import history
 from metricvault.config import BearerToken, Settings
 from metricvault.credentials import hash_secret
 from metricvault.server.app import create_ui_app
-from metricvault.server.ui_api import downsample, esc
+from metricvault.server.ui_common import downsample, esc
 from metricvault.store.vault import Vault
 
 T0 = 1_700_000_000_000

@@ -39,7 +39,7 @@ def step_curves(
     pixel columns as ``ui_api.history_curves`` draws it, or None where the run has no step
     series or no such metric; None for the whole call where the batch does not apply."""
     from metricvault.archive.compare import STEP
-    from metricvault.server.ui_api import downsample
+    from metricvault.server.ui_common import downsample
 
     if not tracked(exps) or not is_metric_name(metric) or metric == STEP:
         return None
@@ -54,8 +54,8 @@ def step_curves(
     if horizon and start < horizon:
         return None  # history explains what retention dropped, run by run
     ids = "|".join(windows)
-    steps = _keyed_runs(vault.query(f'{STEP}{{experiment=~"{ids}"}}', start, end), windows)
-    samples = _keyed_runs(vault.query(f'{metric}{{experiment=~"{ids}"}}', start, end), windows)
+    steps = keyed_runs(vault.query(f'{STEP}{{experiment=~"{ids}"}}', start, end), windows)
+    samples = keyed_runs(vault.query(f'{metric}{{experiment=~"{ids}"}}', start, end), windows)
     out: dict[str, dict[str, Any] | None] = dict.fromkeys(windows)
     if steps.empty or samples.empty:
         return out
@@ -74,7 +74,7 @@ def _json(values: np.ndarray) -> list[float | None]:
     return [v if math.isfinite(v) else None for v in values.astype(np.float64).tolist()]
 
 
-def _keyed_runs(frame: pd.DataFrame, windows: dict[str, tuple[int, int]]) -> pd.DataFrame:
+def keyed_runs(frame: pd.DataFrame, windows: dict[str, tuple[int, int]]) -> pd.DataFrame:
     """``_keyed`` of the rows inside their own run's window ``[start, end)``, with ``run``
     (the experiment label) beside them. Label columns other runs brought are null in a run's
     rows, which ``_keyed`` reads as absent: the keys are those of the run's own read."""

@@ -156,7 +156,7 @@ TOP_ANOMALIES = 5
 
 
 def _downsample(ts: np.ndarray, values: np.ndarray, width: int) -> tuple[list[Any], list[Any]]:
-    from metricvault.server.ui_api import downsample
+    from metricvault.server.ui_common import downsample
 
     if not ts.size:
         return [], []

@@ -61,7 +61,7 @@ def login_page(
 ) -> Response:
     """The login form (``status`` 401 where it stands in for a page), with a fresh login
     nonce in its form and its cookie."""
-    from metricvault.server.ui_api import STATIC_DIR, esc
+    from metricvault.server.ui_common import STATIC_DIR, esc
 
     nonce = secrets.token_urlsafe(24)
     target = safe_next(next_path or request.query_params.get("next"))

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from metricvault.experiment import Experiment
-from metricvault.server.ui_curves import _keyed_runs, tracked
+from metricvault.server.ui_curves import keyed_runs, tracked
 
 
 def page_summaries(
@@ -107,7 +107,7 @@ def _series_figures(frame: pd.DataFrame, windows: dict[str, tuple[int, int]]) ->
     (a series whose samples there are all NaN has no row)."""
     if not len(frame):
         return _EMPTY
-    rows = _keyed_runs(frame, windows)
+    rows = keyed_runs(frame, windows)
     values = pd.to_numeric(rows["value"], errors="coerce").to_numpy(np.float64)
     rows = rows[np.isfinite(values)]
     if not len(rows):

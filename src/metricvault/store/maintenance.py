@@ -32,6 +32,7 @@ from metricvault.store.catalog import Change, DataFile
 from metricvault.store.claims import Claims
 from metricvault.store.layout import DATA_DIR, SERIES_DIR, written_by
 from metricvault.store.reader import float_columns
+from metricvault.store.series_index import SERIES_FILES_COMPACT
 
 if TYPE_CHECKING:
     from metricvault.store.vault import Vault
@@ -102,8 +103,6 @@ def _track(progress: ProgressCallback | None, items: list[Any], step: str) -> It
 def compact_series(vault: Vault) -> int:
     """Merge the series files into one sharded file (``Vault.compact_series_files``) under
     the ``series`` claim; the series files merged."""
-    from metricvault.store.vault import SERIES_FILES_COMPACT
-
     files = vault.snapshot().series_files
     if len(files) < SERIES_FILES_COMPACT and not any(sf.shards is None for sf in files):
         return 0

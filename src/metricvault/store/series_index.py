@@ -48,6 +48,8 @@ SERIES_SHARDS = 64  # shards of the series table, by metric name (never change: 
 SHARD_COLUMN = "shard"  # a layout-2 series file's shard of each row
 SERIES_LAYOUT_KEY = b"metricvault.series_layout"  # Parquet key-value metadata; absent = 1
 SERIES_LAYOUT = 2  # 1: any order, no shard column; 2: sorted by shard, a row group per shard
+SERIES_FILES_MAX = 64  # series files in a catalog version before a flush merges them
+SERIES_FILES_COMPACT = 8  # ... before maintenance merges them (before a flush has to)
 
 # reads a series file's rows: all of them (None) or those of some shards (a sorted tuple);
 # the columns named, or all (None)

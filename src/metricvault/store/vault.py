@@ -56,7 +56,14 @@ from metricvault.store.layout import Location, open_location
 from metricvault.store.normalize import from_resolved, normalize
 from metricvault.store.reader import FileCache, Reader, read_error
 from metricvault.store.reading import SeriesArrays, check_horizon, run_query, select_series
-from metricvault.store.series_index import SeriesIndex, read_shards, series_spans, sharded_file
+from metricvault.store.series_index import (
+    SERIES_FILES_COMPACT,
+    SERIES_FILES_MAX,
+    SeriesIndex,
+    read_shards,
+    series_spans,
+    sharded_file,
+)
 
 if TYPE_CHECKING:
     from metricvault.store.experiments import Experiments
@@ -829,8 +836,6 @@ class Vault:
         return maintain(self, now_ms, progress or None)
 
 
-SERIES_FILES_MAX = 64  # series files in a catalog version before a flush merges them
-SERIES_FILES_COMPACT = 8  # ... before maintenance merges them (before a flush has to)
 
 
 def _owner_gone(buffer_name: str) -> bool:
