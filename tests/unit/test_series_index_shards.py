@@ -23,8 +23,7 @@ from metricvault.store import files as fmt
 from metricvault.store.claims import Claims
 from metricvault.store.layout import open_location
 from metricvault.store.maintenance import maintain
-from metricvault.store.series_index import SHARD_COLUMN, shard_of
-from metricvault.store.series_index import SERIES_FILES_COMPACT
+from metricvault.store.series_index import SERIES_FILES_COMPACT, SHARD_COLUMN, shard_of
 from metricvault.store.vault import Vault as StoreVault
 
 T0 = 1_767_225_600_000  # 2026-01-01
