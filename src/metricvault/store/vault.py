@@ -836,8 +836,6 @@ class Vault:
         return maintain(self, now_ms, progress or None)
 
 
-
-
 def _owner_gone(buffer_name: str) -> bool:
     """A worker buffer ``buffer-worker-<pid>`` whose process no longer exists."""
     pid = layout.worker_pid(buffer_name)
