@@ -1,7 +1,8 @@
 """A rule's long window kept between evaluations (promql/window_cache.py) answers what the
 uncached rollup path answers for the same window, evaluation after evaluation: as the window
-slides, after newer samples, after late samples, after maintenance, across an hour, and
-for a series that appears in the window's newest minutes."""
+slides, after newer samples, after late samples, after maintenance, across an hour (sliding its
+whole hours, not reading them again), and for a series that appears in the window's newest
+minutes or leaves it at its start, with NaN samples among the others."""
 
 from __future__ import annotations
 
@@ -137,7 +138,7 @@ def test_maintenance_drops_the_kept_window(vault):
     assert cached.windows is not None and cached.windows.invalidated > invalidated
 
 
-def test_a_window_that_crosses_an_hour_is_read_again(vault):
+def test_a_window_that_crosses_an_hour_answers_as_the_rows_do(vault):
     cached, plain = _engines(vault)
     vault.write(_rows(NOW, NOW + HOUR, seed=4))
     before_hour = NOW + HOUR - 2 * MIN + OFFSET
@@ -159,3 +160,92 @@ def test_range_queries_and_short_windows_take_the_ordinary_path(vault):
     cached.evaluate("avg_over_time(gpu_util[2d])", NOW - HOUR, NOW, 5 * MIN)
     cached.evaluate("avg_over_time(gpu_util[1h])", NOW - 10 * MIN + OFFSET)
     assert cached.windows is not None and len(cached.windows) == 0
+
+
+def _with_nans(rows: list[Any], every: int = 7) -> list[Any]:
+    """``rows`` with every ``every``-th sample of gpu 0 a NaN."""
+    out, n = [], 0
+    for name, labels, t, v in rows:
+        if labels["gpu"] == "0":
+            n += 1
+            v = float("nan") if n % every == 0 else v
+        out.append((name, labels, t, v))
+    return out
+
+
+@pytest.fixture
+def sliding(tmp_path: Any) -> Iterator[Any]:
+    """Three GPUs with NaN samples among gpu 0's; gpu 9 only in two hours near the start of
+    the windows evaluated from NOW on (rolled up), so it leaves them as they slide; four hours
+    of raw samples after NOW, gpu 3 among them from NOW + 90m (new in the window's end)."""
+    from metricvault.store.vault import Vault
+
+    v = Vault.open_local(str(tmp_path / "v"), retention_raw="1d")
+    v.write(_with_nans(_rows(T0, NOW)))
+    gone = NOW - 2 * DAY + 30 * MIN
+    v.write([(n, {"gpu": "9"}, t, x) for n, _, t, x in _rows(gone, gone + 2 * HOUR, 1, 9)])
+    v.maintain(now_ms=NOW)
+    v.write(_with_nans(_rows(NOW, NOW + 90 * MIN, seed=6)))
+    v.write(_with_nans(_rows(NOW + 90 * MIN, NOW + 4 * HOUR, gpus=4, seed=7)))
+    yield v
+    v.close()
+
+
+def _around(boundary: int) -> list[int]:
+    """Rule evaluation times (every 30 s, never whole minutes) from before ``boundary`` to
+    after it."""
+    return [boundary - 2 * STEP + OFFSET + i * STEP for i in range(4)]
+
+
+def test_a_window_slides_across_hours_at_its_end_and_start_without_being_read_again(sliding):
+    cached, plain = _engines(sliding)
+    times = [NOW + OFFSET]
+    for h in (1, 2, 3):  # its end (and the 2d windows' start) crosses a whole hour, then
+        times += _around(NOW + h * HOUR)  # the 47h30m window's start crosses one
+        times += _around(NOW + h * HOUR + 30 * MIN)
+    for at in times:
+        _same(cached, plain, at)
+    assert cached.windows is not None
+    assert cached.windows.builds == 3  # one per window length and kind, read once
+    assert cached.windows.slides >= 3 * 6  # every crossing slid the kept entries
+    assert cached.windows.invalidated == 0
+    expr = "count_over_time(gpu_util[2d])"
+    assert (("gpu", "9"),) in _answers(cached, expr, times[0])
+    assert (("gpu", "9"),) not in _answers(cached, expr, times[-1])  # left at the start
+    assert (("gpu", "3"),) in _answers(cached, expr, times[-1])  # came at the end
+    for expr in EXPRS:  # a slid entry says what the rows' path says
+        got, want = cached.evaluate(expr, times[-1]), plain.evaluate(expr, times[-1])
+        assert got.warnings == want.warnings, expr
+        assert {"1h", "1m"} <= got.served_by, expr
+
+
+def test_samples_written_as_the_window_crosses_an_hour_slide_it(vault):
+    cached, plain = _engines(vault)
+    vault.write(_rows(NOW, NOW + 55 * MIN, seed=20))
+    _same(cached, plain, NOW + 54 * MIN + STEP + OFFSET)
+    builds = cached.windows.builds if cached.windows else 0
+    for m in range(55, 66):  # the next minute's samples, then an evaluation after them
+        vault.write(_rows(NOW + m * MIN, NOW + (m + 1) * MIN, seed=m))
+        _same(cached, plain, NOW + m * MIN + STEP + OFFSET)
+    assert cached.windows is not None
+    assert (cached.windows.builds, cached.windows.invalidated) == (builds, 0)
+    assert cached.windows.slides >= 3
+
+
+def test_an_hourly_rule_slides_its_window_an_hour_at_a_time(sliding):
+    cached, plain = _engines(sliding)
+    for h in range(4):
+        _same(cached, plain, NOW + h * HOUR + 20 * MIN + OFFSET)
+    assert cached.windows is not None and cached.windows.builds == 3
+    assert cached.windows.slides == 3 * 3
+
+
+def test_a_window_moved_by_hours_slides_and_by_more_than_half_its_length_is_read_again(sliding):
+    cached, plain = _engines(sliding)
+    exprs = ("max_over_time(gpu_util[36h])", "quantile_over_time(0.5, gpu_util[36h])")
+    _same(cached, plain, NOW - 20 * HOUR + 10 * MIN + OFFSET, exprs)
+    _same(cached, plain, NOW - 17 * HOUR + 10 * MIN + OFFSET, exprs)  # three hours on: slid
+    assert cached.windows is not None
+    assert (cached.windows.builds, cached.windows.slides) == (2, 2)
+    _same(cached, plain, NOW + 3 * HOUR + 10 * MIN + OFFSET, exprs)  # twenty: read anew
+    assert (cached.windows.builds, cached.windows.slides) == (4, 2)

@@ -9,21 +9,32 @@ start or end crosses an hour), only its edges moved. So per (selector, window le
 module keeps, for every series:
 
 - the sums, counts, minima, maxima and merged quantile sketch counts of the 1h rows of the
-  whole hours ``[a, b)`` inside the window, read once (``a``, ``b`` whole hours);
+  whole hours ``[a, b)`` inside the window, read once (``a``, ``b`` whole hours), and the
+  same per hour;
 - the 1m rows of the hour ``[a - 1h, a)`` that holds the window's start, per minute, so the
   leading edge ``[T' - R', a)`` is a slice of them at any ``T'`` in that hour;
 - the same sums of the raw samples in ``[b, T']`` (raw samples are kept there: it is the
   last hour), extended by the samples after the last evaluation's ``T'`` only.
 
 An evaluation then reads the raw samples of the last 30 s and adds three sets of per-series
-vectors. When the window's start or end crosses an hour (once an hour for whole-hour
-lengths) the entry is read again from the store. Whether it still holds is the store's
-catalog version, compared as the query-result cache compares it
-(:func:`metricvault.promql.result_cache.still_holds`): maintenance (rollups, compaction,
-retention, a kind change) drops every entry; a raw file with a sample not after the newest
-time read (late data) drops it; raw files of newer samples only (ordinary flushes, the
-rules' own writes at the evaluation time) keep it. Before comparing, buffered samples are
-flushed, as every read does.
+vectors. The whole hours are kept hour by hour too (a ring of one column per hour and
+series, and each hour's sketch counts), so the window slides across an hour without being
+read again: when its end crosses into a new hour, the raw samples of the hour just
+finished (the last part, and those read after it) become one more whole hour, the raw
+samples from the new hour on starting the last part afresh; when its start crosses an
+hour, the oldest whole hour leaves (its sketch counts subtracted, exactly, as integers;
+the sums, minima and maxima reduced again over the ring, which costs far less than any
+file read) and the 1m rows of the new start's hour are read. The finished hour's raw
+samples are those its 1h row summarises (raw samples are kept there); a rollup written
+since, or a late sample, changes the catalog version and drops the entry (below). A window
+gone back in time, or moved by more than half its length, is read again from the store.
+
+Whether an entry still holds is the store's catalog version, compared as the query-result
+cache compares it (:func:`metricvault.promql.result_cache.still_holds`): maintenance
+(rollups, compaction, retention, a kind change) drops every entry; a raw file with a sample
+not after the newest time read (late data) drops it; raw files of newer samples only
+(ordinary flushes, the rules' own writes at the evaluation time) keep it. Before comparing,
+buffered samples are flushed, as every read does.
 
 The answer is the one tiers.py computes from the same rows for the same moved window: the
 same samples in each part, so counts, minima, maxima and quantiles are equal, and sums and
@@ -110,7 +121,14 @@ class _Entry:
     vocab: np.ndarray  # sorted sketch codes; columns of every sketch matrix
     sketches: bool  # every row read holds a sketch
     tiers: tuple[str, ...]
-    inner_parts: _Parts
+    inner_parts: _Parts  # the whole hours [a, b) together, reduced from the ring below
+    # the whole hours one by one: column (hour // 1h) % ring size; hours outside [a, b)
+    # cleared (0 sums and counts, NaN minima and maxima); sketch counts by hour start
+    hour_total: np.ndarray
+    hour_count: np.ndarray
+    hour_low: np.ndarray
+    hour_high: np.ndarray
+    hour_codes: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]  # series, code, n
     # the 1m rows of [a - 1h, a) by minute slot: (series, SLOTS) each
     lead_total: np.ndarray
     lead_count: np.ndarray
@@ -119,6 +137,7 @@ class _Entry:
     lead_codes: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # series, slot, code, n
     trail: _Parts  # raw samples in [b, trail_end]
     trail_end: int
+    want_sketches: bool = False
     # the answer's row order (by label set) and its label sets (without the metric name);
     # None: to be worked out (again, after a series came)
     answer: tuple[np.ndarray, list[Labels]] | None = None
@@ -126,7 +145,9 @@ class _Entry:
     @property
     def cells(self) -> int:
         s, v = len(self.labels), self.vocab.size
-        return s * (4 * SLOTS + 2 * v + 8) + int(self.lead_codes[0].size) * 4
+        hours = sum(int(c[0].size) for c in self.hour_codes.values()) * 3 // 2  # int32s
+        ring = 4 * int(self.hour_total.shape[1])
+        return s * (4 * SLOTS + 2 * v + 8 + ring) + int(self.lead_codes[0].size) * 4 + hours
 
 
 class WindowCache:
@@ -137,6 +158,7 @@ class WindowCache:
         self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
         self._lock = threading.Lock()
         self.builds = 0  # entries read from the store in full
+        self.slides = 0  # entries moved across an hour, reading that hour's rows only
         self.updates = 0  # evaluations answered from a kept entry
         self.invalidated = 0  # entries dropped because the catalog showed a change
 
@@ -175,8 +197,12 @@ class WindowCache:
             sketches = name == "quantile_over_time"
             key = (matchers, length, sketches)
             entry = self._current(key, snap, (a, b), end)
+            moved = entry is not None and entry.inner != (a, b)
+            if moved and entry is not None and not self._slide(ev, matchers, entry, (a, b), end):
+                del self._entries[key]
+                entry = None
             if entry is None:
-                entry = self._build(ev, matchers, snap, (a, b), end, sketches)
+                entry = self._build(ev, matchers, snap, (a, b), end, sketches, length)
                 if entry is None:
                     return None
                 self._keep(key, entry)
@@ -213,8 +239,14 @@ class WindowCache:
             del self._entries[key]
             self.invalidated += 1
             return None
-        if entry.inner != inner or end < entry.trail_end:
-            del self._entries[key]  # the window crossed an hour (or went back): read anew
+        a, b = inner
+        old_a, old_b = entry.inner
+        back = end < entry.trail_end or a < old_a or b < old_b
+        if back or a >= old_b or (b - old_b) * 2 > entry.hour_total.shape[1] * HOUR_MS:
+            del self._entries[key]  # gone back, or moved too far to slide: read anew
+            return None
+        if entry.inner != inner and entry.want_sketches and not entry.sketches:
+            del self._entries[key]  # an hour without a sketch may be leaving: read anew
             return None
         self._entries.move_to_end(key)
         return entry
@@ -232,6 +264,7 @@ class WindowCache:
         inner: tuple[int, int],
         end: int,
         sketches: bool,
+        length: int,
     ) -> _Entry | None:
         a, b = inner
         source = ev.source
@@ -264,19 +297,85 @@ class WindowCache:
             codes += [mapping.codes(v).astype(np.int64) for _, v in trail_values]
             vocab = np.unique(np.concatenate(codes)) if codes else vocab
         n, v = len(labels), vocab.size
+        ring = length // HOUR_MS + 2  # whole hours inside any window of this length, and one
         entry = _Entry(
             Version.of(snap), inner, list(labels), labels, vocab,
             sketches and all(ok for _, _, ok in inner_rows + lead_rows),
             tuple(dict.fromkeys([*hours.tiers, *minutes.tiers])),
-            _Parts.empty(n, v), np.zeros((n, SLOTS)), np.zeros((n, SLOTS)),
+            _Parts.empty(n, v), np.zeros((n, ring)), np.zeros((n, ring)),
+            np.full((n, ring), np.nan), np.full((n, ring), np.nan), {},
+            np.zeros((n, SLOTS)), np.zeros((n, SLOTS)),
             np.full((n, SLOTS), np.nan), np.full((n, SLOTS), np.nan),
             (np.zeros(0, np.int64),) * 4,
-            _Parts.empty(n, v), end,
+            _Parts.empty(n, v), end, sketches,
         )  # fmt: skip
         _add_rows(entry, inner_rows, labels)
+        _reduce_hours(entry)
         _add_lead(entry, lead_rows, labels, a - HOUR_MS)
         _add_samples(entry, trail_values)
         return entry
+
+    def _slide(
+        self,
+        ev: Evaluator,
+        matchers: Sequence[Matcher],
+        entry: _Entry,
+        inner: tuple[int, int],
+        end: int,
+    ) -> bool:
+        """Moves the entry's whole hours to ``inner`` and its last part to ``end``: the hours
+        its end entered from the raw samples of the last part and those read after it, the
+        hours its start left dropped, and the 1m rows of the new start's hour read; False:
+        the store did not answer those as 1m rows (the entry is read anew)."""
+        a, b = inner
+        old_a, old_b = entry.inner
+        source = ev.source
+        minutes = None
+        if a > old_a:
+            lead_at = a - MINUTE_MS
+            hint = _ROW_HINT[entry.want_sketches]
+            minutes = source.select_buckets(
+                matchers, SelectHints(hint, HOUR_MS - MINUTE_MS, 0, lead_at, lead_at)
+            )
+            if minutes is None or minutes.width_ms != MINUTE_MS:
+                return False
+        self.slides += 1
+        lead_rows = _rows(minutes, a - HOUR_MS, a, entry.want_sketches) if minutes else []
+        for lab, _, _ in lead_rows:
+            if lab not in entry.index:
+                _grow_series(entry, lab)
+        if entry.want_sketches:
+            codes = [c["codes"] for _, c, _ in lead_rows]
+            missing = np.setdiff1d(np.concatenate(codes), entry.vocab) if codes else None
+            if missing is not None and missing.size:
+                _grow_vocab(entry, missing)
+            entry.sketches = entry.sketches and all(ok for _, _, ok in lead_rows)
+        for hour in range(old_a, min(a, old_b), HOUR_MS):
+            _drop_hour(entry, hour)
+        if minutes is not None:
+            n = len(entry.labels)
+            entry.lead_total, entry.lead_count = np.zeros((n, SLOTS)), np.zeros((n, SLOTS))
+            entry.lead_low = np.full((n, SLOTS), np.nan)
+            entry.lead_high = np.full((n, SLOTS), np.nan)
+            entry.lead_codes = (np.zeros(0, np.int64),) * 4
+            _add_lead(entry, lead_rows, entry.index, a - HOUR_MS)
+            entry.tiers = tuple(dict.fromkeys([*entry.tiers, *minutes.tiers]))
+        if b > old_b:
+            # the last part holds the raw samples of [old_b, trail_end], all in hour old_b
+            # (the last evaluation's end was before b): it becomes that hour; the raw
+            # samples after it go to their hours before b, and to the new last part from b
+            _trail_to_hour(entry, old_b)
+            found = []
+            for r in source.select(matchers, entry.trail_end + 1, end):
+                key = make_labels(r.labels.items())
+                i = entry.index.get(key)
+                found.append((_grow_series(entry, key) if i is None else i, r.ts, r.values))
+            _add_raw_hours(entry, [(i, ts[ts < b], v[ts < b]) for i, ts, v in found])
+            _add_samples(entry, [(i, v[ts >= b]) for i, ts, v in found])
+            entry.trail_end = max(entry.trail_end, end)
+        entry.inner = inner
+        _reduce_hours(entry)
+        return True
 
     def _extend(
         self,
@@ -333,16 +432,138 @@ def _rows(sel: BucketSelection, lo: int, hi: int, sketches: bool) -> _Rows:
 
 
 def _add_rows(entry: _Entry, rows: _Rows, labels: dict[Labels, int]) -> None:
-    p = entry.inner_parts
+    """1h rows into the ring of whole hours (and their sketch counts, by hour, into the
+    merged counts of the whole hours)."""
+    ring = entry.hour_total.shape[1]
+    series, hours, codes, counts = [], [], [], []
     for lab, c, _ in rows:
         i = labels[lab]
-        p.total[i] = float(np.add.reduce(c["sum"]))
-        p.count[i] = float(np.add.reduce(c["count"].astype(np.float64)))
-        p.low[i] = np.fmin.reduce(c["min"])
-        p.high[i] = np.fmax.reduce(c["max"])
+        col = (c["ts"] // HOUR_MS % ring).astype(np.int64)
+        entry.hour_total[i, col] = c["sum"]
+        entry.hour_count[i, col] = c["count"]
+        entry.hour_low[i, col] = c["min"]
+        entry.hour_high[i, col] = c["max"]
         if c["codes"].size:
-            cols = np.searchsorted(entry.vocab, c["codes"])
-            np.add.at(p.sketch[i], cols, c["counts"])
+            series.append(np.full(c["codes"].size, i, np.int64))
+            hours.append(np.repeat(c["ts"].astype(np.int64), c["lengths"]))
+            codes.append(c["codes"])
+            counts.append(c["counts"])
+    if not series:
+        return
+    s, h, code, n = (np.concatenate(x) for x in (series, hours, codes, counts))
+    order = np.argsort(h, kind="stable")
+    s, h, code, n = s[order], h[order], code[order], n[order]
+    starts, cuts = np.unique(h, return_index=True)
+    for hour, part in zip(starts.tolist(), np.split(np.arange(h.size), cuts[1:]), strict=True):
+        entry.hour_codes[int(hour)] = _compact(s[part], code[part], n[part])
+    _sketch_add(entry, s, code, n)
+
+
+def _sketch_add(entry: _Entry, series: np.ndarray, codes: np.ndarray, n: np.ndarray) -> None:
+    """Sketch counts ``n`` of ``codes`` (sketch codes, in the vocabulary) per ``series`` into
+    the whole hours' merged counts; negative ``n`` takes them out (counts subtract exactly)."""
+    sketch = entry.inner_parts.sketch
+    width = entry.vocab.size
+    flat = series.astype(np.int64) * width + np.searchsorted(entry.vocab, codes)
+    cells = np.bincount(flat, n.astype(np.float64), sketch.size)
+    sketch += np.rint(cells).astype(np.int64).reshape(sketch.shape)
+
+
+def _drop_hour(entry: _Entry, hour: int) -> None:
+    """The whole hour starting at ``hour`` out of the ring and the merged sketch counts."""
+    col = hour // HOUR_MS % entry.hour_total.shape[1]
+    entry.hour_total[:, col] = 0.0
+    entry.hour_count[:, col] = 0.0
+    entry.hour_low[:, col] = np.nan
+    entry.hour_high[:, col] = np.nan
+    codes = entry.hour_codes.pop(hour, None)
+    if codes is not None:
+        _sketch_add(entry, codes[0], codes[1], -codes[2])
+
+
+def _trail_to_hour(entry: _Entry, hour: int) -> None:
+    """The last part (raw samples, all in the hour starting at ``hour``) into that hour of
+    the ring, and emptied."""
+    t = entry.trail
+    col = hour // HOUR_MS % entry.hour_total.shape[1]
+    entry.hour_total[:, col] += t.total
+    entry.hour_count[:, col] += t.count
+    entry.hour_low[:, col] = np.fmin(entry.hour_low[:, col], t.low)
+    entry.hour_high[:, col] = np.fmax(entry.hour_high[:, col], t.high)
+    series, at = np.nonzero(t.sketch)
+    if series.size:
+        _hour_codes(entry, hour, series, entry.vocab[at], t.sketch[series, at])
+    entry.trail = _Parts.empty(len(entry.labels), entry.vocab.size)
+
+
+def _add_raw_hours(entry: _Entry, found: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
+    """Raw samples ``(series, times, values)`` into the hours of the ring they fall in
+    (non-finite ones left out, as rollup rows leave them out)."""
+    found = [(i, ts, v) for i, ts, v in found if v.size]
+    if not found:
+        return
+    idx = np.concatenate([np.full(v.size, i, np.int64) for i, _, v in found])
+    ts = np.concatenate([t for _, t, _ in found])
+    v = np.concatenate([v for _, _, v in found])
+    finite = np.isfinite(v)
+    idx, ts, v = idx[finite], ts[finite], v[finite]
+    if not v.size:
+        return
+    ring, n = entry.hour_total.shape[1], len(entry.labels)
+    hours = ts // HOUR_MS * HOUR_MS
+    codes = _mapping().codes(v).astype(np.int64) if entry.sketches else None
+    if codes is not None:
+        missing = np.setdiff1d(codes, entry.vocab)
+        if missing.size:
+            _grow_vocab(entry, missing)
+    for hour in np.unique(hours).tolist():
+        at = hours == hour
+        i, x = idx[at], v[at]
+        col = int(hour) // HOUR_MS % ring
+        entry.hour_total[:, col] += np.bincount(i, x, n)
+        entry.hour_count[:, col] += np.bincount(i, None, n)
+        low, high = np.full(n, np.nan), np.full(n, np.nan)
+        np.fmin.at(low, i, x)
+        np.fmax.at(high, i, x)
+        entry.hour_low[:, col] = np.fmin(entry.hour_low[:, col], low)
+        entry.hour_high[:, col] = np.fmax(entry.hour_high[:, col], high)
+        if codes is not None:
+            width = entry.vocab.size
+            cells, counts = np.unique(
+                i * width + np.searchsorted(entry.vocab, codes[at]), return_counts=True
+            )
+            _hour_codes(entry, int(hour), cells // width, entry.vocab[cells % width], counts)
+
+
+def _hour_codes(
+    entry: _Entry, hour: int, series: np.ndarray, codes: np.ndarray, n: np.ndarray
+) -> None:
+    """Sketch counts of one hour (codes in the vocabulary) kept for that hour and added to
+    the whole hours' merged counts."""
+    series, codes, n = series.astype(np.int64), codes.astype(np.int64), n.astype(np.int64)
+    _sketch_add(entry, series, codes, n)
+    kept = entry.hour_codes.get(hour)
+    if kept is not None:
+        series, codes, n = (np.concatenate(p) for p in zip(kept, (series, codes, n), strict=True))
+    entry.hour_codes[hour] = _compact(series, codes, n)
+
+
+def _compact(
+    series: np.ndarray, codes: np.ndarray, n: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One hour's sketch counts as kept: int32 (series, sketch codes and an hour's counts fit
+    in them), half the memory of the int64 they are read as."""
+    return series.astype(np.int32), codes.astype(np.int32), n.astype(np.int32)
+
+
+def _reduce_hours(entry: _Entry) -> None:
+    """The whole hours' sums, counts, minima and maxima from the ring."""
+    p = entry.inner_parts
+    p.total = np.add.reduce(entry.hour_total, axis=1)
+    p.count = np.add.reduce(entry.hour_count, axis=1)
+    with np.errstate(all="ignore"):
+        p.low = np.fmin.reduce(entry.hour_low, axis=1)
+        p.high = np.fmax.reduce(entry.hour_high, axis=1)
 
 
 def _add_lead(entry: _Entry, rows: _Rows, labels: dict[Labels, int], hour: int) -> None:
@@ -405,6 +626,11 @@ def _grow_series(entry: _Entry, key: Labels) -> int:
         p.total, p.count = np.append(p.total, 0.0), np.append(p.count, 0.0)
         p.low, p.high = np.append(p.low, np.nan), np.append(p.high, np.nan)
         p.sketch = np.vstack([p.sketch, np.zeros((1, entry.vocab.size), np.int64)])
+    ring = entry.hour_total.shape[1]
+    entry.hour_total = np.vstack([entry.hour_total, np.zeros((1, ring))])
+    entry.hour_count = np.vstack([entry.hour_count, np.zeros((1, ring))])
+    entry.hour_low = np.vstack([entry.hour_low, np.full((1, ring), np.nan)])
+    entry.hour_high = np.vstack([entry.hour_high, np.full((1, ring), np.nan)])
     entry.lead_total = np.vstack([entry.lead_total, np.zeros((1, SLOTS))])
     entry.lead_count = np.vstack([entry.lead_count, np.zeros((1, SLOTS))])
     entry.lead_low = np.vstack([entry.lead_low, np.full((1, SLOTS), np.nan)])
