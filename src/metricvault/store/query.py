@@ -419,9 +419,10 @@ def buckets(
 
 
 def _series_major(table: pa.Table) -> pa.Table:
-    """``table`` ordered by ``(series_id, ts)``. It arrives as runs already in that order (a
-    file's rows of one series, a segment's): ordering the few runs and taking their rows costs
-    a fraction of sorting every row."""
+    """``table`` ordered by ``(series_id, ts)``. It usually arrives as runs already in that
+    order (a file's rows of one series, a segment's): ordering the few runs and taking their
+    rows costs a fraction of sorting every row. Runs that interleave (a DuckDB ``GROUP BY``
+    hands its groups over in hash order) are sorted row by row."""
     if table.num_rows < 2:
         return table
     sid = table["series_id"].to_numpy()
@@ -430,12 +431,15 @@ def _series_major(table: pa.Table) -> pa.Table:
     breaks = np.flatnonzero((sid[1:] != sid[:-1]) | (ts[1:] <= ts[:-1])) + 1
     starts = np.r_[0, breaks]
     order = np.lexsort((ts[starts], sid[starts]))
-    if (order == np.arange(order.size)).all():
-        return table
     lens = np.diff(np.r_[starts, sid.size])[order]
     first = starts[order]
     offsets = np.cumsum(lens) - lens
     rows = np.arange(sid.size) - np.repeat(offsets - first, lens)
+    s, t = sid[rows], ts[rows]
+    if not ((s[1:] > s[:-1]) | ((s[1:] == s[:-1]) & (t[1:] >= t[:-1]))).all():
+        rows = np.lexsort((ts, sid))
+    elif (order == np.arange(order.size)).all():
+        return table
     return table.take(pa.array(rows))
 
 
