@@ -26,6 +26,8 @@ capability     protocol and methods
 ``serve``      :class:`ServingStore`: what ``metricvault serve`` needs — all of write,
                maintain and experiments, plus ``buffered``, ``state_dir``, ``uri``,
                ``series_count`` and ``flush_other_buffers``
+``catalog``    ``catalog_version()``: versions of the files it reads, which the query caches
+               compare to know whether a kept answer still holds (the embedded store only)
 =============  ==========================================================================
 
 The read seam

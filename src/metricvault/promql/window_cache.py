@@ -81,10 +81,12 @@ _ROW_HINT = {False: "sum_over_time", True: "quantile_over_time"}
 def catalog_of(source: Any) -> Callable[[], CatalogVersion | None] | None:
     """The catalog version of the store behind ``source`` (through a tenant's view), after
     flushing what is buffered, as every read of the store does; None: the store has none."""
+    from metricvault.protocols import capabilities_of
+
     store = getattr(source, "inner", source)
-    version = getattr(store, "catalog_version", None)
-    if version is None:
-        return None
+    if "catalog" not in capabilities_of(store):
+        return None  # e.g. InfluxDB: nothing to compare, nothing kept
+    version = store.catalog_version
     flush = getattr(store, "flush_for_read", None)
 
     def current() -> CatalogVersion | None:

@@ -321,12 +321,10 @@ class PrometheusAPI:
     def catalog_version(self) -> CatalogVersion | None:
         """The store's catalog version, which says whether a cached answer still holds; None
         (nothing cached) for a store without one."""
-        snap = getattr(self.gateway.vault, "catalog_version", None)
-        if snap is None:
-            return None
-        version = snap()
-        needed = ("version", "vault_id", "raw_horizon_ms", "files", "metric_kinds")
-        return version if all(hasattr(version, a) for a in needed) else None
+        from metricvault.promql.window_cache import catalog_of
+
+        current = catalog_of(self.gateway.vault)
+        return None if current is None else current()
 
     def tenant_matchers(self, who: Principal) -> tuple[Matcher, ...]:
         return tenant_matchers(self.gateway, who)

@@ -112,7 +112,17 @@ class Vault:
 
     # ------------------------------------------------------------------ opening
     capabilities = frozenset(
-        {"read", "write", "maintain", "experiments", "sql", "serve", "export", "series_times"}
+        {
+            "read",
+            "write",
+            "maintain",
+            "experiments",
+            "sql",
+            "serve",
+            "export",
+            "series_times",
+            "catalog",
+        }
     )
     backend_name = "embedded vault"
 
