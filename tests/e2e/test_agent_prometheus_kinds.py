@@ -177,8 +177,24 @@ def test_agent_counters_stay_counters_through_prometheus_and_rate_reads_rollups(
         assert [c for c in vault.kind_changes() if c.metric in COUNTERS] == []
         result = Engine(vault).evaluate(f"rate({ENERGY}[1m])", boundary_ms)
         assert len(result.series) == 2, result.series
-        assert result.served_by == {"1m"}, (
-            result.served_by, result.warnings, maintained, vault.horizons(), boundary_ms,
-            vault.samples_per_row("1m", boundary_ms - 60_000, boundary_ms),
-        )  # fmt: skip
+        per_row = vault.samples_per_row("1m", boundary_ms - 60_000, boundary_ms)
+        # The planner reads raw where the vault's 1m rows summarise under two samples each
+        # (store/query.py): a loaded machine's failed scrapes (the whole vault's, not just
+        # the minute asked) can leave that few; past the raw horizon, below, rows must answer.
+        if per_row is not None and per_row >= 2:
+            assert result.served_by == {"1m"}, (
+                result.served_by, result.warnings, maintained, vault.horizons(), boundary_ms,
+                per_row,
+            )  # fmt: skip
         assert all(float(values[-1]) > 0 for _, _, values in result.series)
+    # Past raw retention (the issue's 6-day rate that answered nothing once the counters had
+    # become gauges): with the raw samples behind the horizon, the counters' rate comes
+    # from the 1m rows, for both series.
+    later = boundary_ms + 2 * 86_400_000  # raw retention drops whole days
+    with Vault.open_local(str(gw.data_dir), retention_raw="1d") as vault:
+        vault.maintain(now_ms=later)
+        assert vault.horizons().raw_start_ms > boundary_ms, vault.horizons()
+        past = Engine(vault).evaluate(f"rate({ENERGY}[1m])", boundary_ms)
+        assert past.served_by == {"1m"}, (past.served_by, past.warnings, vault.horizons())
+        assert len(past.series) == 2, past.series
+        assert all(float(values[-1]) > 0 for _, _, values in past.series)
