@@ -133,3 +133,36 @@ def test_racing_publishers_on_postgresql_publish_each_file_once(tmp_path: Path, 
         assert proc.returncode == 0, err.decode()[-3000:]
     assert_record_matches_rows(settings)
     finish_and_check(settings)
+
+
+OPENER = """
+import sys, time
+from metricvault.config import Settings
+from metricvault.store import iceberg
+
+settings = Settings(iceberg_catalog=sys.argv[1], iceberg_warehouse=sys.argv[2])
+while time.time() < float(sys.argv[3]):  # every opener starts at the same moment
+    time.sleep(0.001)
+iceberg.open_catalog(settings)
+"""
+
+
+def test_processes_opening_a_new_postgresql_catalog_at_once_all_open_it(tmp_path: Path, postgres):
+    import psycopg
+
+    admin = postgres.uri.replace("postgresql+psycopg://", "postgresql://")
+    name = f"opened_at_once_{time.time_ns()}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    uri = postgres.uri.rsplit("/", 1)[0] + "/" + name
+    start = time.time() + 3.0  # after every interpreter has imported pyiceberg
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPENER, uri, str(tmp_path / "warehouse"), str(start)],
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(8)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err.decode()[-2000:]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,14 +132,30 @@ def open_catalog(settings: Settings) -> Any:
     db = sqlite_path(settings)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        catalog = SqlCatalog("metricvault", **props)
-    except Exception as exc:  # SQLAlchemy's errors: unreachable, refused, unknown database
-        raise StorageError(
-            f"cannot open the Iceberg catalog {_redacted(settings.iceberg_catalog)}: {exc}; check "
-            "iceberg_catalog (the database must exist and accept this user)"
-        ) from exc
-    return catalog
+    for attempt in range(CATALOG_OPEN_ATTEMPTS):
+        try:
+            return SqlCatalog("metricvault", **props)
+        except Exception as exc:  # SQLAlchemy's errors: unreachable, refused, unknown database
+            # Two processes opening a new catalog at once both create its tables, and the
+            # second CREATE TABLE fails on PostgreSQL ("relation iceberg_tables already
+            # exists", or a duplicate pg_type key): opened again, the tables are there.
+            if attempt + 1 < CATALOG_OPEN_ATTEMPTS and _created_meanwhile(exc):
+                time.sleep(0.1 * (attempt + 1))
+                continue
+            raise StorageError(
+                f"cannot open the Iceberg catalog {_redacted(settings.iceberg_catalog)}: {exc}; "
+                "check iceberg_catalog (the database must exist and accept this user)"
+            ) from exc
+    raise AssertionError("unreachable")
+
+
+CATALOG_OPEN_ATTEMPTS = 5
+
+
+def _created_meanwhile(exc: Exception) -> bool:
+    """Whether opening failed because another process created the catalog's tables first."""
+    text = str(exc).lower()
+    return "already exists" in text or "duplicate key" in text
 
 
 def _redacted(uri: str) -> str:
