@@ -111,8 +111,8 @@ class Gateway:
                 self.metrics.kind_changes.labels(change.old, change.new, "refused").inc()
         if decoded.histograms:
             self.metrics.dropped.labels("histogram").inc(decoded.histograms)
-        resolved = decoded.prepared()
-        if resolved is not None and not who.tenant and isinstance(self.vault, Vault):
+        resolved = self._resolved(decoded, who)
+        if resolved is not None:
             # series the decoder already knew: no table to build, no series to find again
             stored = await run_in_threadpool(self._store_resolved, resolved, who, protocol)
             return stored
@@ -129,13 +129,18 @@ class Gateway:
         """:meth:`store_decoded` for the usual request (series the decoder resolved, no
         metadata, no tenant) on the calling worker thread, so the request takes one thread
         hop for decoding and storing: the samples stored, or None to take that method."""
-        resolved = decoded.prepared()
-        if resolved is None or decoded.kinds or decoded.histograms or who.tenant:
-            return None
-        if not isinstance(self.vault, Vault):
+        resolved = None if decoded.kinds or decoded.histograms else self._resolved(decoded, who)
+        if resolved is None:
             return None
         self.metrics.received.labels(protocol).inc(decoded.samples)
         return self._store_resolved(resolved, who, protocol)
+
+    def _resolved(self, decoded: DecodedWrite, who: Principal) -> ResolvedSamples | None:
+        """The request's samples as the decoder resolved them, where the embedded vault can
+        store them as they are (no tenant label to add); None: build and write the table."""
+        if who.tenant or not isinstance(self.vault, Vault):
+            return None
+        return decoded.prepared()
 
     def _store_resolved(self, resolved: ResolvedSamples, who: Principal, protocol: str) -> int:
         assert isinstance(self.vault, Vault)
