@@ -11,7 +11,10 @@ for the whole set. Our implementations of NAB's random and windowed-Gaussian det
 scored first, beside their published scores, to validate the scorer.
 
 ASD/SMD (``../shared/data/interfusion_asd_smd``): the detector runs over train then test (the
-train rows are history, not scored); per-metric scores are combined by their maximum.
+train rows are history, not scored); per-metric scores are combined by their maximum. The
+multivariate detectors (``MULTIVARIATE``: ``pca``, metricvault.analysis.multivariate) are
+fitted on the same train rows, then stream the test rows. Per machine, and per machine group
+(ASD omi-*, SMD machine-1-*, -2-*, -3-*: the mean over the group's machines in the run).
 Precision / recall / F1 at the best threshold, without and with point adjustment, VUS-PR
 (implemented from Paparrizos et al., VLDB 2022, as ``tsb-ad`` does not install here), run time.
 
@@ -35,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from metricvault.analysis.detectors import DEFAULT_DETECTOR, make_detector
+from metricvault.analysis.multivariate import PcaDetector
 from metricvault.analysis.nab_score import PROFILES, LabelledFile, nab_score, window_rows
 from metricvault.analysis.rootcause_rank import rank_metrics
 
@@ -60,6 +64,10 @@ NAB_DETECTORS = {
     "novelty": None,
     "history": None,
 }
+
+
+# fitted on the train split, then streamed over the test rows (bench_smd only)
+MULTIVARIATE = {"pca": lambda width: PcaDetector(width)}
 
 
 def _epoch_s(text: str) -> int:
@@ -314,7 +322,10 @@ def bench_smd(detectors: list[str], full: bool) -> list[dict[str, Any]]:
             train = train[-4032:]
         for name in detectors:
             t0 = time.perf_counter()
-            scores = stream(name, np.vstack([train, test]))[len(train) :]
+            if name in MULTIVARIATE:
+                scores = MULTIVARIATE[name](train.shape[1]).fit(train).score(test)
+            else:
+                scores = stream(name, np.vstack([train, test]))[len(train) :]
             combined = scores.max(axis=1)
             elapsed = time.perf_counter() - t0
             row: dict[str, Any] = {"machine": machine, "detector": name}
@@ -324,6 +335,27 @@ def bench_smd(detectors: list[str], full: bool) -> list[dict[str, Any]]:
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
     return rows
+
+
+def machine_group(machine: str) -> str:
+    """ASD's omi-* machines are one group; SMD's machine-G-i are grouped by G."""
+    return "ASD" if machine.startswith("omi-") else "SMD " + machine.rsplit("-", 1)[0]
+
+
+def smd_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per machine group and detector: the mean over the group's machines of each measure."""
+    keys = ["precision", "recall", "f1", "pa_f1", "vus_pr", "seconds"]
+    out = []
+    for group in sorted({machine_group(r["machine"]) for r in rows}):
+        members = [r for r in rows if machine_group(r["machine"]) == group]
+        for name in dict.fromkeys(r["detector"] for r in members):
+            mine = [r for r in members if r["detector"] == name]
+            row: dict[str, Any] = {"group": group, "detector": name}
+            row["machines"] = ",".join(r["machine"] for r in mine)
+            row.update({k: round(float(np.mean([r[k] for r in mine])), 3) for k in keys})
+            out.append(row)
+            print(json.dumps(row), file=sys.stderr)
+    return out
 
 
 def interpretation(machine: str) -> list[tuple[int, int, list[int]]]:
@@ -373,9 +405,16 @@ def main() -> None:
     detectors = args.detectors.split(",")
     result: dict[str, Any] = {"default_detector": DEFAULT_DETECTOR}
     if "nab" in parts:
-        result["nab"] = [*bench_nab(detectors), nab_random_seeds()]
+        result["nab"] = [
+            *bench_nab([d for d in detectors if d not in MULTIVARIATE]),
+            nab_random_seeds(),
+        ]
     if "smd" in parts:
-        result["smd"] = bench_smd([d for d in detectors if d != "quantile"], args.full)
+        smd = [d for d in detectors if d != "quantile"]
+        if args.detectors == parser.get_default("detectors"):
+            smd += list(MULTIVARIATE)
+        result["smd"] = bench_smd(smd, args.full)
+        result["smd_groups"] = smd_groups(result["smd"])
     if "rootcause" in parts:
         result["rootcause"] = bench_rootcause(args.full)
     if "libraries" in parts:  # opt-in: needs the [anomaly] extra, and takes long
