@@ -10,7 +10,9 @@ first ``warmup`` rows it is fed):
    constant in the history does not make every later wiggle infinite);
 2. the principal components that explain ``variance`` of the scaled history span "normal";
 3. a row's residual (its distance from that subspace, per metric) is divided by the metric's
-   residual RMS over the history, and averaged over the last ``smooth`` rows (causal: only this
+   residual RMS over the history (at least ``residual_floor`` in scaled units, so a metric the
+   components explain almost exactly, or one constant in the history, does not turn a tiny
+   residual into an enormous one), and averaged over the last ``smooth`` rows (causal: only this
    row and earlier ones), so that one noisy sample scores lower than a sustained break;
 4. the per-metric score is ratio_score(residual, k) in [0, 1] (0.5 at ``k`` times the usual
    residual); the group's score is their maximum.
@@ -52,7 +54,9 @@ class PcaModel:
         return out
 
 
-def fit_pca(history: Matrix, variance: float = 0.9, floor: float = 0.05) -> PcaModel:
+def fit_pca(
+    history: Matrix, variance: float = 0.9, floor: float = 0.05, residual_floor: float = 0.1
+) -> PcaModel:
     """The PCA model of ``history`` (rows x metrics); see the module's description."""
     data = np.atleast_2d(np.asarray(history, dtype=np.float64))
     if len(data) < 2 or not np.isfinite(data).all():
@@ -75,7 +79,7 @@ def fit_pca(history: Matrix, variance: float = 0.9, floor: float = 0.05) -> PcaM
     k = min(k, data.shape[1] - 1) if data.shape[1] > 1 else 0
     components = np.ascontiguousarray(vt[:k].T)
     resid = centred - (centred @ components) @ components.T
-    residual_scale = np.maximum(np.sqrt((resid**2).mean(axis=0)), 1e-3)
+    residual_scale = np.maximum(np.sqrt((resid**2).mean(axis=0)), residual_floor)
     return PcaModel(center, scale, mean, components, residual_scale)
 
 
@@ -92,6 +96,7 @@ class PcaDetector:
     smooth: int = 5
     k: float = 3.0
     floor: float = 0.05
+    residual_floor: float = 0.1
     warmup: int = 2016
     name: str = "pca"
     model: PcaModel | None = field(init=False, default=None)
@@ -108,7 +113,7 @@ class PcaDetector:
         history = np.atleast_2d(np.asarray(history, dtype=np.float64))
         if history.shape[1] != self.width:
             raise InputError(f"history has {history.shape[1]} metrics, expected {self.width}")
-        self.model = fit_pca(history, self.variance, self.floor)
+        self.model = fit_pca(history, self.variance, self.floor, self.residual_floor)
         self._seen = []
         return self
 
