@@ -308,47 +308,106 @@ def _merge(partials: pa.Table) -> pa.Table:
     """Group partials by (series_id, ts): add counts, sums, increases and NaN counts, take
     min/max, the ``first`` with the earliest ``first_ts`` and the ``last`` with the latest
     ``last_ts``. Partials of one bucket come from disjoint time segments, so ordering them by
-    time orders both ends. Small inputs make this query-time work, so it runs in Arrow rather
-    than paying DuckDB's fixed per-statement cost."""
+    time orders both ends. Small inputs make this query-time work, so it runs in numpy over
+    the sorted rows (one ``reduceat`` per column) rather than paying DuckDB's fixed
+    per-statement cost or, on a process's first merge, the import of Arrow's group-by
+    engine (``pyarrow.acero``)."""
+    if partials.num_rows == 0:
+        return empty_partials()
     order_ts = pc.coalesce(partials["last_ts"], partials["ts"]).to_numpy()
     order = np.lexsort((order_ts, partials["ts"].to_numpy(), partials["series_id"].to_numpy()))
     table = partials.take(pa.array(order))
-    keep_nulls = pc.ScalarAggregateOptions(skip_nulls=True)
-    grouped = table.group_by(["series_id", "ts"], use_threads=False).aggregate(
-        [
-            ("count", "sum"),
-            ("sum", "sum"),
-            ("min", "min"),
-            ("max", "max"),
-            ("first", "first", keep_nulls),
-            ("first_ts", "min"),
-            ("last", "last", keep_nulls),
-            ("last_ts", "max"),
-            ("increase", "sum"),
-            ("nonfinite", "sum"),
-        ]
-    )  # m2 and the sketches merge below (group_by has no aggregate for them)
-    names = {
-        "count_sum": "count",
-        "sum_sum": "sum",
-        "min_min": "min",
-        "max_max": "max",
-        "first_first": "first",
-        "first_ts_min": "first_ts",
-        "last_last": "last",
-        "last_ts_max": "last_ts",
-        "increase_sum": "increase",
-        "nonfinite_sum": "nonfinite",
-    }
-    grouped = grouped.rename_columns([names.get(c, c) for c in grouped.column_names])
-    # Groups in (series, bucket) order, as the sorted rows: the columns below line up.
-    grouped = grouped.sort_by([("series_id", "ascending"), ("ts", "ascending")])
     sid, ts = table["series_id"].to_numpy(), table["ts"].to_numpy()
     starts = np.flatnonzero(np.r_[True, (sid[1:] != sid[:-1]) | (ts[1:] != ts[:-1])])
-    grouped = grouped.append_column("m2", pa.array(_merged_m2(table, starts), pa.float64()))
-    keys, counts = _merged_sketches(table, starts)
-    grouped = grouped.append_column("sketch_keys", keys).append_column("sketch_counts", counts)
-    return grouped.select(list(PARTIAL_COLUMNS)).cast(PARTIAL_SCHEMA)
+    columns: dict[str, pa.Array] = {
+        "series_id": pa.array(sid[starts], pa.int64()),
+        "ts": pa.array(ts[starts], pa.int64()),
+    }
+    for name, how in _MERGES:
+        columns[name] = _reduce(table[name], starts, how)
+    columns["m2"] = pa.array(_merged_m2(table, starts), pa.float64())
+    columns["sketch_keys"], columns["sketch_counts"] = _merged_sketches(table, starts)
+    return pa.table([columns[name] for name in PARTIAL_COLUMNS], names=list(PARTIAL_COLUMNS)).cast(
+        PARTIAL_SCHEMA
+    )
+
+
+# How each column of a bucket's parts merges (m2 and the sketches: their own functions).
+_MERGES = (
+    ("count", "sum"),
+    ("sum", "sum"),
+    ("min", "min"),
+    ("max", "max"),
+    ("first", "first"),
+    ("first_ts", "min"),
+    ("last", "last"),
+    ("last_ts", "max"),
+    ("increase", "sum"),
+    ("nonfinite", "sum"),
+)
+
+
+def _reduce(column: pa.ChunkedArray, starts: np.ndarray, how: str) -> pa.Array:
+    """One value per group of rows (groups begin at ``starts``) over the non-null values of
+    ``column``: their sum, min or max, or the first or last of them in row order; null where
+    a group holds none (as Arrow's grouped aggregates skip nulls)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    kind = array.type
+    integer = pa.types.is_integer(kind)
+    if how == "min":
+        fill: float | int = np.iinfo(np.int64).max if integer else np.inf
+    elif how == "max":
+        fill = np.iinfo(np.int64).min if integer else -np.inf
+    else:
+        fill = 0
+    if array.null_count:
+        valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False))
+        values = np.asarray(array.fill_null(pa.scalar(fill, kind)).to_numpy())
+    else:
+        valid = None
+        values = np.asarray(array.to_numpy())
+    if how == "sum":
+        out = np.add.reduceat(values, starts) if integer else _sequential_sum(values, starts)
+    elif how == "min":
+        out = (np.minimum if integer else np.fmin).reduceat(values, starts)
+    elif how == "max":
+        out = (np.maximum if integer else np.fmax).reduceat(values, starts)
+    elif valid is None:
+        ends = np.r_[starts[1:], values.size]
+        out = values[starts] if how == "first" else values[ends - 1]
+    else:
+        held_at = np.flatnonzero(valid)
+        if how == "first":
+            pick = np.asarray(np.searchsorted(held_at, starts))
+        else:
+            pick = np.asarray(np.searchsorted(held_at, np.r_[starts[1:], values.size]) - 1)
+        out = (
+            values[held_at[np.clip(pick, 0, max(held_at.size - 1, 0))]]
+            if held_at.size
+            else np.zeros(starts.size, values.dtype)
+        )
+    if valid is None:
+        return pa.array(out, kind)
+    held = np.add.reduceat(valid.astype(np.int64), starts) > 0
+    return pa.array(out, kind, mask=~held)
+
+
+_SEQUENTIAL_STEPS = 32
+
+
+def _sequential_sum(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Each group's float sum added one row after the other in row order, as Arrow's
+    grouped sum adds (``np.add.reduceat`` sums long runs pairwise, a last bit apart): the
+    first rows of all groups a row at a time, then each longer group on its own."""
+    lengths = np.diff(np.r_[starts, values.size])
+    out = np.zeros(starts.size, values.dtype)
+    for k in range(min(int(lengths.max()), _SEQUENTIAL_STEPS)):
+        live = np.flatnonzero(lengths > k)
+        out[live] += values[starts[live] + k]
+    for g in np.flatnonzero(lengths > _SEQUENTIAL_STEPS).tolist():
+        rest = values[starts[g] + _SEQUENTIAL_STEPS : starts[g] + lengths[g]]
+        out[g] = np.add.accumulate(np.r_[out[g], rest])[-1]
+    return out
 
 
 def _merged_m2(table: pa.Table, starts: np.ndarray) -> np.ndarray:
