@@ -497,7 +497,9 @@ class Vault:
         day_no = pc.divide(samples["ts"], DAY_MS).to_numpy()
         for day in np.unique(day_no):
             part = samples.filter(pa.array(day_no == day))
-            change.add.append(self.write_data_file(part, "raw", int(day), file_id))
+            change.add.append(
+                self.write_data_file(part, "raw", int(day), file_id, fmt.FLUSH_ZSTD_LEVEL)
+            )
             file_id += 1
         # new series, and known ones whose first/last-seen day moved (series_index.py)
         ids, first, last = series_spans(samples["series_id"].to_numpy(), samples["ts"].to_numpy())
@@ -570,12 +572,15 @@ class Vault:
             )
         return {h for h in hours if h * HOUR_MS >= bound}
 
-    def write_data_file(self, table: pa.Table, tier: str, day_no: int, file_id: int) -> DataFile:
-        """Encode ``table`` (sorted by series_id, ts) as one Parquet file of ``tier``/day."""
+    def write_data_file(
+        self, table: pa.Table, tier: str, day_no: int, file_id: int, zstd: int = fmt.ZSTD_LEVEL
+    ) -> DataFile:
+        """Encode ``table`` (sorted by series_id, ts) as one Parquet file of ``tier``/day (a
+        flush's at ``fmt.FLUSH_ZSTD_LEVEL``: compaction rewrites them at ``fmt.ZSTD_LEVEL``)."""
         day = day_of(day_no * DAY_MS)
         path = self.location.new_data_path(tier, day, file_id, self.catalog.owner())
         cols = fmt.RAW_FLOATS if tier == "raw" else fmt.ROLLUP_FLOATS
-        data = fmt.write_parquet(table, cols)
+        data = fmt.write_parquet(table, cols, zstd_level=zstd)
         self.location.write_file(path, data)
         ts = table["ts"]
         return DataFile(
