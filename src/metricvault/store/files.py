@@ -203,7 +203,7 @@ def _delta_bytes_each(x: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> 
     """:func:`_delta_bytes` of every run ``x[starts[k] : starts[k] + counts[k]]`` at once (the
     same figures: the flusher asks it of each series of a flush)."""
     blocks = np.maximum(counts - 1, 0) // 32  # whole miniblocks of each run's deltas
-    out = blocks.astype(np.float64)
+    out: np.ndarray = blocks.astype(np.float64)
     if not blocks.any():
         return out
     d = np.diff(x)  # d[i] = x[i + 1] - x[i]; a run's deltas start at its own start
@@ -213,7 +213,8 @@ def _delta_bytes_each(x: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> 
     spread = (spans.max(axis=1) - spans.min(axis=1)).astype(np.float64)
     bits = np.ceil(np.log2(spread + 1))
     owner = np.repeat(np.arange(len(counts)), blocks)
-    return out + np.bincount(owner, weights=bits, minlength=len(counts)) * 4
+    out += np.bincount(owner, weights=bits, minlength=len(counts)) * 4
+    return out
 
 
 def _bss_bytes(x: np.ndarray) -> int:
