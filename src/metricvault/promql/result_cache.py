@@ -39,6 +39,13 @@ import promql_parser as pp
 
 from metricvault.errors import PromQLError
 from metricvault.promql.parse import duration_ms, parse, post_order
+from metricvault.promql.points_json import (
+    Grids,
+    Heads,
+    Values,
+    has_negative_zero,
+    points_json,
+)
 from metricvault.promql.values import QueryResult, format_value
 
 SETTLE_MS = 5 * 60_000  # VictoriaMetrics's -search.cacheTimestampOffset default
@@ -172,25 +179,35 @@ class _Text:
 _EMPTY_TEXT = _Text("", np.zeros(1, np.int64))
 
 
-def _format_points(ts: np.ndarray, vs: np.ndarray) -> _Text:
-    heads: dict[int, str] = {}
-    values: dict[float, str] = {}
-    parts = []
-    for t, v in zip(ts.tolist(), vs.tolist(), strict=True):
-        head = heads.get(t)
-        if head is None:
-            head = heads[t] = "[" + repr(t / 1000) + ',"'
-        if v == 0:  # 0.0 and -0.0 are one key
-            text = format_value(v)
-        else:
-            found = values.get(v)
-            text = values[v] = format_value(v) if found is None else found
-        parts.append(head + text + '"]')
-    if not parts:
+def _format_points(ts: np.ndarray, vs: np.ndarray, writer: _Writer | None = None) -> _Text:
+    """The JSON of a series' points and where each starts (``writer``: the formatted
+    timestamps and values shared by the series of one answer)."""
+    if len(ts) == 0:
         return _EMPTY_TEXT
-    starts = np.zeros(len(parts) + 1, np.int64)
-    np.cumsum([len(p) + 1 for p in parts], out=starts[1:])
-    return _Text(",".join(parts), starts)
+    w = writer or _Writer()
+    if has_negative_zero(vs):  # 0.0 and -0.0 are one key of the values' cache
+        pieces = [
+            w.heads[t] + format_value(v) + '"]'
+            for t, v in zip(ts.tolist(), vs.tolist(), strict=True)
+        ]
+        text = "".join(pieces)[1:]
+        lengths = np.fromiter(map(len, pieces), np.int64, len(pieces))
+    else:
+        parts = points_json(ts, vs, w.grids, w.values)
+        text = "".join(parts)[1:]
+        lengths = np.fromiter(map(len, parts), np.int64, len(parts)).reshape(-1, 2).sum(axis=1)
+    starts = np.zeros(len(ts) + 1, np.int64)
+    np.cumsum(lengths, out=starts[1:])  # each point's length with the comma before it
+    return _Text(text, starts)
+
+
+class _Writer:
+    """Formatted timestamps and values, shared by the series of one answer."""
+
+    def __init__(self) -> None:
+        self.heads = Heads()
+        self.values = Values()
+        self.grids = Grids(self.heads)
 
 
 @dataclass
@@ -287,7 +304,10 @@ class ResultCache:
                 return result, warnings
             merged = _Entry(start_ms, start_ms - step_ms, version, result.result_type,
                             _keyed(result), list(warnings), set(result.served_by))  # fmt: skip
-            merged.texts = {k: _format_points(ts, vs) for k, (ts, vs) in merged.series.items()}
+            writer = _Writer()
+            merged.texts = {
+                k: _format_points(ts, vs, writer) for k, (ts, vs) in merged.series.items()
+            }
         else:
             tail_start = entry.settled_end_ms + step_ms
             series, texts = _sliced_with_text(entry, start_ms, end_ms)
@@ -300,8 +320,10 @@ class ResultCache:
                 self.stats.steps_evaluated += _steps(tail_start, end_ms, step_ms)
                 fresh = _keyed(tail)
                 _append(merged.series, fresh)
+                writer = _Writer()
                 for k, (ts, vs) in fresh.items():
-                    merged.texts[k] = merged.texts.get(k, _EMPTY_TEXT) + _format_points(ts, vs)
+                    text = _format_points(ts, vs, writer)
+                    merged.texts[k] = merged.texts.get(k, _EMPTY_TEXT) + text
                 merged.warnings += [w for w in tail_warnings if w not in merged.warnings]
                 merged.served_by |= tail.served_by
             else:

@@ -14,7 +14,15 @@ import json
 
 import numpy as np
 
-from metricvault.promql.values import QueryResult, format_value
+from metricvault.promql.points_json import (
+    Grids,
+    Heads,
+    Values,
+    has_negative_zero,
+    points_json,
+    points_one_by_one,
+)
+from metricvault.promql.values import QueryResult
 
 _DUMPS = json.JSONEncoder(
     ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
@@ -33,42 +41,14 @@ def answer_body(result: QueryResult, warnings: list[str]) -> bytes:
     return ('{"status":"success","data":' + data + tail + "}").encode("utf-8")
 
 
-class _Heads(dict[int, str]):
-    """``[<seconds>,"`` per timestamp, formatted on first use (the steps repeat across series)."""
-
-    def __missing__(self, t: int) -> str:
-        text = self[t] = "[" + repr(t / 1000) + ',"'
-        return text
-
-
-class _Values(dict[float, str]):
-    """``<value>"]`` per value, formatted on first use. 0.0 and -0.0 are one key, so series
-    holding a negative zero take the slow path (:func:`_points_one_by_one`)."""
-
-    def __missing__(self, v: float) -> str:
-        text = self[v] = format_value(v) + '"]'
-        return text
-
-
 def _matrix(series: list[tuple[dict[str, str], np.ndarray, np.ndarray]]) -> str:
-    heads, values = _Heads(), _Values()
+    heads, values = Heads(), Values()
+    grids = Grids(heads)
     out = []
     for labels, ts, vs in series:
-        if (vs == 0).any() and np.signbit(vs[vs == 0]).any():
-            points = _points_one_by_one(ts, vs, heads)
-        else:  # the per-point work stays in C: two cached lookups and a concatenation
-            points = ",".join(
-                map(
-                    str.__add__,
-                    map(heads.__getitem__, ts.tolist()),
-                    map(values.__getitem__, vs.tolist()),
-                )
-            )
+        if has_negative_zero(vs):
+            points = points_one_by_one(ts, vs, heads)
+        else:
+            points = "".join(points_json(ts, vs, grids, values))[1:]
         out.append('{"metric":' + _DUMPS(labels) + ',"values":[' + points + "]}")
     return ",".join(out)
-
-
-def _points_one_by_one(ts: np.ndarray, vs: np.ndarray, heads: _Heads) -> str:
-    return ",".join(
-        heads[t] + format_value(v) + '"]' for t, v in zip(ts.tolist(), vs.tolist(), strict=True)
-    )
