@@ -74,6 +74,22 @@ def test_a_level_shift_inside_the_range_of_past_spikes_is_flagged_by_the_median(
     assert len(flagged) == 1 and 1000 <= flagged[0] < 1012  # within the median's half-width
 
 
+def _stream(detector: RangeDetector, x: np.ndarray) -> np.ndarray:
+    return np.array([detector.update(np.array([v]))[0] for v in x])
+
+
+def test_a_floor_that_drops_under_an_unchanged_median_is_flagged_by_the_low_quantile() -> None:
+    x = _spiky()
+    x[150] = 2.0  # a past dip sets the lowest value far below what follows
+    x[1000:][1::3] = 7.0  # an oscillation: every third sample dips; the median stays near 10
+    assert abs(np.median(x[1000:1012]) - np.median(x[900:912])) < 1.0
+    flagged = np.flatnonzero(_stream(RangeDetector(), x) >= 0.5)
+    assert len(flagged) == 1 and 1000 <= flagged[0] < 1012
+    # without the lower quantile neither the values (7 > 2) nor the medians leave their range
+    alone = _stream(RangeDetector(low_weight=0.0), x)
+    assert not np.any(alone >= 0.5)
+
+
 def test_one_alarm_per_event_the_detector_stays_quiet_after_it() -> None:
     x = _spiky(n=1200)
     x[900:960] = np.linspace(40, 100, 60)  # a climb: every sample is a new record

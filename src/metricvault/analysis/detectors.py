@@ -262,25 +262,32 @@ def range_excess(x: Vector, lo: Vector, hi: Vector, floor: Vector | float = 0.0)
 
 @dataclass
 class RangeDetector:
-    """The default: a value, or the median of the last ``medians`` samples, beyond everything
-    the series did before, by a margin of its past range. It learns the lowest and highest value
-    (and the lowest and highest of each rolling median) seen so far; a sample's excess is how far
-    it lies outside that range in units of the range's width. The rolling medians catch a level
-    shift or a sustained bump that stays inside the range of past spikes (a single spike moves a
-    median of 12 samples not at all). The excess ``E = max(value excess, median_weight * median
-    excess)`` maps to ``E / (E + margin)``: 0.5, the threshold, at ``E = margin``. A median's
-    range counts as at least ``median_floor`` of the values' range, so that on a spiky series
-    the medians' narrow band of noise does not make every small wander a record. After a
-    detection a series stays quiet for ``quiet`` samples (scores halved): one event, one alarm.
+    """The default: a value, or a rolling statistic of the last ``medians`` samples (their
+    median, and their lower quantile ``low_quantile``), beyond everything the series did before,
+    by a margin of its past range. It learns the lowest and highest value (and the lowest and
+    highest of each rolling statistic) seen so far; a sample's excess is how far it lies outside
+    that range in units of the range's width. The rolling medians catch a level shift or a
+    sustained bump that stays inside the range of past spikes (a single spike moves a median of
+    12 samples not at all); the rolling lower quantile (the floor of the last samples: 0.2, the
+    third lowest of 12) catches what leaves the median where it was, a floor that drops because
+    the series starts to oscillate or dip, or rises under a sustained load. The excess ``E =
+    max(value excess, median_weight * median excess, low_weight * low-quantile excess)`` maps to
+    ``E / (E + margin)``: 0.5, the threshold, at ``E = margin``. A rolling statistic's range
+    counts as at least ``median_floor`` of the values' range, so that on a spiky series their
+    narrow band of noise does not make every small wander a record. After a detection a series
+    stays quiet for ``quiet`` samples (scores halved): one event, one alarm.
 
-    This is the "spatial anomaly" rule of NAB's HTM detector made continuous, plus level shifts;
-    on NAB's machine metrics it outscores the published detectors (docs/anomaly.md)."""
+    This is the "spatial anomaly" rule of NAB's HTM detector made continuous, plus level shifts
+    and changes of the floor; on NAB's machine metrics it outscores the published detectors
+    (docs/anomaly.md)."""
 
     width: int = 1
     medians: tuple[int, ...] = (12, 24)
     margin: float = 0.15
     median_weight: float = 2.25
     median_floor: float = 0.1
+    low_quantile: float = 0.2
+    low_weight: float = 1.0
     quiet: int = 72
     warmup: int = 288
     name: str = "range"
@@ -290,6 +297,8 @@ class RangeDetector:
     _rings: list[_Ring] = field(init=False)
     _mlo: list[Vector] = field(init=False)
     _mhi: list[Vector] = field(init=False)
+    _qlo: list[Vector] = field(init=False)
+    _qhi: list[Vector] = field(init=False)
     _since: Vector = field(init=False)
 
     def __post_init__(self) -> None:
@@ -298,6 +307,8 @@ class RangeDetector:
         self._rings = [_Ring(k, self.width) for k in self.medians]
         self._mlo = [np.full(self.width, np.inf) for _ in self.medians]
         self._mhi = [np.full(self.width, -np.inf) for _ in self.medians]
+        self._qlo = [np.full(self.width, np.inf) for _ in self.medians]
+        self._qhi = [np.full(self.width, -np.inf) for _ in self.medians]
         self._since = np.full(self.width, float(self.quiet))
 
     def update(self, x: Vector) -> Vector:
@@ -309,13 +320,19 @@ class RangeDetector:
         self._hi = np.maximum(self._hi, x)
         for i, ring in enumerate(self._rings):
             ring.push(x)
-            median = np.median(ring.values(), axis=0)
+            values = ring.values()
+            median = np.median(values, axis=0)
+            low = np.quantile(values, self.low_quantile, axis=0)
             if self._seen > self.warmup + ring.size:
                 shifted = range_excess(median, self._mlo[i], self._mhi[i], floor)
                 excess = np.maximum(excess, self.median_weight * shifted)
-            if self._seen >= ring.size:  # a median of a full window only
+                dropped = range_excess(low, self._qlo[i], self._qhi[i], floor)
+                excess = np.maximum(excess, self.low_weight * dropped)
+            if self._seen >= ring.size:  # statistics of a full window only
                 self._mlo[i] = np.minimum(self._mlo[i], median)
                 self._mhi[i] = np.maximum(self._mhi[i], median)
+                self._qlo[i] = np.minimum(self._qlo[i], low)
+                self._qhi[i] = np.maximum(self._qhi[i], low)
         score: Vector = excess / (excess + self.margin)
         quiet = self._since < self.quiet
         score = np.where(quiet, score * 0.5, score)
