@@ -2,6 +2,7 @@
 
     python bench/anomaly.py                 # NAB (19 files) + ASD/SMD (13 machines) + root cause
     python bench/anomaly.py --only nab      # one part: nab, smd or rootcause
+    python bench/anomaly.py --only neighbours  # NAB of the default range detector's neighbours
     python bench/anomaly.py --only libraries  # statsmodels/stumpy/river on NAB ([anomaly] extra)
 
 NAB (``../shared/data/nab_machine_metrics``): each detector streams every file (no look-ahead,
@@ -37,7 +38,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from metricvault.analysis.detectors import DEFAULT_DETECTOR, make_detector
+from metricvault.analysis.detectors import DEFAULT_DETECTOR, RangeDetector, make_detector
 from metricvault.analysis.multivariate import PcaDetector
 from metricvault.analysis.nab_score import PROFILES, LabelledFile, nab_score, window_rows
 from metricvault.analysis.rootcause_rank import rank_metrics
@@ -133,6 +134,47 @@ def nab_random_seeds(seeds: int = 20) -> dict[str, Any]:
     row["published"] = PUBLISHED["random (NAB)"]
     print(json.dumps(row), file=sys.stderr)
     return row
+
+
+# the default's parameters changed one at a time: a score that holds on its neighbours is not one
+# lucky point (all of them are in-sample: chosen on these same files)
+RANGE_NEIGHBOURS: list[dict[str, Any]] = [
+    {},
+    {"low_weight": 0.0},  # the range detector before the lower quantile
+    {"low_quantile": 0.15},
+    {"low_quantile": 0.25},
+    {"low_quantile": 0.3},
+    {"low_weight": 0.5},
+    {"low_weight": 2.25},
+    {"medians": (12,)},
+    {"medians": (12, 36)},
+    {"margin": 0.12},
+    {"margin": 0.18},
+    {"median_weight": 1.8},
+    {"median_weight": 2.7},
+    {"quiet": 48},
+    {"quiet": 96},
+]
+
+
+def nab_neighbours() -> list[dict[str, Any]]:
+    """NAB scores of the default ``range`` detector and of its neighbouring parameter sets."""
+    data = load_nab()
+    rows = []
+    for params in RANGE_NEIGHBOURS:
+        files = []
+        for _, ts, vals, wins in data:
+            det = RangeDetector(1, **params)
+            scores = np.array([det.update(np.array([v]))[0] for v in vals.tolist()])
+            files.append(LabelledFile(scores, window_rows(ts, wins)))
+        row: dict[str, Any] = {
+            "range": ", ".join(f"{k}={v}" for k, v in params.items()) or "default"
+        }
+        for profile in PROFILES:
+            row[profile] = round(nab_score(files, profile).score, 1)
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr)
+    return rows
 
 
 def _hst(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -397,7 +439,9 @@ def bench_rootcause(full: bool) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["nab", "smd", "rootcause", "libraries"], action="append")
+    parser.add_argument(
+        "--only", choices=["nab", "neighbours", "smd", "rootcause", "libraries"], action="append"
+    )
     parser.add_argument("--full", action="store_true", help="every machine, the whole train split")
     parser.add_argument("--detectors", default=",".join(NAB_DETECTORS))
     args = parser.parse_args()
@@ -409,6 +453,8 @@ def main() -> None:
             *bench_nab([d for d in detectors if d not in MULTIVARIATE]),
             nab_random_seeds(),
         ]
+    if "neighbours" in parts:  # opt-in: the default's NAB score on neighbouring parameters
+        result["nab_neighbours"] = nab_neighbours()
     if "smd" in parts:
         smd = [d for d in detectors if d != "quantile"]
         if args.detectors == parser.get_default("detectors"):
