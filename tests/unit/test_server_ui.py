@@ -777,3 +777,57 @@ def test_alerts_evaluated_by_the_gateway_show_under_the_incident_it_formed(make_
         "XidErrors",
     ]
     assert {r["rule"]: r["health"] for r in got["rules"]} == {"XidErrors": "ok", "GpuUtilLow": "ok"}
+
+
+def _downsample_per_column(x, y, width):
+    """The reference: a loop over the pixel columns, each column's first minimum and first
+    maximum in x order."""
+    keep = np.isfinite(y)
+    x, y = x[keep], y[keep]
+    if x.size <= 2 * width:
+        return x, y
+    column = np.minimum(((x - x[0]) / (x[-1] - x[0]) * width).astype(np.int64), width - 1)
+    chosen: list[int] = []
+    for c in np.unique(column):
+        where = np.flatnonzero(column == c)
+        lo, hi = where[np.argmin(y[where])], where[np.argmax(y[where])]
+        chosen.extend(sorted({int(lo), int(hi)}))
+    return x[chosen], y[chosen]
+
+
+def test_downsampling_picks_what_a_loop_over_the_columns_picks():
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        n, width = int(rng.integers(1, 3000)), int(rng.integers(1, 400))
+        x = np.sort(rng.choice(50_000, n, replace=False)).astype(np.float64)
+        # ties (small integers) in every other trial: the first extreme must be the one kept
+        y = rng.integers(0, 4, n).astype(np.float64) if trial % 2 else rng.normal(size=n)
+        y[rng.random(n) < 0.1] = np.nan
+        want, got = _downsample_per_column(x, y, width), downsample(x, y, width)
+        assert got[0].tolist() == want[0].tolist(), trial
+        assert got[1].tolist() == want[1].tolist(), trial
+
+
+def test_static_files_carry_an_etag_and_versioned_urls_are_kept_for_good(tenants):
+    import re
+
+    client, _ = tenants
+    page = client.get("/ui/experiments", headers=AUTH_A).text
+    url = re.search(r'src="(/ui/static/ui\.js\?v=[0-9a-f]+)"', page).group(1)
+    first = client.get(url, headers=AUTH_A)
+    assert first.status_code == 200 and "immutable" in first.headers["cache-control"]
+    etag = first.headers["etag"]
+    plain = client.get("/ui/static/ui.js", headers=AUTH_A)
+    assert plain.headers["cache-control"] == "no-cache" and plain.headers["etag"] == etag
+    again = client.get("/ui/static/ui.js", headers={**AUTH_A, "If-None-Match": etag})
+    assert again.status_code == 304 and again.content == b""
+    stale = client.get("/ui/static/ui.js?v=0", headers={**AUTH_A, "If-None-Match": '"0"'})
+    assert stale.status_code == 200 and stale.headers["cache-control"] == "no-cache"
+    assert stale.content == first.content
+
+
+def test_vault_stats_can_answer_the_raw_horizon_alone(tenants):
+    client, _ = tenants
+    full = client.get("/api/v1/vault/stats", headers=AUTH_A).json()
+    only = client.get("/api/v1/vault/stats?only=raw_horizon", headers=AUTH_A).json()
+    assert only == {"raw_horizon": full["raw_horizon"]}

@@ -24,8 +24,11 @@ maximum so spikes survive.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import logging
 import mimetypes
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -59,6 +62,7 @@ HISTORY_METRICS = ("train_loss", "learning_rate", "grad_norm", "tokens_per_secon
 COLUMNS = ("id", "name", "owner", "team", "start", "end", "duration_h", "git_sha", "tags")
 SORTABLE = ("id", "name", "owner", "team", "start", "end", "duration_h", "git_sha")
 SUMMARY_FIELDS = ("gpus", "gpu_hours", "energy_kwh", "final_loss", "mfu_mean", "gpu_util_mean")
+WARM_WAIT_S = 30.0  # the table's first request waits this long at most for the warm-up
 PAGES = (
     ("experiments", "Experiments"),
     ("compare", "Compare"),
@@ -263,11 +267,36 @@ def param_rows(exps: Sequence[Experiment]) -> list[dict[str, Any]]:
 
 # --------------------------------------------------------------------------- the endpoints
 class UI:
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, warm: bool = True) -> None:
         self.gateway = gateway
         self.registry_api = Experiments(gateway)
         # a finished experiment's figures, with the catalog version they were computed at
         self.summaries: OrderedDict[tuple[str, ...], tuple[Any, dict[str, Any]]] = OrderedDict()
+        self.warmed = threading.Event()
+        if warm:  # on server start, so that no first page waits for it
+            threading.Thread(target=self.warm, name="ui-warm", daemon=True).start()
+        else:
+            self.warmed.set()
+
+    def warm(self) -> None:
+        """What the first request of each page would otherwise wait for: the modules its
+        data paths import (pandas' Arrow bridge, the archive's curves, the query engine) and
+        the registry's parsed records (``Experiments.list`` keeps them while their files are
+        unchanged: 10,000 JSON files are ~1 s to parse). The table's first request waits for
+        this rather than parsing the same files beside it."""
+        try:
+            import pyarrow.pandas_compat  # noqa: F401  (the first .to_pandas() imports it)
+
+            import metricvault.archive.compare
+            import metricvault.promql  # noqa: F401
+
+            registry = getattr(self.gateway.vault, "experiments", None)
+            if registry is not None:
+                registry.list()
+        except Exception:  # a closed or unreadable vault: the requests will say so
+            logging.getLogger(__name__).debug("UI warm-up failed", exc_info=True)
+        finally:
+            self.warmed.set()
 
     def endpoint(self, work: Work) -> Callable[[Request], Any]:
         async def answer(request: Request) -> Response:
@@ -412,6 +441,7 @@ class UI:
         with_summary = q.get("summary", "1") != "0"
 
         def work() -> dict[str, Any]:
+            self.warmed.wait(timeout=WARM_WAIT_S)
             registry = self.gateway.vault.experiments
             exps = visible(registry.list(), who.tenant)
             now = now_ms()
@@ -514,6 +544,11 @@ class UI:
         return JSONResponse(await run_in_threadpool(work))
 
     async def vault_stats(self, req: Request, who: Principal) -> Response:
+        if req.query_params.get("only") == "raw_horizon":  # Explore's tier sentence: cheap
+            from metricvault.server.reads import readable
+
+            horizon = await run_in_threadpool(lambda: readable(self.gateway).horizons())
+            return JSONResponse({"raw_horizon": horizon.raw_start_ms or None})
         return JSONResponse(await run_in_threadpool(self.stats_for, who))
 
     def agents_for(self, who: Principal) -> list[dict[str, Any]]:
@@ -656,12 +691,24 @@ class UI:
         return RedirectResponse("/ui/experiments", status_code=302)
 
     async def static(self, req: Request, who: Principal) -> Response:
+        """A UI file with its ETag (content hash). Pages link each file with ``?v=<hash>``:
+        such a URL never changes content, so the browser may keep it for a year without
+        asking again; any other request revalidates (304 when unchanged)."""
         path = str(req.path_params["path"])
         target = (STATIC_DIR / path).resolve()
         if STATIC_DIR.resolve() not in target.parents or not target.is_file():
             raise NotFoundError(f"no UI file {path!r}")
+        body, digest = static_file(target)
         media = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
-        return Response(target.read_bytes(), media_type=media)
+        etag = f'"{digest}"'
+        versioned = req.query_params.get("v") == digest
+        headers = {
+            "ETag": etag,
+            "Cache-Control": "public, max-age=31536000, immutable" if versioned else "no-cache",
+        }
+        if etag in [t.strip() for t in req.headers.get("if-none-match", "").split(",")]:
+            return Response(status_code=304, headers=headers)
+        return Response(body, media_type=media, headers=headers)
 
     async def experiments_page(self, req: Request, who: Principal) -> Response:
         body = (
@@ -916,45 +963,83 @@ def gpu_curves(vault: Any, exp: Experiment, width: int, now: int) -> dict[str, A
     """Per-GPU utilisation, memory, power and temperature over the run's window, one line
     per GPU series (x: Unix seconds, shared; null where a GPU has no point), each line
     downsampled to ``width`` pixel columns (min and max kept). Metrics the run's selector
-    has no series of are listed in ``missing``."""
-    import pandas as pd
-
+    has no series of are listed in ``missing``. The four metrics come from one read (Arrow,
+    rows ordered by series and time), split into series in numpy."""
     from metricvault.archive.compare import restrict
 
     start, end = exp.window(now)
     bucket = None if end - start <= RAW_GPU_SPAN_MS else "1m"
+    value = "value" if bucket is None else "mean"
+    parts = [restrict(exp.selector, name) for name, _ in GPU_METRICS]
+    sel = " or ".join(p for p in parts if p)
+    table = vault.query(sel, start, end, step=bucket, output="arrow") if sel else None
+    by_metric: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {}
+    if table is not None and table.num_rows:
+        for metric, labels, ms, ys in _series_of(table, value):
+            x, y = downsample(ms.astype(np.float64), ys, width)
+            by_metric.setdefault(metric, []).append((gpu_line_name(labels), x, y))
     metrics: dict[str, Any] = {}
     missing: list[str] = []
     for name, unit in GPU_METRICS:
-        sel = restrict(exp.selector, name)
-        frame = vault.query(sel, start, end, step=bucket) if sel else None
-        value = "value" if bucket is None else "mean"
-        if frame is None or not len(frame):
+        lines = by_metric.get(name)
+        if not lines:
             missing.append(name)
             continue
-        keys = [c for c in frame.columns if c not in ("timestamp", "metric", value)]
-        since = pd.to_datetime(frame["timestamp"], utc=True) - pd.Timestamp(0, tz="UTC")
-        frame = frame.assign(_ms=(since // pd.Timedelta(milliseconds=1)).to_numpy(np.int64))
-        lines = []
-        grouped = frame.groupby(keys, dropna=False, sort=True) if keys else [((), frame)]
-        for key, part in grouped:
-            labels = dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True))
-            labels = {k: v for k, v in labels.items() if isinstance(v, str) and v}
-            part = part.sort_values("_ms")
-            x, y = downsample(part["_ms"].to_numpy(np.float64), part[value].to_numpy(), width)
-            lines.append((gpu_line_name(labels), x, y))
         xs = np.unique(np.concatenate([x for _, x, _ in lines]))
         out_lines = []
         for label, x, y in lines:
-            at = dict(zip(x.tolist(), y.tolist(), strict=True))
-            out_lines.append({"label": label, "y": [finite(at.get(v)) for v in xs.tolist()]})
+            column = np.full(xs.size, np.nan)
+            column[np.searchsorted(xs, x)] = y
+            out_lines.append({"label": label, "y": _json_floats(column)})
         metrics[name] = {
             "unit": unit,
-            "x": [v / 1000 for v in xs.tolist()],
+            "x": (xs / 1000).tolist(),
             "lines": out_lines,
             "resolution": bucket or "raw",
         }
     return {"experiment": exp.id, "metrics": metrics, "missing": missing}
+
+
+def _series_of(table: Any, value: str) -> list[tuple[str, dict[str, str], np.ndarray, np.ndarray]]:
+    """``vault.query``'s long Arrow table (rows ordered by series, then time) as (metric,
+    labels, ms, values) per series; a series is a run of rows with the same metric and
+    labels. Labels holding no text are left out (as the pandas path did)."""
+    import pyarrow.compute as pc
+
+    keys = [c for c in table.column_names if c not in ("timestamp", value)]
+    codes = []
+    for key in keys:
+        encoded = pc.dictionary_encode(table[key]).combine_chunks()
+        codes.append(encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False))
+    n = table.num_rows
+    change = np.zeros(n, dtype=bool)
+    change[0] = True
+    for code in codes:
+        change[1:] |= code[1:] != code[:-1]
+    starts = np.flatnonzero(change)
+    ms = table["timestamp"].cast("int64").to_numpy()
+    ys = table[value].to_numpy(zero_copy_only=False).astype(np.float64)
+    first_rows = table.take(pa_indices(starts)).select(keys).to_pylist()
+    out = []
+    for first, a, b in zip(first_rows, starts.tolist(), [*starts[1:].tolist(), n], strict=True):
+        metric = str(first.pop("metric", "") or "")
+        labels = {k: v for k, v in first.items() if isinstance(v, str) and v}
+        out.append((metric, labels, ms[a:b], ys[a:b]))
+    return out
+
+
+def pa_indices(values: np.ndarray) -> Any:
+    import pyarrow as pa
+
+    return pa.array(values, pa.int64())
+
+
+def _json_floats(values: np.ndarray) -> list[float | None]:
+    """Floats for JSON, NaN and infinities as null (what :func:`finite` does per value)."""
+    out: list[float | None] = values.tolist()
+    for i in np.flatnonzero(~np.isfinite(values)).tolist():
+        out[i] = None
+    return out
 
 
 X_LABELS = {"step": "training step", "elapsed": "hours since start", "time": "time (UTC)"}
@@ -999,6 +1084,26 @@ def time_curves(
     return out
 
 
+_STATIC: dict[Path, tuple[tuple[int, int], bytes, str]] = {}
+
+
+def static_file(target: Path) -> tuple[bytes, str]:
+    """A static file's bytes and content hash, kept while its mtime and size stay."""
+    st = target.stat()
+    stamp = (st.st_mtime_ns, st.st_size)
+    found = _STATIC.get(target)
+    if found is None or found[0] != stamp:
+        body = target.read_bytes()
+        found = (stamp, body, hashlib.sha256(body).hexdigest()[:16])
+        _STATIC[target] = found
+    return found[1], found[2]
+
+
+def static_url(path: str) -> str:
+    """``/ui/static/<path>?v=<content hash>``: a URL the browser may cache for good."""
+    return f"/ui/static/{path}?v={static_file((STATIC_DIR / path).resolve())[1]}"
+
+
 def page(name: str, title: str, body: str) -> HTMLResponse:
     """One page: the layout, the navigation (the current page marked), ``body`` (already
     escaped by its builder) and the script, which reads ``data-page``."""
@@ -1010,10 +1115,10 @@ def page(name: str, title: str, body: str) -> HTMLResponse:
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)} · metricvault</title>"
-        '<link rel="stylesheet" href="/ui/static/vendor/uplot/uPlot.min.css">'
-        '<link rel="stylesheet" href="/ui/static/ui.css">'
-        '<script src="/ui/static/vendor/uplot/uPlot.iife.min.js" defer></script>'
-        '<script src="/ui/static/ui.js" defer></script></head>'
+        f'<link rel="stylesheet" href="{static_url("vendor/uplot/uPlot.min.css")}">'
+        f'<link rel="stylesheet" href="{static_url("ui.css")}">'
+        f'<script src="{static_url("vendor/uplot/uPlot.iife.min.js")}" defer></script>'
+        f'<script src="{static_url("ui.js")}" defer></script></head>'
         f'<body data-page="{esc(name)}"><header><a class="brand" href="/ui/experiments">'
         f'metricvault</a><nav aria-label="pages">{nav}</nav>'
         # shown by the script while a login session is open (its CSRF cookie is readable)

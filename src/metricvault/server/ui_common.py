@@ -4,7 +4,6 @@ JSON-safe numbers and the min/max-per-pixel downsampling of chart lines."""
 from __future__ import annotations
 
 import html
-import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -45,12 +44,18 @@ def downsample(x: np.ndarray, y: np.ndarray, width: int) -> tuple[np.ndarray, np
         return x, y
     span = x[-1] - x[0]
     column = np.minimum(((x - x[0]) / span * width).astype(np.int64), width - 1)
-    # the first index of each column, then argmin/argmax within each run of equal columns
+    # per column (columns ascend with x) the first point holding its minimum and the first
+    # holding its maximum, without a Python loop over the columns
     starts = np.flatnonzero(np.r_[True, column[1:] != column[:-1]])
-    chosen: list[int] = []
-    bounds = [*starts.tolist(), x.size]
-    for a, b in itertools.pairwise(bounds):
-        lo, hi = a + int(np.argmin(y[a:b])), a + int(np.argmax(y[a:b]))
-        chosen.extend(sorted({lo, hi}))
-    idx = np.asarray(chosen, dtype=np.int64)
+    group = np.cumsum(np.r_[False, column[1:] != column[:-1]])
+    lo_value = np.minimum.reduceat(y, starts)[group]
+    hi_value = np.maximum.reduceat(y, starts)[group]
+    idx = np.union1d(_firsts(y == lo_value, group), _firsts(y == hi_value, group))
     return x[idx], y[idx]
+
+
+def _firsts(mask: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """The first index where ``mask`` holds, in each run of equal (ascending) ``group``."""
+    hits = np.flatnonzero(mask)
+    keep = np.r_[True, group[hits][1:] != group[hits][:-1]]
+    return hits[keep]

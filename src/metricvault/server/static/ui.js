@@ -488,15 +488,21 @@ async function explorePage() {
     const step = niceStep(Math.max(1, Math.ceil(span / chartWidth(chart))));
     const end = Math.floor(Date.now() / 1000 / step) * step, start = end - Math.ceil(span / step) * step;
     const q = new URLSearchParams({ query: expr, start, end, step });
-    const [answer, stats] = await Promise.all([api("/api/v1/query_range?" + q), api("/api/v1/vault/stats").catch(() => ({}))]);
+    // where raw samples begin (only the tier sentence needs it): asked beside the query, and
+    // the chart is drawn without waiting for it
+    const horizon = api("/api/v1/vault/stats?only=raw_horizon").catch(() => ({}));
+    const answer = await api("/api/v1/query_range?" + q);
     const tiers = answer.servedBy || [];
     window.mvCharts.exploreQuery = { query: expr, start, end, step };
     $("query-info").textContent = `step ${step}s over ${$("range").value}`;
-    $("served-by").textContent = "Answered from " + tierWords(tiers, stats.raw_horizon, start);
-    $("served-by").dataset.tiers = tiers.length ? tiers.join(",") : "raw";
     for (const w of answer.warnings || []) $("warnings").append(el("li", w));
+    const servedBy = async () => {
+      const stats = await horizon;
+      $("served-by").textContent = "Answered from " + tierWords(tiers, stats.raw_horizon, start);
+      $("served-by").dataset.tiers = tiers.length ? tiers.join(",") : "raw";
+    };
     const result = answer.data.result || [];
-    if (!result.length) { empty(chart, "The query returned no series in this range: try a longer range or check the metric name."); $("explore-table").replaceChildren(); return; }
+    if (!result.length) { empty(chart, "The query returned no series in this range: try a longer range or check the metric name."); $("explore-table").replaceChildren(); await servedBy(); return; }
     const xs = [...new Set(result.flatMap((s) => s.values.map((v) => v[0])))].sort((a, b) => a - b);
     const lines = result.slice(0, 50).map((s) => {
       const at = new Map(s.values.map((v) => [v[0], Number(v[1])]));
@@ -514,6 +520,7 @@ async function explorePage() {
     }
     $("csv").href = URL.createObjectURL(new Blob([csv.join("\n") + "\n"], { type: "text/csv" }));
     window.mvCharts.exploreResult = result;
+    await servedBy();
   };
   $("explore-form").addEventListener("submit", (ev) => { ev.preventDefault(); window.mvReady = false; run().then(() => showError("")).catch((e) => showError(e.message)).finally(() => { window.mvReady = true; }); });
   await run();
