@@ -15,6 +15,11 @@ dropped). Each cold figure is the median of ``--cold-runs`` fresh processes.
     .venv/bin/python bench/cold_queries.py --quick       # 2 nodes x 8 GPUs x 1 d, ~2 min
     .venv/bin/python bench/cold_queries.py               # 13 nodes x 8 GPUs (104 GPUs) x 1 d
     .venv/bin/python bench/cold_queries.py --quick --profile   # + where a cold query spends
+    .venv/bin/python bench/cold_queries.py --quick --before-src ../before/src   # + a "before"
+
+``--before-src`` (another checkout's ``src``, e.g. a ``git worktree`` of an older commit):
+its cold open + query on the same vault too, each fresh process alternating with this
+checkout's, so the before/after ratio comes from one run under one load.
 
 The machine's load average is printed beside the table: compare the ratios, not the times.
 """
@@ -111,9 +116,10 @@ def vault_call(case: QueryCase, summary: Summary) -> dict[str, object]:
     raise ValueError(f"no cold call for {case.key}")
 
 
-def _child(script: str, path: Path, call: dict[str, object]) -> str:
-    """Run ``script`` in a fresh Python process; its stdout (its stderr if it fails)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
+def _child(script: str, path: Path, call: dict[str, object], src: Path | None = None) -> str:
+    """Run ``script`` in a fresh Python process importing metricvault from ``src`` (this
+    checkout's by default); its stdout (its stderr if it fails)."""
+    env = {**os.environ, "PYTHONPATH": str(src or REPO_ROOT / "src")}
     done = subprocess.run(
         [sys.executable, "-c", script, str(path), json.dumps(call)],
         capture_output=True,
@@ -126,11 +132,23 @@ def _child(script: str, path: Path, call: dict[str, object]) -> str:
     return done.stdout
 
 
+def _cold_once(path: Path, call: dict[str, object], src: Path | None = None) -> Cold:
+    return Cold(**json.loads(_child(COLD_SCRIPT, path, call, src).strip().splitlines()[-1]))
+
+
 def cold_vault(path: Path, call: dict[str, object], runs: int) -> list[Cold]:
-    return [
-        Cold(**json.loads(_child(COLD_SCRIPT, path, call).strip().splitlines()[-1]))
-        for _ in range(runs)
-    ]
+    return [_cold_once(path, call) for _ in range(runs)]
+
+
+def cold_before_after(
+    path: Path, call: dict[str, object], runs: int, before: Path
+) -> tuple[list[Cold], list[Cold]]:
+    """This checkout's cold runs and ``before``'s, alternating (the load changes slowly)."""
+    after_runs, before_runs = [], []
+    for _ in range(runs):
+        after_runs.append(_cold_once(path, call))
+        before_runs.append(_cold_once(path, call, before))
+    return after_runs, before_runs
 
 
 def profile_vault(path: Path, call: dict[str, object]) -> str:
@@ -185,6 +203,7 @@ def report(
     warm: dict[str, tuple[Timing, Timing | None]],
     cold: dict[str, tuple[list[Cold], list[float]]],
     args: argparse.Namespace,
+    before: dict[str, list[Cold]] | None = None,
 ) -> None:
     load = os.getloadavg()
     print(
@@ -216,6 +235,19 @@ def report(
             f"| {_median([c.open_ms for c in colds]):.1f} "
             f"| {_median([c.query_ms for c in colds]):.1f} | {colds[0].rows} |"
         )
+    if before:
+        print(f"\nbefore ({args.before_src}) and after, cold open + query, alternating:\n")
+        print("| query | before ms | after ms | after / before | VictoriaMetrics cold ms "
+              "| before / VM | after / VM |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
+        for key, old in before.items():
+            colds, vm_colds = cold[key]
+            was, now = _median([c.first_ms for c in old]), _median([c.first_ms for c in colds])
+            vm_first = _median(vm_colds) if vm_colds else None
+            print(
+                f"| {key} | {was:.1f} | {now:.1f} | {_ratio(now, was)} | {_ms(vm_first)} "
+                f"| {_ratio(was, vm_first)} | {_ratio(now, vm_first)} |"
+            )
 
 
 def main() -> None:
@@ -226,6 +258,9 @@ def main() -> None:
     parser.add_argument("--cold-runs", type=int, default=5)
     parser.add_argument("--warm-runs", type=int, default=20)
     parser.add_argument("--profile", action="store_true", help="print a cold query's profile")
+    parser.add_argument(
+        "--before-src", type=Path, help="another checkout's src: its cold runs too (alternating)"
+    )
     args = parser.parse_args()
     nodes = 2 if args.quick else args.nodes
     summary = Summary(simulated(nodes, args.days))
@@ -246,6 +281,7 @@ def main() -> None:
             cases = [c for c in query_cases(summary) if c.key in ("Q1", "Q2")]
             warm: dict[str, tuple[Timing, Timing | None]] = {}
             cold: dict[str, tuple[list[Cold], list[float]]] = {}
+            before: dict[str, list[Cold]] = {}
             import metricvault
 
             with metricvault.open(str(vault_path), need="read") as vault:
@@ -255,7 +291,12 @@ def main() -> None:
                     warm[case.key] = (mine, peer)
             for case in cases:
                 call = vault_call(case, summary)
-                colds = cold_vault(vault_path, call, args.cold_runs)
+                if args.before_src:
+                    colds, before[case.key] = cold_before_after(
+                        vault_path, call, args.cold_runs, args.before_src.resolve()
+                    )
+                else:
+                    colds = cold_vault(vault_path, call, args.cold_runs)
                 vm_colds = cold_vm(vm, case, args.cold_runs) if vm else []
                 cold[case.key] = (colds, vm_colds)
                 if args.profile:
@@ -263,7 +304,7 @@ def main() -> None:
         finally:
             if vm is not None:
                 vm.stop()
-        report(summary, samples, warm, cold, args)
+        report(summary, samples, warm, cold, args, before)
 
 
 if __name__ == "__main__":

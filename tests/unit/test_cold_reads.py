@@ -51,6 +51,9 @@ QUERIES = [  # (name, selector, step, aggs)
     ("1m one series", 'gpu_util{gpu="3"}', "1m", ("mean", "max", "count", "last")),
     ("1m two series", 'gpu_util{gpu=~"3|17"}', "1m", ("sum", "min")),
     ("whole range one series", 'gpu_util{gpu="5"}', "all", ("mean", "max")),
+    ("1m one series' increase", 'gpu_util{gpu="3"}', "1m", ("increase",)),
+    ("1m one series' min and last", 'gpu_util{gpu="7"}', "1m", ("min", "last")),
+    ("10m one series' count", 'gpu_util{gpu="2"}', "10m", ("count",)),
 ]
 
 
@@ -115,3 +118,19 @@ def test_aggregates_read_without_sketches_equal_those_read_with_them(
     with Vault.open_local(stored) as fresh:  # a quantile: the rollup rows are read whole
         full = fresh.query(selector, T0, T0 + H, step=step, aggs=(*aggs, "p50"))
     pd.testing.assert_frame_equal(lean, full.drop(columns=["p50"]))
+
+
+def test_a_first_read_of_a_few_series_reads_only_the_columns_asked(stored):
+    """The first mean of one series reads its rows with only the rollup columns a mean uses
+    (kept apart in the cache); other aggregates of the same series then read theirs, and
+    every answer is the one a vault that decoded whole groups gives."""
+    asked = [("mean",), ("max",), ("last", "count"), ("increase", "sum"), ("mean", "min")]
+    with Vault.open_local(stored) as reference:
+        want = [reference.query("gpu_util", T0, T0 + H, step="1m", aggs=a) for a in asked]
+    with Vault.open_local(stored) as fresh:
+        got = [fresh.query('gpu_util{gpu="4"}', T0, T0 + H, step="1m", aggs=a) for a in asked]
+        parts = [key[4] for key in fresh.reader.cache._items if b"|" in key[4]]
+    assert any(part.endswith(b"|count,series_id,sum,ts") for part in parts)
+    for answer, everything in zip(got, want, strict=True):
+        one = everything[everything["gpu"] == "4"].reset_index(drop=True)
+        pd.testing.assert_frame_equal(answer.reset_index(drop=True), one)

@@ -299,12 +299,16 @@ class ContextReader:
         return aggregate(self.ctx, series_ids, start, end, step, sketch)[0]
 
     def partials_without_sketches(
-        self, series_ids: list[int], start: int, end: int, step: int
+        self, series_ids: list[int], start: int, end: int, step: int, aggs: Sequence[str] = ()
     ) -> pa.Table:
         """``partials`` for aggregates that need no quantile sketch: rollup files are read
         without their sketch columns (two thirds of a 1m row group's decoding), which are
-        null in the result."""
-        return aggregate(self.ctx, series_ids, start, end, step, rollup_sketches=False)[0]
+        null in the result. ``aggs`` (the aggregates asked): a few series' first read of a
+        rollup row group may leave out the columns none of them uses (null)."""
+        columns = rollup_columns_for(aggs) if aggs else None
+        return aggregate(
+            self.ctx, series_ids, start, end, step, rollup_sketches=False, rollup_columns=columns
+        )[0]
 
 
 def raw_samples(ctx: QueryContext, series_ids: list[int], start: int, end: int) -> pa.Table:
@@ -315,10 +319,13 @@ def raw_samples(ctx: QueryContext, series_ids: list[int], start: int, end: int) 
 def aggregate(
     ctx: QueryContext, series_ids: list[int], start: int, end: int, step: int,
     sketch: bool = False, rollup_sketches: bool = True,
+    rollup_columns: frozenset[str] | None = None,
 ) -> tuple[pa.Table, list[Segment]]:  # fmt: skip
     """Partials per (series, bucket) for a step query, and the segments that served it;
     ``sketch``: with each bucket's quantile sketch where raw samples answer (rollup rows
-    hold theirs, unless ``rollup_sketches`` is False: then they are not read)."""
+    hold theirs, unless ``rollup_sketches`` is False: then they are not read).
+    ``rollup_columns`` (with ``rollup_sketches`` False): the partial columns the caller
+    uses (:func:`rollup_columns_for`); rollup rows may hold only those (others null)."""
     if step == -1:
         lo, hi = _widen_to_empty_time(ctx.snapshot, start, end)
         width, origin = hi - lo, lo
@@ -348,7 +355,14 @@ def aggregate(
         else:
             files = ctx.snapshot.tier_files(seg.tier)
             rows = ctx.reader.read(
-                files, series_ids, seg.start, seg.end, seg.tier, ctx.use_cache, rollup_sketches
+                files,
+                series_ids,
+                seg.start,
+                seg.end,
+                seg.tier,
+                ctx.use_cache,
+                rollup_sketches,
+                columns=None if rollup_sketches else rollup_columns,
             )
             parts.append(rollup.rollup_partials(rows, width=width, origin=origin, res=seg.res))
     partials = rollup.combine(parts)
@@ -469,6 +483,24 @@ def _sample_bounds(snapshot: Snapshot) -> tuple[int | None, int | None]:
 
 
 SKETCH_AGGREGATES = frozenset({"stddev", *QUANTILE_AGGREGATES})
+# The partial columns each aggregate without a sketch is finished from (finish_aggregates),
+# beside those every query uses (series_id, ts, count: finite_rows).
+_AGGREGATE_COLUMNS = {
+    "mean": ("sum",),
+    "sum": ("sum",),
+    "count": (),
+    "min": ("min",),
+    "max": ("max",),
+    "last": ("last", "last_ts"),
+    "increase": ("increase",),
+}
+
+
+def rollup_columns_for(aggs: Sequence[str]) -> frozenset[str] | None:
+    """The partial columns ``aggs`` are answered from; None where one is not known here."""
+    if any(a not in _AGGREGATE_COLUMNS for a in aggs):
+        return None
+    return frozenset({"series_id", "ts", "count"}.union(*(_AGGREGATE_COLUMNS[a] for a in aggs)))
 
 
 def read_partials(
@@ -481,7 +513,7 @@ def read_partials(
     if not wanted:
         lean = getattr(reader, "partials_without_sketches", None)
         if lean is not None:
-            return lean(series_ids, start, end, step)
+            return lean(series_ids, start, end, step, aggs=aggs)
         return reader.partials(series_ids, start, end, step)
     if not getattr(reader, "quantile_sketches", False):
         raise UnsupportedError(

@@ -100,6 +100,7 @@ class Reader:
         use_cache: bool = True,
         sketches: bool = True,
         at: np.ndarray | None = None,
+        columns: frozenset[str] | None = None,
     ) -> pa.Table:
         """Decoded rows with ``start <= ts < end`` for the given series (None: all).
 
@@ -107,6 +108,8 @@ class Reader:
         ``sketches=False``: rollup rows may come without their quantile sketches (null).
         ``at`` (ascending times): of those rows only, per series, the newest at or before each
         of these times, what an instant selector evaluated there reads (:func:`newest_at`).
+        ``columns`` (with ``sketches=False``): the rollup columns the caller uses; the others
+        may come null (see :meth:`_projected_part`).
         """
         lean = not sketches and tier != "raw"
         chosen = [f for f in files if f.max_ts >= start and f.min_ts < end]
@@ -114,7 +117,7 @@ class Reader:
         chosen.sort(key=lambda f: f.order)  # later commits win on duplicate samples
         pairs = []
         for f in chosen:
-            table = self._read_one(f, ids, start, end, use_cache, lean, at)
+            table = self._read_one(f, ids, start, end, use_cache, lean, at, columns)
             if table.num_rows:
                 pairs.append((f, table))
         if not pairs:
@@ -133,6 +136,7 @@ class Reader:
         use_cache: bool,
         lean: bool = False,
         at: np.ndarray | None = None,
+        columns: frozenset[str] | None = None,
     ) -> pa.Table:
         metadata, groups = self._footer(f)
         wanted = [
@@ -142,7 +146,7 @@ class Reader:
         ]
         tables = []
         for g in wanted:
-            table = self._group(f, metadata, g.index, ids, use_cache, lean)
+            table = self._group(f, metadata, g.index, ids, use_cache, lean, columns)
             if at is not None:  # each group on its own: a partition keeps every newest row
                 tables.append(newest_at(table, ids, at, start, end))
             elif ids is not None:  # sliced per group: its own (cached) buffers, no copy
@@ -224,10 +228,12 @@ class Reader:
         ids: np.ndarray | None,
         use_cache: bool,
         lean: bool = False,
+        columns: frozenset[str] | None = None,
     ) -> pa.Table:
         """The decoded rows of one row group: all of them, or (where ``ids`` holds a small
         part of a group not read before) only those series' rows; ``lean``: the sketch
-        columns may be left out."""
+        columns may be left out; ``columns`` (lean rollup reads): the columns the caller
+        uses, the only ones such a small part may be read with."""
         # Any cached form that holds what is asked: decoded before stored, and with the
         # sketches as well as (``lean``) without them, these series' decoded part before
         # the stored group.
@@ -243,6 +249,17 @@ class Reader:
                     if found is not None and stored is None:
                         stored, lean = found, without
         key = (f.path, index, True, lean, WHOLE)
+        if stored is None and ids is not None and lean and columns is not None:
+            projected = these + b"|" + ",".join(sorted(columns)).encode()
+            part_key = (f.path, index, True, True, projected)
+            found = self.cache.get(part_key) if use_cache else None
+            if found is not None:
+                return found
+            found = self._projected_part(f, metadata, index, ids, columns)
+            if found is not None:
+                if use_cache:
+                    self.cache.put(part_key, found)
+                return found
         if stored is None:
             stored = self._read_group(f, metadata, index, lean)
             if ids is not None:
@@ -264,6 +281,45 @@ class Reader:
         if use_cache:
             self.cache.put(key, table)
         return table
+
+    def _projected_part(
+        self,
+        f: DataFile,
+        metadata: pq.FileMetaData,
+        index: int,
+        ids: np.ndarray,
+        columns: frozenset[str],
+    ) -> pa.Table | None:
+        """The decoded rows of these series in a rollup row group, read with only the
+        physical columns that ``columns`` (rollup columns) needs, the others null; None
+        where the series hold a quarter of the group's rows or more (then the group is read
+        whole, and cached, as a query reading most of it would read it again).
+
+        A fresh process's first query of one series (a panel of one GPU) pays for reading
+        and decoding every column of a group of ~45 series: it reads about half of them
+        here. Always read: the keys, counts, bucket ends and NaN counts (int columns, small
+        and what merges and ``finite_rows`` use), ``scale``, and ``sum`` and ``min``, which
+        decoding restores the derivable columns from (``min``, ``max``, ``first``, ``last``
+        of one-sample and constant buckets: :func:`files.decode`)."""
+        floats = set(columns) & set(fmt.ROLLUP_FLOATS) | {"sum", "min"}
+        try:
+            with self.loc.fs.open_input_file(f.path) as handle:
+                pf = pq.ParquetFile(handle, metadata=metadata, **fmt.VERIFY)
+                keys = pf.read_row_group(index, ["series_id"])
+                part = _slice_series(keys, ids)
+                if part.num_rows * SMALL_PART >= keys.num_rows:
+                    return None
+                names = [
+                    n
+                    for n in pf.schema_arrow.names
+                    if n in _PROJECTED_ALWAYS
+                    or (n[-2:] in ("_i", "_j", "_f") and n[:-2] in floats)
+                    or (n == "first_d" and "first" in floats)
+                ]
+                stored = pf.read_row_group(index, names)
+        except (OSError, pa.ArrowException) as exc:
+            raise read_error(f.path, f"{f.tier} data file", exc) from exc
+        return self._decode(f, _slice_series(stored, ids))
 
     def _read_group(
         self, f: DataFile, metadata: pq.FileMetaData, index: int, lean: bool
@@ -347,6 +403,10 @@ def _superseded(key: CacheKey) -> list[CacheKey]:
 
 SKETCH_PREFIX = "sketch_"  # rollup columns of the quantile sketches (rollup.SKETCH_COLUMNS)
 SMALL_PART = 4  # under a quarter of a group's rows: decode only those on its first read
+# The physical columns a projected rollup read always takes (Reader._projected_part).
+_PROJECTED_ALWAYS = frozenset(
+    {"series_id", "ts", "count", "first_ts", "last_ts", "nonfinite", "scale"}
+)
 
 
 def _slice_series(table: pa.Table, ids: np.ndarray) -> pa.Table:
