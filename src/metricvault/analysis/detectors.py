@@ -268,14 +268,14 @@ class RangeDetector:
     highest of each rolling statistic) seen so far; a sample's excess is how far it lies outside
     that range in units of the range's width. The rolling medians catch a level shift or a
     sustained bump that stays inside the range of past spikes (a single spike moves a median of
-    12 samples not at all); the rolling lower quantile (the floor of the last samples: 0.2, the
-    third lowest of 12) catches what leaves the median where it was, a floor that drops because
-    the series starts to oscillate or dip, or rises under a sustained load. The excess ``E =
-    max(value excess, median_weight * median excess, low_weight * low-quantile excess)`` maps to
-    ``E / (E + margin)``: 0.5, the threshold, at ``E = margin``. A rolling statistic's range
-    counts as at least ``median_floor`` of the values' range, so that on a spiky series their
-    narrow band of noise does not make every small wander a record. After a detection a series
-    stays quiet for ``quiet`` samples (scores halved): one event, one alarm.
+    12 samples not at all); the rolling lower quantile (the floor of the last samples: 0.2,
+    about the third lowest of 12) catches what leaves the median where it was, a floor that
+    drops because the series starts to oscillate or dip, or rises under a sustained load. The
+    excess ``E = max(value excess, median_weight * median excess, low_weight * low-quantile
+    excess)`` maps to ``E / (E + margin)``: 0.5, the threshold, at ``E = margin``. A rolling
+    statistic's range counts as at least ``median_floor`` of the values' range, so that on a
+    spiky series their narrow band of noise does not make every small wander a record. After a
+    detection a series stays quiet for ``quiet`` samples (scores halved): one event, one alarm.
 
     This is the "spatial anomaly" rule of NAB's HTM detector made continuous, plus level shifts
     and changes of the floor; on NAB's machine metrics it outscores the published detectors
