@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -43,16 +45,34 @@ def _register_extra_functions() -> None:
 _register_extra_functions()
 
 
+# Trees of recently parsed expressions (a dashboard sends the same few again and again; a
+# request parses its expression three times: the route's depth check, the result cache's
+# check, the engine). Trees are only read, never changed, so they are shared; refusals are not kept.
+PARSED_KEPT = 512
+_parsed: OrderedDict[str, Any] = OrderedDict()
+_parsed_lock = threading.Lock()
+
+
 def parse(expr: str) -> Any:
     """The AST of ``expr``; a :class:`PromQLError` (bad_data) worded by the parser if not."""
+    with _parsed_lock:
+        tree = _parsed.get(expr)
+        if tree is not None:
+            _parsed.move_to_end(expr)
+            return tree
     check_depth(expr)
     try:
         # raw (backtick) strings without escapes, as Prometheus reads them: promql-parser
         # refuses `\d` in one
-        return pp.parse(rewrite_strings(expr))
+        tree = pp.parse(rewrite_strings(expr))
     except ValueError as exc:
         reason = explain_parse_error(str(exc))  # a refused regex: in Prometheus's words
         raise PromQLError(f"parse error: {reason}", kind="bad_data") from exc
+    with _parsed_lock:
+        _parsed[expr] = tree
+        while len(_parsed) > PARSED_KEPT:
+            _parsed.popitem(last=False)
+    return tree
 
 
 def children(node: Any) -> list[Any]:
@@ -94,6 +114,8 @@ def query_depth(expr: str) -> int:
 
 
 def check_depth(expr: str) -> None:
+    if expr in _parsed:  # parsed before: its depth was checked then
+        return
     depth = query_depth(expr)
     if depth > MAX_QUERY_DEPTH:
         raise PromQLError(

@@ -163,6 +163,8 @@ class _Text:
     def slice(self, a: int, b: int) -> _Text:
         if b <= a:
             return _EMPTY_TEXT
+        if a == 0 and b == self.starts.size - 1:
+            return self  # all of it (immutable: shared, not copied)
         lo = int(self.starts[a])
         return _Text(self.text[lo : int(self.starts[b]) - 1], self.starts[a : b + 1] - lo)
 
@@ -396,8 +398,17 @@ def _sliced_with_text(
     """The points of ``entry`` (and their JSON) from ``lo`` to ``hi``, both included."""
     series, texts = {}, {}
     for key, (ts, vs) in entry.series.items():
-        a, b = int(np.searchsorted(ts, lo, "left")), int(np.searchsorted(ts, hi, "right"))
+        n = len(ts)
+        if n == 0:
+            continue
+        # most series lie wholly inside (a kept answer, its newest steps appended): two
+        # comparisons instead of two binary searches
+        a = 0 if ts[0] >= lo else int(np.searchsorted(ts, lo, "left"))
+        b = n if ts[n - 1] <= hi else int(np.searchsorted(ts, hi, "right"))
         if b > a:
+            if a == 0 and b == n:
+                series[key], texts[key] = (ts, vs), entry.texts[key]
+                continue
             series[key] = (ts[a:b], vs[a:b])
             texts[key] = entry.texts[key].slice(a, b)
     return series, texts
