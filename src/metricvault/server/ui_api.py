@@ -28,7 +28,6 @@ import hashlib
 import json
 import logging
 import mimetypes
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -62,7 +61,6 @@ HISTORY_METRICS = ("train_loss", "learning_rate", "grad_norm", "tokens_per_secon
 COLUMNS = ("id", "name", "owner", "team", "start", "end", "duration_h", "git_sha", "tags")
 SORTABLE = ("id", "name", "owner", "team", "start", "end", "duration_h", "git_sha")
 SUMMARY_FIELDS = ("gpus", "gpu_hours", "energy_kwh", "final_loss", "mfu_mean", "gpu_util_mean")
-WARM_WAIT_S = 30.0  # the table's first request waits this long at most for the warm-up
 PAGES = (
     ("experiments", "Experiments"),
     ("compare", "Compare"),
@@ -272,18 +270,16 @@ class UI:
         self.registry_api = Experiments(gateway)
         # a finished experiment's figures, with the catalog version they were computed at
         self.summaries: OrderedDict[tuple[str, ...], tuple[Any, dict[str, Any]]] = OrderedDict()
-        self.warmed = threading.Event()
-        if warm:  # on server start, so that no first page waits for it
-            threading.Thread(target=self.warm, name="ui-warm", daemon=True).start()
-        else:
-            self.warmed.set()
+        if warm:  # before the server listens, so that no first page waits for it
+            self.warm()
 
     def warm(self) -> None:
         """What the first request of each page would otherwise wait for: the modules its
         data paths import (pandas' Arrow bridge, the archive's curves, the query engine) and
         the registry's parsed records (``Experiments.list`` keeps them while their files are
-        unchanged: 10,000 JSON files are ~1 s to parse). The table's first request waits for
-        this rather than parsing the same files beside it."""
+        unchanged: 10,000 JSON files are ~1 s to parse). Done while the app is made, before
+        it serves: in a thread beside the first requests it held the interpreter's lock
+        while they waited (a fresh server's first page painted later, not sooner)."""
         try:
             import pyarrow.pandas_compat  # noqa: F401  (the first .to_pandas() imports it)
 
@@ -295,8 +291,6 @@ class UI:
                 registry.list()
         except Exception:  # a closed or unreadable vault: the requests will say so
             logging.getLogger(__name__).debug("UI warm-up failed", exc_info=True)
-        finally:
-            self.warmed.set()
 
     def endpoint(self, work: Work) -> Callable[[Request], Any]:
         async def answer(request: Request) -> Response:
@@ -441,7 +435,6 @@ class UI:
         with_summary = q.get("summary", "1") != "0"
 
         def work() -> dict[str, Any]:
-            self.warmed.wait(timeout=WARM_WAIT_S)
             registry = self.gateway.vault.experiments
             exps = visible(registry.list(), who.tenant)
             now = now_ms()
@@ -918,9 +911,15 @@ def history_curves(vault: Any, exp: Experiment, names: Sequence[str], width: int
 
     metrics: dict[str, dict[str, Any]] = {}
     missing: list[str] = []
+    try:  # all at once (the step series read once); one by one where one of them is missing
+        together = history(vault, exp, names)
+    except NotFoundError:
+        together = None
     for name in names:
         try:
-            frame = history(vault, exp, [name])
+            # a metric's own frame is its column of the joint one without the rows where it
+            # has no sample (downsampling leaves NaN out; the points are the non-NaN ones)
+            frame = together[[name]] if together is not None else history(vault, exp, [name])
         except NotFoundError as exc:
             if "train_step" in str(exc) and "cannot be placed by step" in str(exc):
                 return {
