@@ -36,11 +36,14 @@ ROW_GROUP_ROWS = {False: 256 * 1024, True: 64 * 1024}
 # (docs/decisions/0006). 1: files written before the key existed; 2: the sketch lists
 # byte-stream-split; 3: also, in rollup files, ``first`` stored as ``first_d`` (its distance
 # from the bucket's ``min``) where both are scaled integers, and ``sketch_counts`` without its
-# last count (``sketch_counts_head``; the last is ``count`` less the others). Every version
-# reads through :func:`decode`, which knows each by its physical columns.
+# last count (``sketch_counts_head``; the last is ``count`` less the others); 4: also each
+# sketch's codes without its first and last (``sketch_keys_inner``) where those are the codes
+# of the bucket's ``min`` and ``max``, as they are when the sketch holds its finite samples
+# (docs/decisions/0011). Every version reads through :func:`decode`, which knows each by its
+# physical columns.
 FORMAT_KEY = b"metricvault.format"
-FORMAT_VERSION = 3
-_LIST_ELEMENTS = ("sketch_keys", "sketch_counts", "sketch_counts_head")
+FORMAT_VERSION = 4
+_LIST_ELEMENTS = ("sketch_keys", "sketch_keys_inner", "sketch_counts", "sketch_counts_head")
 
 
 def _row_scales(values: np.ndarray) -> np.ndarray:
@@ -97,6 +100,8 @@ def encode(
     elif format_version >= 3:
         _first_from_min(cols)
         _counts_but_last(cols)
+        if format_version >= 4:
+            _keys_within_bounds(cols, table)
     return pa.table(cols)
 
 
@@ -163,6 +168,110 @@ def _full_counts(table: pa.Table) -> pa.Table:
     counts = pa.ListArray.from_arrays(offsets, pa.array(full), mask=pc.is_null(head))
     index = table.column_names.index("sketch_counts_head")
     return table.set_column(index, "sketch_counts", counts)
+
+
+def _bound_codes(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sketch codes of each row's ``min`` and ``max`` (finite values only)."""
+    from metricvault.model import sketch_mapping
+
+    mapping = sketch_mapping()
+    return mapping.codes(low), mapping.codes(high)
+
+
+def _keys_within_bounds(cols: dict[str, pa.Array], table: pa.Table) -> None:
+    """A sketch's codes are sorted, so its first is the code of the bucket's smallest finite
+    sample and its last that of the largest: where they are the codes of the row's ``min``
+    and ``max`` (the writer checks each row), the row keeps only the codes between them, in
+    ``sketch_keys_inner`` as gaps (each from the code before it, the first from ``min``'s);
+    other rows keep theirs whole in ``sketch_keys``. Exact: decoding
+    computes the same codes from the same (bit-exact) ``min`` and ``max``."""
+    if "sketch_keys" not in cols or "min" not in table.column_names:
+        return
+    keys = cols["sketch_keys"]
+    lengths = pc.fill_null(pc.list_value_length(keys), 0).to_numpy()
+    codes = pc.list_flatten(keys).to_numpy()
+    low = table.column("min").to_numpy(zero_copy_only=False)
+    high = table.column("max").to_numpy(zero_copy_only=False)
+    finite = np.isfinite(low) & np.isfinite(high) & (lengths > 0)
+    low_code, high_code = _bound_codes(np.where(finite, low, 1.0), np.where(finite, high, 1.0))
+    ends = np.cumsum(lengths)
+    first = codes[np.minimum(ends - lengths, max(codes.size - 1, 0))] if codes.size else lengths
+    last = codes[np.maximum(ends - 1, 0)] if codes.size else lengths
+    two = low_code != high_code
+    inner = finite & (first == low_code) & (last == high_code) & (two | (lengths == 1))
+    if not inner.any():
+        return
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    at = np.arange(codes.size) - np.repeat(ends - lengths, lengths)  # index within its row
+    between = inner[owner] & (at > 0) & (at < lengths[owner] - 1)
+    inner_lengths = np.where(inner, lengths - 1 - two, 0)
+    whole = ~inner[owner]
+    cols["sketch_keys"] = pa.ListArray.from_arrays(
+        pa.array(np.r_[0, np.cumsum(np.where(inner, 0, lengths))].astype(np.int32)),
+        pa.array(codes[whole], pa.int32()),
+        mask=pa.array(inner | ~keys.is_valid().to_numpy(zero_copy_only=False)),
+    )
+    # each kept code as its distance from the one before it in the row (the first: from the
+    # code of ``min``): small positive integers, which zstd stores in fewer bytes
+    previous = np.r_[0, codes[:-1]].astype(np.int64)
+    row_start = at == 1
+    previous[row_start] = low_code[owner[row_start]]
+    gaps = (codes.astype(np.int64) - previous)[between]
+    cols["sketch_keys_inner"] = pa.ListArray.from_arrays(
+        pa.array(np.r_[0, np.cumsum(inner_lengths)].astype(np.int32)),
+        pa.array(gaps, pa.int32()),
+        mask=pa.array(~inner),
+    )
+
+
+def _bounded_keys(columns: dict[str, pa.Array]) -> None:
+    """Whole sketch codes again where a row keeps only those between its ``min`` and ``max``
+    (:func:`_keys_within_bounds`); needs the decoded ``min`` and ``max``."""
+    inner = columns.pop("sketch_keys_inner", None)
+    if inner is None:
+        return
+    inner, whole = _one_array(inner), _one_array(columns["sketch_keys"])
+    held = inner.is_valid().to_numpy(zero_copy_only=False)
+    inner_lengths = pc.fill_null(pc.list_value_length(inner), 0).to_numpy()
+    whole_lengths = pc.fill_null(pc.list_value_length(whole), 0).to_numpy()
+    low = pc.fill_null(columns["min"], 1.0).to_numpy(zero_copy_only=False)
+    high = pc.fill_null(columns["max"], 1.0).to_numpy(zero_copy_only=False)
+    low_code, high_code = _bound_codes(np.where(held, low, 1.0), np.where(held, high, 1.0))
+    two = held & (low_code != high_code)
+    lengths = np.where(held, inner_lengths + 1 + two, whole_lengths)
+    offsets = np.r_[0, np.cumsum(lengths)]
+    out = np.empty(int(offsets[-1]), np.int32)
+    rows = np.flatnonzero(~held)
+    out[_spans(offsets[rows], whole_lengths[rows])] = pc.list_flatten(whole).to_numpy()
+    rows = np.flatnonzero(held)
+    out[offsets[rows]] = low_code[rows]
+    gaps = pc.list_flatten(inner).to_numpy().astype(np.int64)
+    if gaps.size:  # codes from their gaps: the code of min plus a running sum within the row
+        run = np.cumsum(gaps)
+        inner_offsets = np.r_[0, np.cumsum(inner_lengths[rows])]
+        before = np.r_[0, run][inner_offsets[:-1]]
+        base = low_code[rows].astype(np.int64) - before
+        codes = run + np.repeat(base, inner_lengths[rows])
+        out[_spans(offsets[rows] + 1, inner_lengths[rows])] = codes
+    rows = np.flatnonzero(two)
+    out[offsets[rows + 1] - 1] = high_code[rows]
+    valid = held | whole.is_valid().to_numpy(zero_copy_only=False)
+    columns["sketch_keys"] = pa.ListArray.from_arrays(
+        pa.array(offsets.astype(np.int32)), pa.array(out), mask=pa.array(~valid)
+    )
+
+
+def _one_array(column: Any) -> Any:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def _spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The indices ``starts[k] .. starts[k] + lengths[k] - 1`` of every k, concatenated."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    base = np.repeat(starts - np.r_[0, np.cumsum(lengths)[:-1]], lengths)
+    return np.asarray(base + np.arange(total), np.int64)
 
 
 def _split_by_shape(sid: np.ndarray, ints: pa.Array) -> tuple[pa.Array, pa.Array]:
@@ -273,7 +382,7 @@ def decode_column(table: pa.Table, name: str) -> pa.Array:
 
 
 def decode(table: pa.Table, float_columns: Sequence[str]) -> pa.Table:
-    table = _full_counts(_absolute_first(table))
+    table = _absolute_first(table)
     out = {
         c: table.column(c)
         for c in table.column_names
@@ -284,7 +393,8 @@ def decode(table: pa.Table, float_columns: Sequence[str]) -> pa.Table:
             out[c] = decode_column(table, c)
     if "count" in out:
         _restore_derivable(out)
-    return pa.table(out).combine_chunks()
+        _bounded_keys(out)
+    return _full_counts(pa.table(out)).combine_chunks()
 
 
 def _column_encodings(physical: pa.Schema, rollup: bool) -> dict[str, str]:

@@ -1,0 +1,146 @@
+"""Rollup files of format 4 keep each sketch's codes without the first and last where those
+are the codes of the row's ``min`` and ``max`` (docs/decisions/0011): every row reads back
+exactly, in every format version, whatever its sketch holds."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from metricvault.model import sketch_mapping
+from metricvault.store import files
+
+LISTS = pa.list_(pa.int32())
+
+
+def _bucket(samples: list[float]) -> dict[str, object]:
+    """One rollup row of ``samples`` (finite), with the sketch the rollup writer keeps."""
+    codes, counts = np.unique(sketch_mapping().codes(np.asarray(samples)), return_counts=True)
+    with np.errstate(over="ignore"):  # a sum of huge doubles may be inf: fine for a row
+        total = float(np.sum(samples))
+    return {
+        "count": len(samples),
+        "sum": total,
+        "min": min(samples),
+        "max": max(samples),
+        "first": samples[0],
+        "last": samples[-1],
+        "sketch_keys": [int(c) for c in codes],
+        "sketch_counts": [int(c) for c in counts],
+    }
+
+
+def _rows(buckets: list[dict[str, object]]) -> pa.Table:
+    n = len(buckets)
+    table = {
+        "series_id": pa.array([7] * n, pa.int64()),
+        "ts": pa.array(np.arange(n) * 60_000, pa.int64()),
+        "count": pa.array([b["count"] for b in buckets], pa.int64()),
+    }
+    for column in ("sum", "min", "max", "first", "last"):
+        table[column] = pa.array([b[column] for b in buckets], pa.float64())
+    for column in ("sketch_keys", "sketch_counts"):
+        table[column] = pa.array([b[column] for b in buckets], LISTS)
+    return pa.table(table)
+
+
+def _read(rows: pa.Table, version: int) -> tuple[pa.Table, pa.Table]:
+    data = files.write_parquet(rows, files.ROLLUP_FLOATS, version)
+    stored = pq.read_table(io.BytesIO(data))
+    back = files.read_parquet(io.BytesIO(data), files.ROLLUP_FLOATS)
+    return stored, back
+
+
+def _assert_same(rows: pa.Table, back: pa.Table) -> None:
+    for column in rows.column_names:
+        assert back[column].to_pylist() == rows[column].to_pylist(), column
+
+
+def test_codes_between_min_and_max_are_all_a_sketch_keeps() -> None:
+    buckets = [
+        _bucket([41.0, 43.5, 40.25, 47.0, 44.0]),  # several codes
+        _bucket([3.0, 3.0, 3.0]),  # one code (a constant bucket)
+        _bucket([10.0, 20.0]),  # two codes: nothing between them
+        _bucket([-2.5, 0.0, 1.75, -0.5]),  # negative codes and zero's code 0
+        _bucket([0.0, 0.0]),  # only zero
+        _bucket([1e-300, 5e300]),  # extreme magnitudes
+    ]
+    rows = _rows(buckets)
+    stored, back = _read(rows, files.FORMAT_VERSION)
+    assert files.FORMAT_VERSION >= 4
+    assert stored["sketch_keys"].null_count == rows.num_rows  # every row kept only its inner
+    inner = stored["sketch_keys_inner"].to_pylist()
+    codes = rows["sketch_keys"][0].as_py()
+    assert len(codes) > 3 and inner[0] == np.diff(codes[:-1]).tolist()  # gaps from min's code
+    assert inner[1] == [] and inner[2] == []
+    _assert_same(rows, back)
+
+
+def test_rows_whose_sketch_does_not_end_at_min_and_max_keep_their_codes_whole() -> None:
+    odd = _bucket([5.0, 6.0, 9.0])
+    odd["sketch_keys"] = [int(c) + 1 for c in odd["sketch_keys"]]  # type: ignore[union-attr]
+    with_inf = _bucket([5.0, 6.0])
+    with_inf["max"] = float("inf")  # a bucket with +Inf: its sketch holds the finite ones
+    empty = {**_bucket([1.0]), "sketch_keys": [], "sketch_counts": []}
+    missing = {**_bucket([2.0, 4.0]), "sketch_keys": None, "sketch_counts": None}
+    nan_only = {
+        "count": 0,
+        "sum": None,
+        "min": None,
+        "max": None,
+        "first": None,
+        "last": None,
+        "sketch_keys": None,
+        "sketch_counts": None,
+    }
+    rows = _rows([_bucket([1.0, 2.0, 3.0]), odd, with_inf, empty, missing, nan_only])
+    for version in range(1, files.FORMAT_VERSION + 1):
+        stored, back = _read(rows, version)
+        assert ("sketch_keys_inner" in stored.column_names) == (version >= 4)
+        if version >= 4:
+            assert stored["sketch_keys_inner"].is_valid().to_pylist() == [
+                True, False, False, False, False, False,
+            ]  # fmt: skip
+        _assert_same(rows, back)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.one_of(
+                st.integers(-(10**6), 10**6).map(lambda i: i / 1000),
+                st.floats(allow_nan=False, allow_infinity=False, width=64),
+            ),
+            min_size=1,
+            max_size=20,
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_any_buckets_read_back_exactly_in_every_format(samples: list[list[float]]) -> None:
+    rows = _rows([_bucket(s) for s in samples])
+    for version in (3, files.FORMAT_VERSION):
+        _assert_same(rows, _read(rows, version)[1])
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_reads_without_the_sketch_columns_still_decode(lean: bool) -> None:
+    """The reader's lean reads leave every ``sketch_*`` column out (reader.SKETCH_PREFIX)."""
+    rows = _rows([_bucket([1.0, 2.5, 9.0]), _bucket([4.0])])
+    data = files.write_parquet(rows, files.ROLLUP_FLOATS)
+    names = pq.ParquetFile(io.BytesIO(data)).schema_arrow.names
+    keep = [n for n in names if not (lean and n.startswith("sketch_"))]
+    stored = pq.ParquetFile(io.BytesIO(data)).read(columns=keep)
+    back = files.decode(stored, files.ROLLUP_FLOATS)
+    assert ("sketch_keys" in back.column_names) == (not lean)
+    assert "sketch_keys_inner" not in back.column_names
+    for column in ("count", "sum", "min", "max", "first", "last"):
+        assert back[column].to_pylist() == rows[column].to_pylist(), column
