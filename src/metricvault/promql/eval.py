@@ -130,6 +130,9 @@ class Engine:
         self.clock = clock
         self.windows = WindowCache() if self.options.window_cache else None
         self.heads = HeadCache() if self.options.head_cache else None
+        # range queries read through ``heads`` too where it outlives one query (the query
+        # API's, shared by its queries); one engine's own would only widen a first read
+        self.heads_for_ranges = False
 
     def evaluate(
         self, expr: str, start_ms: int, end_ms: int | None = None, step_ms: int | None = None
@@ -167,6 +170,8 @@ class Engine:
         check_int64("the query's end time", end_ms)
         steps = _steps(start_ms, end_ms, step_ms)
         ev = Evaluator(self.source, self.options, start_ms, end_ms, limits, at)
+        if self.heads_for_ranges:
+            ev.heads = self.heads
         value = ev.eval(tree, steps)
         if isinstance(value, RangeVector | str):
             kind = "range vector" if isinstance(value, RangeVector) else "string"

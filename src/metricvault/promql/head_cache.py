@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from metricvault.promql.result_cache import CatalogVersion, Version, still_holds
+from metricvault.promql.source import TenantSource
 from metricvault.promql.window_cache import catalog_of
 from metricvault.protocols import SampleSource, SeriesSamples
 from metricvault.selector import Matcher
@@ -154,3 +155,20 @@ def _sliced(series: list[SeriesSamples], lo: int, hi: int) -> list[SeriesSamples
         if b > a:
             out.append(SeriesSamples(s.labels, s.ts[a:b], s.values[a:b]))
     return out
+
+
+class TenantHeads(HeadCache):
+    """One head cache shared by the queries of every tenant of an API (each HTTP query has
+    its own engine): a dashboard's refresh of a panel over the last hour reads from the store
+    only the samples since its previous read. A tenant's view (:class:`TenantSource`) is kept
+    under its own matchers, tenant matchers first, as its reads run; its ``truncated`` note
+    is set as its own read would set it."""
+
+    def select(
+        self, source: SampleSource, matchers: Sequence[Matcher], lo: int, hi: int, hints: Any
+    ) -> list[SeriesSamples]:
+        if not isinstance(source, TenantSource):
+            return super().select(source, matchers, lo, hi, hints)
+        if source.raw_horizon_ms and lo < source.raw_horizon_ms:
+            source.truncated = True
+        return super().select(source.inner, [*source.tenant, *matchers], lo, hi, hints)

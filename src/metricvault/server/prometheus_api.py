@@ -43,9 +43,11 @@ from metricvault.memory import release_freed_memory
 from metricvault.model import is_label_name
 from metricvault.promql import Engine, EngineOptions, QueryResult
 from metricvault.promql import parse as parse_module
+from metricvault.promql.head_cache import TenantHeads
 from metricvault.promql.limits import check_resolution, timed_out, too_many_series
 from metricvault.promql.result_cache import CachedAnswer, CatalogVersion, ResultCache
 from metricvault.promql.source import TenantSource
+from metricvault.promql.window_cache import catalog_of
 from metricvault.protocols import Reading, has
 from metricvault.selector import Matcher, Selector, parse_selector
 from metricvault.server.api import ServerAPI
@@ -73,6 +75,8 @@ BAD_PARAM_WORDS = ("invalid parameter", "exceeded maximum resolution", "no match
 # series/labels/label values answer short; Grafana's metrics browser looks for these words.
 TRUNCATED = "results truncated due to limit"
 _GO_INT = re.compile(r"^[+-]?[0-9]+$")  # what Go's strconv.Atoi accepts
+# raw samples the query API keeps between queries (about 16 B each: 64 MB)
+HEAD_SAMPLES = 4_000_000
 STATUS = {"bad_data": 400, "execution": 422, "timeout": 503, "internal": 500, "not_found": 404}
 
 
@@ -242,6 +246,8 @@ class PrometheusAPI:
         )
         # a dashboard refresh recomputes only its newest steps (promql/result_cache.py)
         self.results = ResultCache()
+        # and reads only the raw samples since its last read (promql/head_cache.py)
+        self.heads = TenantHeads(max_samples=HEAD_SAMPLES)
 
     def routes(self) -> list[Route]:
         both = ["GET", "POST"]  # remote_read (/api/v1/read) is its own API: remote_read_api
@@ -316,13 +322,15 @@ class PrometheusAPI:
         # a raw selection reaching before the store's raw horizon (retention dropped the
         # samples there) and answered by no rollup rows warns
         source = tenant_source(self.gateway, who)
-        return Engine(source, replace(self.options, timeout_s=timeout_s)), source
+        engine = Engine(source, replace(self.options, timeout_s=timeout_s))
+        if engine.heads is not None:
+            engine.heads = self.heads  # recent raw samples kept between queries
+            engine.heads_for_ranges = True
+        return engine, source
 
     def catalog_version(self) -> CatalogVersion | None:
         """The store's catalog version, which says whether a cached answer still holds; None
         (nothing cached) for a store without one."""
-        from metricvault.promql.window_cache import catalog_of
-
         current = catalog_of(self.gateway.vault)
         return None if current is None else current()
 
