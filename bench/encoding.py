@@ -1,4 +1,4 @@
-"""Which Parquet encodings store metric columns smallest (docs/decisions/0002, 0006).
+"""Which Parquet encodings store metric columns smallest (docs/decisions/0002, 0006, 0011).
 
 Backfills a fresh vault with one simulated day (2 nodes x 8 GPUs at 5 s), maintains it, then
 prints what each physical column of its raw, 1m and 1h files costs per row, the 1m and 1h rows
@@ -104,7 +104,7 @@ def layouts(vault: Vault) -> None:
     """The same rollup rows written in each layout version by today's writer."""
     snap = vault.snapshot()
     versions = range(1, fmt.FORMAT_VERSION + 1)
-    print("\nrollup rows written in each layout version (docs/decisions/0006): B/row")
+    print("\nrollup rows written in each layout version (docs/decisions/0006, 0011): B/row")
     print("| tier | rows | " + " | ".join(f"format {v}" for v in versions) + " |")
     print("|---|---|" + "---|" * len(versions))
     for tier in ("1m", "1h"):
