@@ -61,11 +61,14 @@ imported = time.perf_counter()
 import pandas
 with_pandas = time.perf_counter()
 args = json.loads(sys.argv[2])
+cpu = time.process_time()
 vault = metricvault.open(sys.argv[1], need="read")
 opened = time.perf_counter()
 rows = len(vault.query(*args["args"], **args["kwargs"]))
 answered = time.perf_counter()
+cpu = time.process_time() - cpu
 print(json.dumps({
+    "cpu_ms": cpu * 1000,
     "import_ms": (imported - started) * 1000,
     "pandas_ms": (with_pandas - imported) * 1000,
     "open_ms": (opened - with_pandas) * 1000,
@@ -95,6 +98,7 @@ class Cold:
     open_ms: float
     query_ms: float
     rows: int
+    cpu_ms: float = float("nan")  # CPU time of open + query, all threads (less load-bound)
 
     @property
     def first_ms(self) -> float:
@@ -237,15 +241,17 @@ def report(
         )
     if before:
         print(f"\nbefore ({args.before_src}) and after, cold open + query, alternating:\n")
-        print("| query | before ms | after ms | after / before | VictoriaMetrics cold ms "
-              "| before / VM | after / VM |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|")
+        print("| query | before ms | after ms | after / before | before CPU ms | after CPU ms "
+              "| VictoriaMetrics cold ms | before / VM | after / VM |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|")
         for key, old in before.items():
             colds, vm_colds = cold[key]
             was, now = _median([c.first_ms for c in old]), _median([c.first_ms for c in colds])
             vm_first = _median(vm_colds) if vm_colds else None
+            cpu_was, cpu_now = _median([c.cpu_ms for c in old]), _median([c.cpu_ms for c in colds])
             print(
-                f"| {key} | {was:.1f} | {now:.1f} | {_ratio(now, was)} | {_ms(vm_first)} "
+                f"| {key} | {was:.1f} | {now:.1f} | {_ratio(now, was)} | {cpu_was:.1f} "
+                f"| {cpu_now:.1f} | {_ms(vm_first)} "
                 f"| {_ratio(was, vm_first)} | {_ratio(now, vm_first)} |"
             )
 

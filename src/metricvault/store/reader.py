@@ -296,12 +296,17 @@ class Reader:
         whole, and cached, as a query reading most of it would read it again).
 
         A fresh process's first query of one series (a panel of one GPU) pays for reading
-        and decoding every column of a group of ~45 series: it reads about half of them
-        here. Always read: the keys, counts, bucket ends and NaN counts (int columns, small
-        and what merges and ``finite_rows`` use), ``scale``, and ``sum`` and ``min``, which
-        decoding restores the derivable columns from (``min``, ``max``, ``first``, ``last``
-        of one-sample and constant buckets: :func:`files.decode`)."""
-        floats = set(columns) & set(fmt.ROLLUP_FLOATS) | {"sum", "min"}
+        and decoding every column of a group of ~45 series; a mean reads a third of them
+        here. Always read: the keys, counts, bucket ends and NaN counts (int columns, small,
+        what merges and ``finite_rows`` use) and ``scale``. Decoding restores ``min`` from
+        ``sum`` and ``max``, ``first`` and ``last`` from ``min`` where the writer left them
+        out (one-sample and constant buckets: :func:`files.decode`), so those are read with
+        them; ``sum`` and ``min`` not read are given to it as null, and decode to null."""
+        floats = set(columns) & set(fmt.ROLLUP_FLOATS)
+        if floats & {"max", "first", "last"}:
+            floats |= {"min", "sum"}
+        if "min" in floats:
+            floats.add("sum")
         try:
             with self.loc.fs.open_input_file(f.path) as handle:
                 pf = pq.ParquetFile(handle, metadata=metadata, **fmt.VERIFY)
@@ -316,10 +321,14 @@ class Reader:
                     or (n[-2:] in ("_i", "_j", "_f") and n[:-2] in floats)
                     or (n == "first_d" and "first" in floats)
                 ]
-                stored = pf.read_row_group(index, names)
+                stored = _slice_series(pf.read_row_group(index, names), ids)
         except (OSError, pa.ArrowException) as exc:
             raise read_error(f.path, f"{f.tier} data file", exc) from exc
-        return self._decode(f, _slice_series(stored, ids))
+        for name in ("sum", "min"):
+            if name not in floats:
+                for suffix, kind in (("_i", pa.int64()), ("_f", pa.float64())):
+                    stored = stored.append_column(name + suffix, pa.nulls(len(stored), kind))
+        return self._decode(f, stored)
 
     def _read_group(
         self, f: DataFile, metadata: pq.FileMetaData, index: int, lean: bool
