@@ -106,3 +106,20 @@ def test_cached_points_json_equals_the_answer_writer(seed: int) -> None:
     texts = [rc._format_points(ts, vs).text for _, ts, vs in series]
     cached = rc.CachedAnswer("matrix", series, texts=texts)
     assert cached.body([]) == answer_body(QueryResult("matrix", series), [])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_series_formatted_together_equal_one_by_one(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    pool = np.array([0.0, 1.5, np.nan, np.inf, 1e21, 0.1, -2.0] + ([-0.0] if seed % 4 == 0 else []))
+    items = []
+    for _ in range(int(rng.integers(1, 6))):
+        n = int(rng.integers(0, 30))
+        ts = np.sort(rng.choice(10**6, n, replace=False)).astype(np.int64) * 15 * S
+        vs = np.where(rng.random(n) < 0.5, rng.choice(pool, n), rng.normal(size=n))
+        items.append((ts, vs))
+    together = rc._format_series(items)
+    for (ts, vs), text in zip(items, together, strict=True):
+        alone = rc._format_points(ts, vs)
+        assert text.text == alone.text
+        assert text.starts.tolist() == alone.starts.tolist()

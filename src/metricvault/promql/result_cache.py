@@ -203,6 +203,38 @@ def _format_points(ts: np.ndarray, vs: np.ndarray, writer: _Writer | None = None
     return _Text(text, starts)
 
 
+def _format_series(
+    items: list[tuple[np.ndarray, np.ndarray]], writer: _Writer | None = None
+) -> list[_Text]:
+    """:func:`_format_points` of each series of an answer, formatted together: the numpy
+    work (lengths, offsets) done once for all points, not once per series."""
+    w = writer or _Writer()
+    sizes = [len(ts) for ts, _ in items]
+    total = sum(sizes)
+    if len(items) < 2 or total == 0:
+        return [_format_points(ts, vs, w) for ts, vs in items]
+    all_vs = np.concatenate([vs for _, vs in items])
+    if has_negative_zero(all_vs):
+        return [_format_points(ts, vs, w) for ts, vs in items]
+    heads = list(map(w.heads.__getitem__, np.concatenate([ts for ts, _ in items]).tolist()))
+    tails = list(map(w.values.__getitem__, all_vs.tolist()))
+    lengths = np.fromiter(map(len, heads), np.int64, total)
+    lengths += np.fromiter(map(len, tails), np.int64, total)
+    ends = np.zeros(total + 1, np.int64)
+    np.cumsum(lengths, out=ends[1:])
+    parts: list[str] = [""] * (2 * total)
+    parts[0::2], parts[1::2] = heads, tails
+    out, at = [], 0
+    for n in sizes:
+        if n == 0:
+            out.append(_EMPTY_TEXT)
+            continue
+        text = "".join(parts[2 * at : 2 * (at + n)])[1:]
+        out.append(_Text(text, ends[at : at + n + 1] - ends[at]))
+        at += n
+    return out
+
+
 class _Writer:
     """Formatted timestamps and values, shared by the series of one answer."""
 
@@ -233,7 +265,7 @@ class CachedAnswer(QueryResult):
 @dataclass
 class _Entry:
     start_ms: int
-    settled_end_ms: int  # the last step kept; every kept point is at or before it
+    settled_end_ms: int  # the last settled step: points after it are kept, never served
     version: Version
     result_type: str
     series: dict[LabelKey, tuple[np.ndarray, np.ndarray]]
@@ -306,13 +338,13 @@ class ResultCache:
                 return result, warnings
             merged = _Entry(start_ms, start_ms - step_ms, version, result.result_type,
                             _keyed(result), list(warnings), set(result.served_by))  # fmt: skip
-            writer = _Writer()
-            merged.texts = {
-                k: _format_points(ts, vs, writer) for k, (ts, vs) in merged.series.items()
-            }
+            merged.texts = dict(
+                zip(merged.series, _format_series(list(merged.series.values())), strict=True)
+            )
         else:
             tail_start = entry.settled_end_ms + step_ms
-            series, texts = _sliced_with_text(entry, start_ms, end_ms)
+            # (the entry may hold points after its settled end: those are evaluated anew)
+            series, texts = _sliced_with_text(entry, start_ms, min(end_ms, entry.settled_end_ms))
             merged = _Entry(start_ms, entry.settled_end_ms, version, entry.result_type, series,
                             list(entry.warnings), set(entry.served_by), texts)  # fmt: skip
             self.stats.steps_reused += _steps(start_ms, min(end_ms, entry.settled_end_ms), step_ms)
@@ -322,9 +354,7 @@ class ResultCache:
                 self.stats.steps_evaluated += _steps(tail_start, end_ms, step_ms)
                 fresh = _keyed(tail)
                 _append(merged.series, fresh)
-                writer = _Writer()
-                for k, (ts, vs) in fresh.items():
-                    text = _format_points(ts, vs, writer)
+                for k, text in zip(fresh, _format_series(list(fresh.values())), strict=True):
                     merged.texts[k] = merged.texts.get(k, _EMPTY_TEXT) + text
                 merged.warnings += [w for w in tail_warnings if w not in merged.warnings]
                 merged.served_by |= tail.served_by
@@ -365,7 +395,7 @@ class ResultCache:
             self._drop(key)
             if settled < merged.start_ms:
                 return
-            merged.series, merged.texts = _sliced_with_text(merged, merged.start_ms, settled)
+            # the points after ``settled`` stay, unread: a lookup slices to the settled end
             merged.settled_end_ms = settled
             points = merged.points
             if points > self.max_points:
