@@ -582,14 +582,15 @@ def main() -> None:
     parser.add_argument("--workloads", default="7d,30d", help="comma-separated: 7d, 30d")
     parser.add_argument("--nodes", type=int, default=13)
     parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=None, help="warm runs per cell (5; --quick 3)")
     parser.add_argument("--no-prometheus", action="store_true", help="skip Prometheus")
     parser.add_argument("--no-vm", action="store_true", help="skip VictoriaMetrics")
     args = parser.parse_args()
     if args.quick:
-        args.nodes, args.runs = 2, 3
+        args.nodes, args.runs = 2, args.runs or 3
         workloads = [QUICK]
     else:
+        args.runs = args.runs or 5
         workloads = [WORKLOADS[w.strip()] for w in args.workloads.split(",")]
     prom_binary = None if args.no_prometheus else shutil.which("prometheus")
     if prom_binary is None and not args.no_prometheus:
