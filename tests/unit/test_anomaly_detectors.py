@@ -15,6 +15,7 @@ from metricvault.analysis.detectors import (
     DEFAULT_DETECTOR,
     DETECTORS,
     RangeDetector,
+    quantile_of_sorted,
     range_excess,
     score_series,
 )
@@ -72,6 +73,16 @@ def test_a_level_shift_inside_the_range_of_past_spikes_is_flagged_by_the_median(
     s = score_series(x, "range")
     flagged = np.flatnonzero(s >= RangeDetector().threshold())
     assert len(flagged) == 1 and 1000 <= flagged[0] < 1012  # within the median's half-width
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 12, 24])
+def test_quantile_of_sorted_is_numpys_linear_quantile(n: int) -> None:
+    v = np.random.default_rng(n).normal(size=(n, 3))
+    ordered = np.sort(v, axis=0)
+    for q in (0.0, 0.15, 0.2, 0.5, 0.9, 1.0):
+        np.testing.assert_allclose(
+            quantile_of_sorted(ordered, q), np.quantile(v, q, axis=0), rtol=0, atol=1e-12
+        )
 
 
 def _stream(detector: RangeDetector, x: np.ndarray) -> np.ndarray:
