@@ -509,6 +509,8 @@ async function explorePage() {
       return { label: seriesName(s.metric), y: xs.map((x) => (at.has(x) ? at.get(x) : null)) };
     });
     drawChart(chart, "explore", xs, lines, { title: expr, xLabel: "time (UTC)", yLabel: "value", time: true });
+    // uPlot draws in a microtask: let it (and a paint) happen before the table and the CSV
+    await new Promise((resolve) => setTimeout(resolve, 0));
     const table = $("explore-table"); table.replaceChildren();
     const head = el("tr"); ["series", "last time", "last value", "points"].forEach((h) => head.append(el("th", h))); table.append(head);
     const csv = ["series,timestamp,value"];
