@@ -5,6 +5,7 @@ exactly, in every format version, whatever its sketch holds."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -144,3 +145,75 @@ def test_reads_without_the_sketch_columns_still_decode(lean: bool) -> None:
     assert "sketch_keys_inner" not in back.column_names
     for column in ("count", "sum", "min", "max", "first", "last"):
         assert back[column].to_pylist() == rows[column].to_pylist(), column
+
+
+def _value_rows() -> pa.Table:
+    """Rollup rows whose sum/max/last take each form: integers at a decimal scale (stored as
+    distances from min in format 5), floats, one-sample and constant buckets, a NaN-only
+    bucket, and a sum too large to be a distance from count x min."""
+    rows = _rows(
+        [
+            _bucket([41.5, 43.25, 40.0, 47.75]),
+            _bucket([1 / 3, 2 / 3, 0.1]),  # floats: no scaled form
+            _bucket([7.0]),  # one sample: min, max, last follow from sum
+            _bucket([2.5, 2.5]),  # constant: max and last follow from min
+            _bucket([-4.0, 3.0, -1.0]),  # negative min
+            {
+                **_bucket([1.0]),
+                "count": 0,
+                "sum": None,
+                "min": None,
+                "max": None,
+                "first": None,
+                "last": None,
+                "sketch_keys": None,
+                "sketch_counts": None,
+            },
+        ]
+    )
+    return rows.append_column("increase", pa.array([0.0, 0.25, None, 1.0, 2.0, None]))
+
+
+def test_sum_max_last_as_distances_from_min_read_back_exactly() -> None:
+    rows = _value_rows()
+    stored, back = _read(rows, files.FORMAT_VERSION)
+    assert files.FORMAT_VERSION >= 5
+    assert {"sum_j", "max_j", "last_j"} <= set(stored.column_names)
+    assert stored["sum_j"].to_pylist()[0] == (41.5 + 43.25 + 40.0 + 47.75 - 4 * 40.0) * 100
+    _assert_same(rows, back)
+    big = _rows([_bucket([-(2.0**52), 2.0**52 - 4, 2.0**52 - 6])])  # 3 x min past 2**53
+    stored, back = _read(big, files.FORMAT_VERSION)
+    assert stored["sum_i"].to_pylist() == [2**52 - 10]  # the sum stays whole
+    assert stored["max_j"].to_pylist() == [2**53 - 4]
+    _assert_same(big, back)
+    for version in range(1, files.FORMAT_VERSION):
+        assert "sum_j" not in _read(rows, version)[0].column_names
+        _assert_same(rows, _read(rows, version)[1])
+
+
+@pytest.mark.parametrize("new_first", [False, True])
+def test_the_sql_view_decodes_rollup_files_of_every_format_together(
+    tmp_path: Path, new_first: bool
+) -> None:
+    """The ``rollup_*`` views read files of format 5 and earlier in one dataset, whichever
+    file the dataset's schema is taken from."""
+    import duckdb
+    import pyarrow.fs as pafs
+
+    from metricvault.store.introspect import _VIEW_SQL
+    from metricvault.store.rollup import fetch_arrow
+
+    rows = _value_rows()
+    paths = []
+    for version in (3, files.FORMAT_VERSION) if not new_first else (files.FORMAT_VERSION, 3):
+        path = tmp_path / f"f{version}.parquet"
+        shifted = rows.set_column(1, "ts", pa.array(rows["ts"].to_numpy() + version * 10**9))
+        path.write_bytes(files.write_parquet(shifted, files.ROLLUP_FLOATS, version))
+        paths.append(str(path))
+    con = duckdb.connect()
+    con.register("src", files.dataset(paths, pafs.LocalFileSystem()))
+    got = fetch_arrow(con, _VIEW_SQL["rollup"].format(src="src") + " ORDER BY ts")
+    held = [i for i, c in enumerate(rows["count"].to_pylist()) if c > 0]
+    for column in ("sum", "min", "max", "last", "increase"):
+        want = [rows[column][i].as_py() for i in held]
+        assert got[column].to_pylist() == want * 2, column

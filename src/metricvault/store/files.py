@@ -40,9 +40,13 @@ ROW_GROUP_ROWS = {False: 256 * 1024, True: 64 * 1024}
 # sketch's codes without its first and last (``sketch_keys_inner``) where those are the codes
 # of the bucket's ``min`` and ``max``, as they are when the sketch holds its finite samples
 # (docs/decisions/0011). Every version reads through :func:`decode`, which knows each by its
-# physical columns.
+# physical columns. 5: also ``sum``, ``max`` and ``last`` as their distances from ``count x
+# min`` and ``min`` (``sum_j``, ``max_j``, ``last_j``) where they and ``min`` are integers
+# (docs/decisions/0011); the ``rollup_*`` SQL views decode them too.
 FORMAT_KEY = b"metricvault.format"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
+# format 5's columns of rollup values stored as distances from ``min`` (times ``count`` for sum)
+FROM_MIN = ("sum", "max", "last")
 _LIST_ELEMENTS = ("sketch_keys", "sketch_keys_inner", "sketch_counts", "sketch_counts_head")
 
 
@@ -102,7 +106,51 @@ def encode(
         _counts_but_last(cols)
         if format_version >= 4:
             _keys_within_bounds(cols, table)
+        if format_version >= 5:
+            _values_from_min(cols)
     return pa.table(cols)
+
+
+def _min_reference(low: Any, count: Any, column: str) -> Any:
+    """What ``column``'s integer is stored as a distance from: ``min``, or for ``sum``
+    ``count x min`` where that is below 2**53 (else null: the sum stays whole)."""
+    if column != "sum":
+        return low
+    bound = pc.multiply(pc.abs(pc.cast(low, pa.float64())), pc.cast(count, pa.float64()))
+    product = pc.multiply(low, pc.cast(count, pa.int64()))
+    return pc.if_else(pc.less(bound, _EXACT_LIMIT), product, pa.scalar(None, pa.int64()))
+
+
+def _values_from_min(cols: dict[str, pa.Array]) -> None:
+    """A bucket's ``max`` and ``last`` lie at or above its ``min``, and its ``sum`` at or
+    above ``count x min``: as distances, they are smaller non-negative integers, which
+    byte-stream-split and zstd store in fewer bytes (docs/decisions/0011). Exact: integers
+    below 2**53."""
+    if "min_i" not in cols:
+        return
+    for column in FROM_MIN:
+        if f"{column}_i" not in cols:
+            continue
+        value = cols[f"{column}_i"]
+        reference = _min_reference(cols["min_i"], cols["count"], column)
+        both = pc.and_(pc.is_valid(value), pc.is_valid(reference))
+        cols[f"{column}_i"] = pc.if_else(both, pa.scalar(None, pa.int64()), value)
+        cols[f"{column}_j"] = pc.if_else(
+            both, pc.subtract(value, reference), pa.scalar(None, pa.int64())
+        )
+
+
+def _absolute_from_min(table: pa.Table) -> pa.Table:
+    for column in FROM_MIN:
+        if f"{column}_j" not in table.column_names:
+            continue
+        reference = _min_reference(table.column("min_i"), table.column("count"), column)
+        value = pc.coalesce(
+            table.column(f"{column}_i"), pc.add(table.column(f"{column}_j"), reference)
+        )
+        index = table.column_names.index(f"{column}_i")
+        table = table.set_column(index, f"{column}_i", value).drop_columns([f"{column}_j"])
+    return table
 
 
 def _first_from_min(cols: dict[str, pa.Array]) -> None:
@@ -382,7 +430,7 @@ def decode_column(table: pa.Table, name: str) -> pa.Array:
 
 
 def decode(table: pa.Table, float_columns: Sequence[str]) -> pa.Table:
-    table = _absolute_first(table)
+    table = _absolute_first(_absolute_from_min(table) if "count" in table.column_names else table)
     out = {
         c: table.column(c)
         for c in table.column_names
@@ -483,11 +531,18 @@ def dataset(paths: list[str], filesystem: pafs.FileSystem) -> Any:
     import pyarrow.dataset as ds  # imported here: it pulls in pandas (see read_table)
 
     options = ds.ParquetFragmentScanOptions(**VERIFY)
-    return ds.dataset(
-        paths,
-        filesystem=filesystem,
-        format=ds.ParquetFileFormat(default_fragment_scan_options=options),
-    )
+    form = ds.ParquetFileFormat(default_fragment_scan_options=options)
+    found = ds.dataset(paths, filesystem=filesystem, format=form)
+    names = found.schema.names
+    if "count" not in names:
+        return found
+    # The schema comes from one file; the views read format 5's columns of every rollup file
+    # (null in files of earlier formats, which have none).
+    extra = [pa.field(f"{c}_j", pa.int64()) for c in FROM_MIN if f"{c}_j" not in names]
+    if not extra:
+        return found
+    schema = pa.schema([*found.schema, *extra])
+    return ds.dataset(paths, filesystem=filesystem, format=form, schema=schema)
 
 
 def sort_dedup(table: pa.Table) -> pa.Table:

@@ -106,17 +106,20 @@ def stats(vault: Vault, now: int | None = None) -> dict[str, Any]:
 
 
 _ROLLUP_VALUE = "coalesce({c}_f, {c}_i / pow(10, scale))"
-_ROLLUP_MIN = f"coalesce({_ROLLUP_VALUE.format(c='min')}, {_ROLLUP_VALUE.format(c='sum')})"
+# format 5 (files.FROM_MIN): sum, max and last may be stored as distances from (count x) min
+_FROM_MIN = "coalesce({c}_f, coalesce({c}_i, {c}_j + {ref}min_i) / pow(10, scale))"
+_ROLLUP_SUM = _FROM_MIN.format(c="sum", ref="count * ")
+_ROLLUP_MIN = f"coalesce({_ROLLUP_VALUE.format(c='min')}, {_ROLLUP_SUM})"
 _VIEW_SQL = {
     "raw": "SELECT series_id, ts, make_timestamp(ts * 1000) AS timestamp, "
     "coalesce(value_f, coalesce(value_i, value_j) / pow(10, scale)) AS value FROM {src}",
     # min/max/last are left null in storage where they follow from sum or min (storage-format.md)
     "rollup": "SELECT series_id, ts, make_timestamp(ts * 1000) AS timestamp, count, "
-    f"{_ROLLUP_VALUE.format(c='sum')} AS sum, {_ROLLUP_MIN} AS min, "
-    f"coalesce({_ROLLUP_VALUE.format(c='max')}, {_ROLLUP_MIN}) AS max, "
-    f"coalesce({_ROLLUP_VALUE.format(c='last')}, {_ROLLUP_MIN}) AS last, "
+    f"{_ROLLUP_SUM} AS sum, {_ROLLUP_MIN} AS min, "
+    f"coalesce({_FROM_MIN.format(c='max', ref='')}, {_ROLLUP_MIN}) AS max, "
+    f"coalesce({_FROM_MIN.format(c='last', ref='')}, {_ROLLUP_MIN}) AS last, "
     f"{_ROLLUP_VALUE.format(c='increase')} AS increase, "
-    f"{_ROLLUP_VALUE.format(c='sum')} / count AS mean FROM {{src}} "
+    f"{_ROLLUP_SUM} / count AS mean FROM {{src}} "
     # a bucket holding only NaN samples is kept for PromQL (rollup.py), not shown here
     "WHERE count > 0",
 }
