@@ -831,3 +831,14 @@ def test_vault_stats_can_answer_the_raw_horizon_alone(tenants):
     full = client.get("/api/v1/vault/stats", headers=AUTH_A).json()
     only = client.get("/api/v1/vault/stats?only=raw_horizon", headers=AUTH_A).json()
     assert only == {"raw_horizon": full["raw_horizon"]}
+
+
+def test_compare_answers_its_curves_and_its_summaries_apart_as_the_page_asks(tenants):
+    client, _ = tenants
+    url = "/api/v1/compare?ids=r1&metric=loss"
+    whole = client.get(url, headers=AUTH_A).json()
+    curves = client.get(url + "&summaries=0", headers=AUTH_A).json()
+    summaries = client.get(url + "&curves=0", headers=AUTH_A).json()
+    assert curves["summaries"] is None and summaries["curves"] is None
+    assert curves["curves"] == whole["curves"] and summaries["summaries"] == whole["summaries"]
+    assert curves["params"] == summaries["params"] == whole["params"]

@@ -509,11 +509,18 @@ class UI:
                 "fewer at a time"
             )
 
+        # the page asks for the curves first (summaries=0) and draws them, then for the
+        # summaries (curves=0): the chart does not wait for 100 runs' summary figures
+        want_summaries = req.query_params.get("summaries", "1") != "0"
+        want_curves = req.query_params.get("curves", "1") != "0"
+
         def work() -> dict[str, Any]:
             exps = [self.experiment(i, who) for i in dict.fromkeys(ids)]
-            summaries = self.page_summaries(exps, now_ms())
-            curves = {}
-            if align == "step":
+            summaries = self.page_summaries(exps, now_ms()) if want_summaries else None
+            curves: dict[str, Any] = {}
+            if not want_curves:
+                pass
+            elif align == "step":
                 # track()'s runs: two reads for all of them (ui_curves), else one history each
                 batched = step_curves(self.gateway.vault, exps, metric, width, now_ms())
                 if batched is not None:
@@ -528,10 +535,12 @@ class UI:
                 "metric": metric,
                 "align": align,
                 "x_label": X_LABELS[align],
-                "summaries": [{"id": e.id, **summaries[e.id]} for e in exps],
+                "summaries": None
+                if summaries is None
+                else [{"id": e.id, **summaries[e.id]} for e in exps],
                 "records": [row_of(e, 0) for e in exps],
                 "params": param_rows(exps),
-                "curves": curves,
+                "curves": curves if want_curves else None,
             }
 
         return JSONResponse(await run_in_threadpool(work))

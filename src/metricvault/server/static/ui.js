@@ -354,15 +354,11 @@ async function comparePage() {
       empty($("compare-chart"), "Pick experiments to compare: tick them on the Experiments page, or type ids separated by commas.");
       return;
     }
-    data = await api(`/api/v1/compare?ids=${encodeURIComponent(ids)}&metric=${encodeURIComponent($("metric").value)}&align=${encodeURIComponent($("align").value)}&width=${chartWidth($("compare-chart"))}`);
-    const sums = $("summaries"); sums.replaceChildren();
-    const head = el("tr"); ["experiment", "GPUs", "GPU-h", "kWh", "final loss", "mean MFU"].forEach((h) => head.append(el("th", h)));
-    sums.append(head);
-    for (const s of data.summaries) {
-      const tr = el("tr", null, { "data-id": s.id }); tr.append(el("td", s.id));
-      for (const [c, d] of [["gpus", 0], ["gpu_hours", 1], ["energy_kwh", 1], ["final_loss", 3], ["mfu_mean", 3]]) tr.append(el("td", fmt(s[c], d), { class: "num", "data-col": c }));
-      sums.append(tr);
-    }
+    // the curves first, drawn as soon as they come; then the summary figures of the runs
+    const url = `/api/v1/compare?ids=${encodeURIComponent(ids)}&metric=${encodeURIComponent($("metric").value)}&align=${encodeURIComponent($("align").value)}&width=${chartWidth($("compare-chart"))}`;
+    data = await api(url + "&summaries=0");
+    const summaries = api(url + "&curves=0");
+    draw();
     const table = $("param-table"); table.replaceChildren();
     const ph = el("tr"); ph.append(el("th", "param")); data.ids.forEach((id) => ph.append(el("th", id))); table.append(ph);
     if (!data.params.length) table.append(el("tr")).append(el("td", "These experiments record no params."));
@@ -371,7 +367,14 @@ async function comparePage() {
       data.ids.forEach((id) => tr.append(el("td", p.values[id])));
       table.append(tr);
     }
-    draw();
+    const sums = $("summaries"); sums.replaceChildren();
+    const head = el("tr"); ["experiment", "GPUs", "GPU-h", "kWh", "final loss", "mean MFU"].forEach((h) => head.append(el("th", h)));
+    sums.append(head);
+    for (const s of (await summaries).summaries) {
+      const tr = el("tr", null, { "data-id": s.id }); tr.append(el("td", s.id));
+      for (const [c, d] of [["gpus", 0], ["gpu_hours", 1], ["energy_kwh", 1], ["final_loss", 3], ["mfu_mean", 3]]) tr.append(el("td", fmt(s[c], d), { class: "num", "data-col": c }));
+      sums.append(tr);
+    }
   };
   $("compare-form").addEventListener("submit", (ev) => { ev.preventDefault(); window.mvReady = false; load().then(() => showError("")).catch((e) => showError(e.message)).finally(() => { window.mvReady = true; }); });
   $("smoothing").addEventListener("input", draw);
