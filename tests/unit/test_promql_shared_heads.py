@@ -113,3 +113,40 @@ def test_a_late_sample_changes_the_next_answer(
     assert {t: v for t, v in after.items() if v != "50"} == {
         t: v for t, v in before.items() if t not in {k for k, x in after.items() if x == "50"}
     }
+
+
+class _Racing:
+    """The vault, where the read of new samples for a kept selector first lets another query
+    of the same selector extend the kept samples (as a concurrent refresh would)."""
+
+    def __init__(self, vault: Vault, heads: TenantHeads) -> None:
+        self.inner, self.heads, self.raced = vault, heads, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def select(self, matchers: Any, start: int, end: int, hints: Any = None) -> Any:
+        if self.raced == 0 and hints is None and len(self.heads):
+            self.raced += 1
+            self.heads.select(self.inner, matchers, start, end + 15_000, None)
+        return self.inner.select(matchers, start, end, hints)
+
+
+def test_an_extend_raced_by_another_query_reads_the_store(
+    client: tuple[TestClient, Vault, TenantHeads],
+) -> None:
+    from metricvault.promql.head_cache import HeadCache
+    from metricvault.selector import parse_selector
+
+    _, vault, _ = client
+    heads = HeadCache()
+    racing = _Racing(vault, heads)
+    matchers = list(parse_selector("gpu_util").matchers)
+    end = T0 + 3_000_000
+    first = heads.select(racing, matchers, end - 600_000, end, None)
+    later = heads.select(racing, matchers, end - 600_000, end + 30_000, None)  # reads anew
+    assert racing.raced == 1 and heads.extended == 1  # the other query extended them meanwhile
+    direct = vault.select(matchers, end - 600_000, end + 30_000)
+    assert [s.ts.tolist() for s in later] == [s.ts.tolist() for s in direct]
+    assert [s.values.tolist() for s in later] == [s.values.tolist() for s in direct]
+    assert [s.ts.tolist() for s in first] == [s.ts[s.ts <= end].tolist() for s in direct]

@@ -77,14 +77,23 @@ class HeadCache:
                 kept = None
             if kept is not None and kept.start <= lo:
                 self._kept.move_to_end(key)
-                if hi > kept.end or kept.version.version != snap.version:
-                    # newer samples, or files of samples at kept.end or after: those read anew
-                    fresh = source.select(matchers, kept.end, max(hi, kept.end))
-                    self._extend(key, kept, fresh, max(hi, kept.end), snap)
-                    self.extended += 1
-                else:
+                if hi <= kept.end and kept.version.version == snap.version:
                     self.hits += 1
-                return _sliced(kept.series, lo, hi)
+                    return _sliced(kept.series, lo, hi)
+                since = kept.end
+            else:
+                kept = None
+        if kept is not None:
+            # newer samples, or files of samples at kept.end or after: those read anew, outside
+            # the lock (the queries of other selectors do not wait for this read)
+            fresh = source.select(matchers, since, max(hi, since))
+            with self._lock:
+                if self._kept.get(key) is kept and kept.end == since:
+                    self._extend(key, kept, fresh, max(hi, since), snap)
+                    self.extended += 1
+                    return _sliced(kept.series, lo, hi)
+            # another query of this selector changed the kept samples meanwhile: read it all
+            return source.select(matchers, lo, hi, hints)
         start = min(lo, hi - HEAD_MS)
         horizon = source.horizons().raw_start_ms
         if start < horizon <= lo:
