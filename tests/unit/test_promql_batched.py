@@ -58,9 +58,11 @@ def _answers(engine: Engine, expr: str, step: int) -> list[tuple[object, ...]]:
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("left_open", [False, True])
+@pytest.mark.parametrize("cells", [fn.BATCH_CELLS, 200])  # one batch, or a few series each
 def test_batched_range_functions_equal_per_series(
-    seed: int, left_open: bool, monkeypatch: pytest.MonkeyPatch
+    seed: int, left_open: bool, cells: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(fn, "BATCH_CELLS", cells)
     engine = Engine(_source(seed), EngineOptions(left_open_windows=left_open))
     for expr in EXPRS:
         for step in (15 * S, 60 * S, 7 * S):
@@ -74,7 +76,7 @@ def test_batched_range_functions_equal_per_series(
 def test_batched_path_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
     real = fn._batched
-    monkeypatch.setattr(fn, "_batched", lambda name, *a: calls.append(name) or real(name, *a))
+    monkeypatch.setattr(fn, "_batched", lambda ev, n, *a: calls.append(n) or real(ev, n, *a))
     Engine(_source(0)).evaluate("rate(c_total[1m])", 0, 3600 * S, 15 * S)
     assert calls == ["rate"]
 

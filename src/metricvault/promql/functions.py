@@ -112,8 +112,7 @@ def raw_range_call(ev: Evaluator, name: str, args: list[Any], steps: np.ndarray)
         return _absent_over_time(rv, args[0], steps)
     ev.limits.reserve(len(rv.series) * steps.size)  # one row of answers per series
     if name in BATCHED and len(rv.series) > 1:
-        ev.limits.check()
-        return _batched(name, rv, steps)
+        return _batched(ev, name, rv, steps)
     rows = []
     for s, (lo, hi) in zip(rv.series, rv.bounds, strict=True):
         ev.limits.check()
@@ -131,19 +130,34 @@ BATCHED = {
 }  # fmt: skip
 
 
-def _batched(name: str, rv: RangeVector, steps: np.ndarray) -> StepVector:
-    """``name`` over all of ``rv``'s series in one numpy pass (see :data:`BATCHED`)."""
-    n_series, n_steps = len(rv.series), steps.size
-    sizes = np.fromiter((s.ts.size for s in rv.series), dtype=np.int64, count=n_series)
+BATCH_CELLS = 1 << 20  # (series x steps) cells per batch: its temporaries stay tens of MB
+
+
+def _batched(ev: Evaluator, name: str, rv: RangeVector, steps: np.ndarray) -> StepVector:
+    """``name`` over ``rv``'s series a batch at a time, each batch in one numpy pass (see
+    :data:`BATCHED`); the query's deadline checked between batches."""
+    n_steps = steps.size
+    per_batch = max(1, BATCH_CELLS // max(n_steps, 1))
+    rows: list[tuple[Labels, np.ndarray, np.ndarray]] = []
+    for first in range(0, len(rv.series), per_batch):
+        ev.limits.check()
+        rows += _batch(name, rv, first, min(first + per_batch, len(rv.series)), n_steps)
+    return per_series(rows, n_steps, keep_name=name == "last_over_time")
+
+
+def _batch(
+    name: str, rv: RangeVector, first: int, last: int, n_steps: int
+) -> list[tuple[Labels, np.ndarray, np.ndarray]]:
+    series, bounds = rv.series[first:last], rv.bounds[first:last]
+    n_series = len(series)
+    sizes = np.fromiter((s.ts.size for s in series), dtype=np.int64, count=n_series)
     offsets = np.zeros(n_series, dtype=np.int64)
     np.cumsum(sizes[:-1], out=offsets[1:])
     flat = RangeSeries(
-        (),
-        np.concatenate([s.ts for s in rv.series]),
-        np.concatenate([s.values for s in rv.series]),
+        (), np.concatenate([s.ts for s in series]), np.concatenate([s.values for s in series])
     )
-    lo = (np.array([b[0] for b in rv.bounds], dtype=np.int64) + offsets[:, None]).ravel()
-    hi = (np.array([b[1] for b in rv.bounds], dtype=np.int64) + offsets[:, None]).ravel()
+    lo = (np.array([b[0] for b in bounds], dtype=np.int64) + offsets[:, None]).ravel()
+    hi = (np.array([b[1] for b in bounds], dtype=np.int64) + offsets[:, None]).ravel()
     if name in OVER_TIME:
         values, ok = rf.over_time(name, flat, lo, hi)
     else:
@@ -154,8 +168,7 @@ def _batched(name: str, rv: RangeVector, steps: np.ndarray) -> StepVector:
         values, ok = rf.extrapolated_rate(flat, lo, hi, tiled, name != "delta", name == "rate")
     values = np.asarray(values, dtype=np.float64).reshape(n_series, n_steps)
     ok = np.asarray(ok, dtype=bool).reshape(n_series, n_steps)
-    rows = [(s.labels, values[i], ok[i]) for i, s in enumerate(rv.series)]
-    return per_series(rows, n_steps, keep_name=name == "last_over_time")
+    return [(s.labels, values[i], ok[i]) for i, s in enumerate(series)]
 
 
 def _range_value(
