@@ -24,9 +24,16 @@ def _value(gpu: int, i: int) -> float:
     return [0.5 * i + gpu, float("nan"), -0.0, 1e300][i % 7] if i % 7 < 4 else float(i % 13)
 
 
+def _temp(gpu: int, i: int) -> float:
+    """Whole degrees, constant for a while: rollups store them as scaled integers, sums and
+    maxima as distances from the minimum (the files' integer forms)."""
+    return float(30 + (gpu * 7 + i // 24 * 3) % 17 + (i % 5 == 0))
+
+
 def _rows() -> list[tuple[str, dict[str, str], int, float]]:
     return [
-        ("gpu_util", {"gpu": str(g)}, T0 + i * 5000, _value(g, i))
+        (metric, {"gpu": str(g)}, T0 + i * 5000, value(g, i))
+        for metric, value in (("gpu_util", _value), ("gpu_temp", _temp))
         for g in range(SERIES)
         for i in range(SAMPLES)
     ]
@@ -125,12 +132,33 @@ def test_a_first_read_of_a_few_series_reads_only_the_columns_asked(stored):
     (kept apart in the cache); other aggregates of the same series then read theirs, and
     every answer is the one a vault that decoded whole groups gives."""
     asked = [("mean",), ("max",), ("last", "count"), ("increase", "sum"), ("mean", "min")]
-    with Vault.open_local(stored) as reference:
-        want = [reference.query("gpu_util", T0, T0 + H, step="1m", aggs=a) for a in asked]
+    for metric in ("gpu_util", "gpu_temp"):  # floats; integers (stored as distances)
+        with Vault.open_local(stored) as reference:
+            want = [reference.query(metric, T0, T0 + H, step="1m", aggs=a) for a in asked]
+        with Vault.open_local(stored) as fresh:
+            one_gpu = metric + '{gpu="4"}'
+            got = [fresh.query(one_gpu, T0, T0 + H, step="1m", aggs=a) for a in asked]
+            parts = [key[4] for key in fresh.reader.cache._items if b"|" in key[4]]
+        assert any(part.endswith(b"|count,series_id,sum,ts") for part in parts)
+        for answer, everything in zip(got, want, strict=True):
+            one = everything[everything["gpu"] == "4"].reset_index(drop=True)
+            pd.testing.assert_frame_equal(answer.reset_index(drop=True), one)
+
+
+def test_integer_rollups_first_read_as_written(stored):
+    """Whole degrees are stored in the integer forms (sums as distances from count x min):
+    a fresh vault's first 1m mean and max of one GPU are the raw samples' own."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    minute = glob.glob(f"{stored}/data/1m/*/*.parquet")
+    assert minute and any(
+        "sum_j" in t.column_names and t["sum_j"].null_count < len(t)
+        for t in map(pq.read_table, minute)
+    )  # the integer form is what this test reads
     with Vault.open_local(stored) as fresh:
-        got = [fresh.query('gpu_util{gpu="4"}', T0, T0 + H, step="1m", aggs=a) for a in asked]
-        parts = [key[4] for key in fresh.reader.cache._items if b"|" in key[4]]
-    assert any(part.endswith(b"|count,series_id,sum,ts") for part in parts)
-    for answer, everything in zip(got, want, strict=True):
-        one = everything[everything["gpu"] == "4"].reset_index(drop=True)
-        pd.testing.assert_frame_equal(answer.reset_index(drop=True), one)
+        got = fresh.query('gpu_temp{gpu="4"}', T0, T0 + H, step="1m", aggs=["mean", "max"])
+    samples = np.array([_temp(4, i) for i in range(SAMPLES)]).reshape(-1, 12)
+    assert got["mean"].tolist() == (samples.sum(axis=1) / 12).tolist()
+    assert got["max"].tolist() == samples.max(axis=1).tolist()

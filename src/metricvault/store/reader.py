@@ -296,17 +296,15 @@ class Reader:
         whole, and cached, as a query reading most of it would read it again).
 
         A fresh process's first query of one series (a panel of one GPU) pays for reading
-        and decoding every column of a group of ~45 series; a mean reads a third of them
+        and decoding every column of a group of ~45 series; a mean reads under half of them
         here. Always read: the keys, counts, bucket ends and NaN counts (int columns, small,
-        what merges and ``finite_rows`` use) and ``scale``. Decoding restores ``min`` from
-        ``sum`` and ``max``, ``first`` and ``last`` from ``min`` where the writer left them
-        out (one-sample and constant buckets: :func:`files.decode`), so those are read with
-        them; ``sum`` and ``min`` not read are given to it as null, and decode to null."""
-        floats = set(columns) & set(fmt.ROLLUP_FLOATS)
-        if floats & {"max", "first", "last"}:
-            floats |= {"min", "sum"}
-        if "min" in floats:
-            floats.add("sum")
+        what merges and ``finite_rows`` use), ``scale``, and ``sum`` and ``min``: decoding
+        derives others from them (:func:`files.decode`: ``sum``, ``max``, ``last`` and
+        ``first`` stored as distances from ``count x min`` or ``min``; ``min`` restored from
+        ``sum``, and ``max``, ``first``, ``last`` from ``min``, where the writer left them
+        out). The floats not asked for (``max``, ``first``, ``last``, ``increase``, ``m2``)
+        are the ones nothing is derived from."""
+        floats = set(columns) & set(fmt.ROLLUP_FLOATS) | {"sum", "min"}
         try:
             with self.loc.fs.open_input_file(f.path) as handle:
                 pf = pq.ParquetFile(handle, metadata=metadata, **fmt.VERIFY)
@@ -324,10 +322,6 @@ class Reader:
                 stored = _slice_series(pf.read_row_group(index, names), ids)
         except (OSError, pa.ArrowException) as exc:
             raise read_error(f.path, f"{f.tier} data file", exc) from exc
-        for name in ("sum", "min"):
-            if name not in floats:
-                for suffix, kind in (("_i", pa.int64()), ("_f", pa.float64())):
-                    stored = stored.append_column(name + suffix, pa.nulls(len(stored), kind))
         return self._decode(f, stored)
 
     def _read_group(
