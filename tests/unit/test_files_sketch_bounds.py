@@ -217,3 +217,43 @@ def test_the_sql_view_decodes_rollup_files_of_every_format_together(
     for column in ("sum", "min", "max", "last", "increase"):
         want = [rows[column][i].as_py() for i in held]
         assert got[column].to_pylist() == want * 2, column
+
+
+@pytest.mark.parametrize("column", ["sum", "min", "max", "first", "last", "increase", "m2"])
+def test_a_few_series_first_read_of_one_rollup_column_decodes_as_the_whole_row(
+    tmp_path: Path, column: str
+) -> None:
+    """A fresh reader's first read of a few series of a rollup row group takes only the
+    physical columns the asked one is decoded from (``Reader._projected_part``): that must
+    include what format 5 stores it as a distance from."""
+    from metricvault.store.reader import FileCache, Reader
+    from metricvault.store.vault import Vault
+
+    rng = np.random.default_rng(5)
+    start = 1_767_225_600_000
+    ts = start + np.arange(0, 2 * 3_600_000, 5_000)
+    with Vault.open_local(str(tmp_path / "v")) as vault:
+        for k in range(40):  # 40 series: one is far under a quarter of the row group
+            values = np.round(50 + np.cumsum(rng.normal(0, 1, ts.size)), 2)
+            vault.write(
+                pa.table(
+                    {
+                        "metric": pa.array(["gpu_power_watts"] * ts.size),
+                        "gpu": pa.array([str(k)] * ts.size),
+                        "ts": pa.array(ts, pa.int64()),
+                        "value": pa.array(values, pa.float64()),
+                    }
+                )
+            )
+        vault.maintain(now_ms=int(ts[-1]) + 3_600_000)
+        files_1m = vault.snapshot().tier_files("1m")
+        assert files_1m
+        assert files.format_version(pq.ParquetFile(files_1m[0].path).metadata) >= 5
+        whole = vault.reader.read(files_1m, None, 0, 2**62, "1m", use_cache=False)
+        sid = int(whole["series_id"][7].as_py())
+        fresh = Reader(vault.location, FileCache(1 << 28))
+        part = fresh.read(files_1m, [sid], 0, 2**62, "1m", sketches=False,
+                          columns=frozenset({"series_id", "ts", "count", column}))  # fmt: skip
+    want = whole.filter(pa.compute.equal(whole["series_id"], sid))
+    assert part.num_rows == want.num_rows > 0
+    assert part[column].to_pylist() == want[column].to_pylist()
