@@ -257,3 +257,38 @@ def test_a_few_series_first_read_of_one_rollup_column_decodes_as_the_whole_row(
     want = whole.filter(pa.compute.equal(whole["series_id"], sid))
     assert part.num_rows == want.num_rows > 0
     assert part[column].to_pylist() == want[column].to_pylist()
+
+
+def test_the_sql_view_never_multiplies_count_by_min_where_the_sum_is_stored_whole(
+    tmp_path: Path,
+) -> None:
+    """``count x min_i`` would overflow BIGINT here (2048 x 2**52): the view computes it only
+    where the writer stored ``sum_j``, so the statement answers instead of failing."""
+    import duckdb
+    import pyarrow.fs as pafs
+
+    from metricvault.store.introspect import _VIEW_SQL
+    from metricvault.store.rollup import fetch_arrow
+
+    big = 2.0**52
+    rows = pa.table(
+        {
+            "series_id": pa.array([1, 1], pa.int64()),
+            "ts": pa.array([0, 60_000], pa.int64()),
+            "count": pa.array([2048, 3], pa.int64()),
+            "sum": [2048 * big + 2048 * 3.0, 6.0],
+            "min": [big, 1.0],
+            "max": [big + 6, 3.0],
+            "last": [big + 2, 2.0],
+            "increase": [0.0, 0.0],
+        }
+    )
+    path = tmp_path / "big.parquet"
+    path.write_bytes(files.write_parquet(rows, files.ROLLUP_FLOATS))
+    stored = pq.read_table(path)
+    assert stored["sum_j"].to_pylist() == [None, 3] and stored["sum_f"].is_valid()[0].as_py()
+    con = duckdb.connect()
+    con.register("src", files.dataset([str(path)], pafs.LocalFileSystem()))
+    got = fetch_arrow(con, _VIEW_SQL["rollup"].format(src="src") + " ORDER BY ts")
+    for column in ("sum", "min", "max", "last"):
+        assert got[column].to_pylist() == rows[column].to_pylist(), column
