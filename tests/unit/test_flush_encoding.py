@@ -5,13 +5,17 @@ flush's days and hours are np.unique's, and a file at the flush's zstd level rea
 from __future__ import annotations
 
 import io
+import time
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from metricvault.store import files as fmt
-from metricvault.store.vault import _distinct
+from metricvault.store.vault import Vault, _distinct
 
 
 def _lexsort_dedup(table: pa.Table) -> pa.Table:
@@ -126,3 +130,24 @@ def test_a_file_at_the_flush_level_reads_the_same() -> None:
         pq.ParquetFile(io.BytesIO(fast)).schema_arrow
         == pq.ParquetFile(io.BytesIO(slow)).schema_arrow
     )
+
+
+def test_a_flush_into_a_closed_day_is_written_at_the_compaction_level(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backfilled day may never get a second file to merge with, so it is not left at the
+    flusher's fast level; today's flush is (compaction rewrites it once the day closes)."""
+    levels: list[int] = []
+    write = fmt.write_parquet
+
+    def recording(table: pa.Table, cols: tuple[str, ...], zstd_level: int = 0) -> bytes:
+        levels.append(zstd_level)
+        return write(table, cols, zstd_level=zstd_level)
+
+    monkeypatch.setattr(fmt, "write_parquet", recording)
+    now = int(time.time() * 1000)
+    with Vault.open_local(str(tmp_path / "v")) as vault:
+        for ts in (now - 30 * 86_400_000, now):
+            vault.write(pd.DataFrame({"metric": ["m"], "ts": [ts], "value": [1.0]}))
+            vault.flush()
+    assert levels == [fmt.ZSTD_LEVEL, fmt.FLUSH_ZSTD_LEVEL]

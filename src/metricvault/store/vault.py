@@ -496,11 +496,11 @@ class Vault:
         file_id = snap.next_file_id
         day_no = pc.divide(samples["ts"], DAY_MS).to_numpy()
         days = _distinct(day_no)
+        now = now_ms()
         for day in days:
             part = samples if len(days) == 1 else samples.filter(pa.array(day_no == day))
-            change.add.append(
-                self.write_data_file(part, "raw", int(day), file_id, fmt.FLUSH_ZSTD_LEVEL)
-            )
+            level = self._flush_level(int(day), now)
+            change.add.append(self.write_data_file(part, "raw", int(day), file_id, level))
             file_id += 1
         # new series, and known ones whose first/last-seen day moved (series_index.py)
         ids, first, last = series_spans(samples["series_id"].to_numpy(), samples["ts"].to_numpy())
@@ -572,6 +572,14 @@ class Vault:
                 ms_to_datetime(bound),
             )
         return {h for h in hours if h * HOUR_MS >= bound}
+
+    def _flush_level(self, day_no: int, now: int) -> int:
+        """A flush into a day still receiving data is written at the fast level: compaction
+        merges the day's files at ``fmt.ZSTD_LEVEL`` once it is closed. A closed day (backfill,
+        late data, an import) may get no other file to merge with, so it is written at
+        ``fmt.ZSTD_LEVEL`` at once (the rule of ``maintenance._compactable``)."""
+        closed = (day_no + 1) * DAY_MS + self._lookback + HOUR_MS <= now
+        return fmt.ZSTD_LEVEL if closed else fmt.FLUSH_ZSTD_LEVEL
 
     def write_data_file(
         self, table: pa.Table, tier: str, day_no: int, file_id: int, zstd: int = fmt.ZSTD_LEVEL
