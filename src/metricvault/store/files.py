@@ -495,7 +495,9 @@ def write_parquet(
         use_dictionary=[c for c in physical.column_names if c not in encoded],
         column_encoding=encodings,
         row_group_size=ROW_GROUP_ROWS[rollup],
-        write_statistics=["series_id", "ts"],
+        # value_f's null count tells a row group holds no NaN/Inf/staleness marker
+        # (reader._all_null) without reading it
+        write_statistics=["series_id", "ts", *({"value_f"} & set(physical.column_names))],
         write_page_index=False,
         write_page_checksum=True,
     )

@@ -188,8 +188,8 @@ class Reader:
             found = self._nonfinite.get(key)
         if found is not None:
             return found
-        if "value_f" not in metadata.schema.names:
-            found = np.zeros(0, np.int64)
+        if "value_f" not in metadata.schema.names or _all_null(metadata, index, "value_f"):
+            found = np.zeros(0, np.int64)  # every value an exact scaled integer: all finite
         else:
             try:
                 with self.loc.fs.open_input_file(f.path) as handle:
@@ -493,3 +493,17 @@ def _overlapping(files: Sequence[DataFile]) -> bool:
 
 def _empty(tier: str) -> pa.Table:
     return (SAMPLE_SCHEMA if tier == "raw" else ROLLUP_SCHEMA).empty_table()
+
+
+def _all_null(metadata: pq.FileMetaData, index: int, column: str) -> bool:
+    """Whether the footer's statistics say ``column`` is null in every row of row group
+    ``index`` (a 30-day panel's finiteness test then reads no page: docs/ui.md)."""
+    group = metadata.row_group(index)
+    for i in range(group.num_columns):
+        chunk = group.column(i)
+        if chunk.path_in_schema == column:
+            stats = chunk.statistics
+            return bool(
+                stats is not None and stats.has_null_count and stats.null_count == group.num_rows
+            )
+    return False
