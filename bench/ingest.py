@@ -877,7 +877,7 @@ def gateway_label(workers: int, otlp: bool = False) -> str:
 def bench_gateway(
     load: LoadProcess, args: argparse.Namespace, workdir: Path, workers: int, otlp: bool = False
 ) -> SystemRun:
-    from metricvault.public import Vault
+    from metricvault.store.vault import Vault as LocalVault
 
     run = SystemRun(gateway_label(workers, otlp))
     data_dir = workdir / "vault"
@@ -903,7 +903,7 @@ def bench_gateway(
     log(f"  gateway stopped by SIGTERM in {stop_s:.1f} s (drain + flush)")
     if spy is not None:
         run.profile = _finish_profiler(spy)
-    with Vault.open(str(data_dir), create=False) as vault:
+    with LocalVault.open_local(str(data_dir)) as vault:
         vault.flush()
         stored = int(vault.stats()["tiers"]["raw"]["rows"])
     acked = run.load.samples_acked

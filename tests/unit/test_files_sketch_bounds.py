@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +21,7 @@ from metricvault.store import files
 LISTS = pa.list_(pa.int32())
 
 
-def _bucket(samples: list[float]) -> dict[str, object]:
+def _bucket(samples: list[float]) -> dict[str, Any]:
     """One rollup row of ``samples`` (finite), with the sketch the rollup writer keeps."""
     codes, counts = np.unique(sketch_mapping().codes(np.asarray(samples)), return_counts=True)
     with np.errstate(over="ignore"):  # a sum of huge doubles may be inf: fine for a row
@@ -37,7 +38,7 @@ def _bucket(samples: list[float]) -> dict[str, object]:
     }
 
 
-def _rows(buckets: list[dict[str, object]]) -> pa.Table:
+def _rows(buckets: list[dict[str, Any]]) -> pa.Table:
     n = len(buckets)
     table = {
         "series_id": pa.array([7] * n, pa.int64()),
@@ -85,12 +86,12 @@ def test_codes_between_min_and_max_are_all_a_sketch_keeps() -> None:
 
 def test_rows_whose_sketch_does_not_end_at_min_and_max_keep_their_codes_whole() -> None:
     odd = _bucket([5.0, 6.0, 9.0])
-    odd["sketch_keys"] = [int(c) + 1 for c in odd["sketch_keys"]]  # type: ignore[union-attr]
+    odd["sketch_keys"] = [int(c) + 1 for c in odd["sketch_keys"]]
     with_inf = _bucket([5.0, 6.0])
     with_inf["max"] = float("inf")  # a bucket with +Inf: its sketch holds the finite ones
     empty = {**_bucket([1.0]), "sketch_keys": [], "sketch_counts": []}
     missing = {**_bucket([2.0, 4.0]), "sketch_keys": None, "sketch_counts": None}
-    nan_only = {
+    nan_only: dict[str, Any] = {
         "count": 0,
         "sum": None,
         "min": None,

@@ -5,6 +5,7 @@ answer writer gives for the same points."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -76,7 +77,12 @@ def test_batched_range_functions_equal_per_series(
 def test_batched_path_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
     real = fn._batched
-    monkeypatch.setattr(fn, "_batched", lambda ev, n, *a: calls.append(n) or real(ev, n, *a))
+
+    def spy(ev: Any, n: str, *a: Any) -> Any:
+        calls.append(n)
+        return real(ev, n, *a)
+
+    monkeypatch.setattr(fn, "_batched", spy)
     Engine(_source(0)).evaluate("rate(c_total[1m])", 0, 3600 * S, 15 * S)
     assert calls == ["rate"]
 
@@ -86,7 +92,7 @@ def test_cached_points_json_equals_the_answer_writer(seed: int) -> None:
     rng = np.random.default_rng(seed)
     writer = rc._Writer()
     pool = [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-7, 1.5, 3.0, 1e21, -2.5, 0.1, STALE_NAN]
-    series = []
+    series: list[Any] = []
     for _ in range(4):
         n = int(rng.integers(0, 40))
         ts = np.sort(rng.choice(10**6, n, replace=False)).astype(np.int64) * 15 * S

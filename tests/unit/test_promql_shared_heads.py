@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from metricvault import Vault
 from metricvault.config import BearerToken, Settings
 from metricvault.credentials import hash_secret
-from metricvault.promql.head_cache import TenantHeads
+from metricvault.promql.head_cache import HeadCache, TenantHeads
 from metricvault.server.app import create_app
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -119,7 +119,7 @@ class _Racing:
     """The vault, where the read of new samples for a kept selector first lets another query
     of the same selector extend the kept samples (as a concurrent refresh would)."""
 
-    def __init__(self, vault: Vault, heads: TenantHeads) -> None:
+    def __init__(self, vault: Vault, heads: TenantHeads | HeadCache) -> None:
         self.inner, self.heads, self.raced = vault, heads, 0
 
     def __getattr__(self, name: str) -> Any:
@@ -135,7 +135,6 @@ class _Racing:
 def test_an_extend_raced_by_another_query_reads_the_store(
     client: tuple[TestClient, Vault, TenantHeads],
 ) -> None:
-    from metricvault.promql.head_cache import HeadCache
     from metricvault.selector import parse_selector
 
     _, vault, _ = client

@@ -813,7 +813,9 @@ def test_static_files_carry_an_etag_and_versioned_urls_are_kept_for_good(tenants
 
     client, _ = tenants
     page = client.get("/ui/experiments", headers=AUTH_A).text
-    url = re.search(r'src="(/ui/static/ui\.js\?v=[0-9a-f]+)"', page).group(1)
+    found = re.search(r'src="(/ui/static/ui\.js\?v=[0-9a-f]+)"', page)
+    assert found, page
+    url = found.group(1)
     first = client.get(url, headers=AUTH_A)
     assert first.status_code == 200 and "immutable" in first.headers["cache-control"]
     etag = first.headers["etag"]
