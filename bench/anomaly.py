@@ -19,7 +19,8 @@ fitted on the same train rows, then stream the test rows. Per machine, and per m
 Precision / recall / F1 at the best threshold, without and with point adjustment, VUS-PR
 (Paparrizos et al., VLDB 2022) from the ``tsb-ad`` package where it is importable (its
 dependencies pin numpy < 2 and pull in torch, so install it apart:
-``pip install --no-deps TSB-AD==1.5 scikit-learn scipy joblib threadpoolctl narwhals``; the
+``pip install --target tsb-ad-pkgs --no-deps TSB-AD==1.5 scikit-learn scipy joblib
+threadpoolctl narwhals``, then run with ``PYTHONPATH=tsb-ad-pkgs``; the
 metric needs only scikit-learn), else an approximation that reads lower; the output names
 which (``vus_source``); run time.
 
