@@ -232,19 +232,55 @@ def decode_samples(raw_samples: list[bytes]) -> tuple[Any, Any]:
     return decoded if decoded is not None else decode_samples_slowly(raw_samples)
 
 
+# Remote-write samples, read 8 bytes at a time: a double, or a varint of up to 8 bytes (every
+# timestamp from 1970 to year 4253 in ms), as one unaligned little-endian uint64 per sample.
+_BYTE_MASKS = np.array([(1 << (8 * n)) - 1 for n in range(9)], dtype=np.uint64)
+_CONTINUED = np.array(
+    [0x8080808080808080 & ((1 << (8 * n - 8)) - 1) if n else 0 for n in range(9)], dtype=np.uint64
+)
+_PAIRS = (
+    (0x007F007F007F007F, 0x7F007F007F007F00, 1),
+    (0x00003FFF00003FFF, 0x3FFF00003FFF0000, 2),
+    (0x000000000FFFFFFF, 0x0FFFFFFF00000000, 4),
+)
+_PAIRS_U64 = [(np.uint64(lo), np.uint64(hi), np.uint64(s)) for lo, hi, s in _PAIRS]
+_HIGH_BITS = np.uint64(0x8080808080808080)
+
+
+def _words(buffer: Any, dtype: str) -> Any:
+    """``buffer`` as overlapping 8-byte words, one starting at each byte (a view)."""
+    return np.ndarray((max(len(buffer) - 7, 0),), dtype=dtype, buffer=buffer, strides=(1,))
+
+
 def _decode_canonical_samples(buffer: Any, starts: Any, lengths: Any) -> tuple[Any, Any] | None:
+    """Values and timestamps of the samples at ``starts`` (``lengths`` bytes each) in
+    ``buffer`` (uint8, with at least 8 bytes of padding after the last sample), or None if a
+    sample is not in one of the four usual shapes."""
     has_value = (lengths >= 9) & (buffer[starts] == 0x09)
-    ts_tag_at = np.where(has_value, starts + 9, starts)
-    has_ts = (lengths > np.where(has_value, 9, 0)) & (buffer[ts_tag_at] == 0x10)
+    ts_tag_at = starts + 9 * has_value
+    has_ts = (lengths > 9 * has_value) & (buffer[ts_tag_at] == 0x10)
     varint_len = np.where(has_ts, lengths - (ts_tag_at - starts) - 1, 0)
     shapes_ok = (lengths == 0) | (has_value & (lengths == 9)) | (has_ts & (varint_len >= 1))
-    if not shapes_ok.all() or varint_len.max() > 10:
+    widest = int(varint_len.max())
+    if not shapes_ok.all() or widest > 10:
         return None
-    value_bytes = buffer[(starts + 1)[:, None] + np.arange(8)]
-    values = np.zeros(len(starts), dtype=np.float64)
-    values[has_value] = value_bytes.view("<f8").ravel()[has_value]
-    timestamps = np.zeros(len(starts), dtype=np.uint64)
-    for k in range(int(varint_len.max())):
+    last = len(buffer) - 8
+    values = np.where(has_value, _words(buffer, "<f8")[np.minimum(starts + 1, last)], 0.0)
+    if widest > 8:
+        timestamps = _long_varints(buffer, ts_tag_at, varint_len, widest)
+        return None if timestamps is None else (values, timestamps)
+    words = _words(buffer, "<u8")[np.minimum(ts_tag_at + 1, last)]
+    if ((words & _HIGH_BITS & _BYTE_MASKS[varint_len]) != _CONTINUED[varint_len]).any():
+        return None  # not a well-formed varint of exactly the remaining bytes
+    bits = words & _BYTE_MASKS[varint_len] & np.uint64(0x7F7F7F7F7F7F7F7F)
+    for low, high, shift in _PAIRS_U64:  # 8 x 7 bits -> 4 x 14 -> 2 x 28 -> 56
+        bits = (bits & low) | ((bits & high) >> shift)
+    return values, bits.view(np.int64)
+
+
+def _long_varints(buffer: Any, ts_tag_at: Any, varint_len: Any, widest: int) -> Any:
+    timestamps = np.zeros(len(ts_tag_at), dtype=np.uint64)
+    for k in range(widest):
         active = varint_len > k
         byte = buffer[np.where(active, ts_tag_at + 1 + k, 0)]
         last = active & (varint_len == k + 1)
@@ -255,7 +291,7 @@ def _decode_canonical_samples(buffer: Any, starts: Any, lengths: Any) -> tuple[A
             return None  # overflows 64 bits
         chunk = np.where(active, byte & 0x7F, 0).astype(np.uint64)
         timestamps |= chunk << np.uint64(7 * k)
-    return values, timestamps.view(np.int64)
+    return timestamps.view(np.int64)
 
 
 def decode_samples_slowly(raw_samples: list[bytes]) -> tuple[Any, Any]:
