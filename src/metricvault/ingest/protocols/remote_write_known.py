@@ -50,6 +50,7 @@ MAX_LABELS_PER_SERIES = 256
 SERIES_CACHE_MAX = 1 << 18  # ~1 KB each: emptied when full (a bigger cluster only decodes slower)
 _LABEL_TAG = 0x0A  # TimeSeries.labels: field 1, length-delimited
 _SAMPLE_TAG = 0x12  # TimeSeries.samples: field 2, length-delimited
+_PADDING = bytes(24)  # after the series: fixed-width reads past a series' end stay inside
 
 
 class KnownSeries:
@@ -173,9 +174,10 @@ def decode_v1_known(
     series_bytes = list(request.timeseries)
     count = len(series_bytes)
     check_series_count(count, limits.max_series)
-    joined = b"".join(series_bytes)
-    buffer = np.frombuffer(joined + bytes(24), dtype=np.uint8)
     lengths = np.fromiter(map(len, series_bytes), dtype=np.int64, count=count)
+    series_bytes.append(_PADDING)  # read past the last series' end without another copy
+    joined = b"".join(series_bytes)
+    buffer = np.frombuffer(joined, dtype=np.uint8)
     ends = np.cumsum(lengths)
     starts = ends - lengths
     label_ends = _skip_labels(buffer, starts, ends)
