@@ -26,6 +26,7 @@ from metricvault.model import (
     Series,
     kind_from_name,
 )
+from metricvault.store.checked_series import DistinctSeriesRows
 
 _SEP = "\x00"  # between the cells of a series key; label values may not hold it (model.py)
 TIME_COLUMNS = ("timestamp", "ts")
@@ -192,7 +193,7 @@ def _first_occurrence(indices: np.ndarray, n: int) -> pa.Array:
 
 def _unique(series: list[tuple[int, str, str, str]]) -> list[tuple[int, str, str, str]]:
     """One entry per series id; two label sets with one id are a collision, never merged."""
-    if len({entry[0] for entry in series}) == len(series):
+    if isinstance(series, DistinctSeriesRows) or len({entry[0] for entry in series}) == len(series):
         return series
     seen: dict[int, tuple[int, str, str, str]] = {}
     for entry in series:

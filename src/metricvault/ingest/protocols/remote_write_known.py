@@ -43,6 +43,7 @@ from metricvault.ingest.protocols.remote_write_columns import (
     special_value_counts,
 )
 from metricvault.model import KINDS, Series, SeriesRows, kind_from_name
+from metricvault.store.checked_series import DistinctSeriesRows
 from metricvault.wire.proto import messages
 
 MAX_SAMPLES_PER_SERIES = 64  # numpy steps over the samples: one per sample of a series
@@ -96,6 +97,8 @@ class _Generation:
         self.name_sets: list[frozenset[str]] = []
         self.name_set_index: dict[frozenset[str], int] = {}
         self.first_token = _token_block(max_series)
+        self.ids: set[int] = set()
+        self.distinct_ids = True  # no two entries share a series id (only ever turns False)
 
     def add(self, key: bytes, entry: KnownSeries) -> int:
         at = len(self.entries)
@@ -106,6 +109,9 @@ class _Generation:
         if name_set == len(self.name_sets):
             self.name_sets.append(entry.names)
         self.series_ids[at] = entry.series_id
+        if entry.series_id in self.ids:  # the same labels in other bytes, or a collision
+            self.distinct_ids = False
+        self.ids.add(entry.series_id)
         self.name_set_of[at] = name_set
         self.entries.append(entry)
         self.rows.append(entry.row)
@@ -315,7 +321,10 @@ def _result(
     _check_cells(len(found), len(series_ids), len(names) + 1, limits.max_label_cells)
     stale, non_finite = special_value_counts(values)
     rows = generation.rows
-    series = SeriesRows([rows[i] for i in distinct.tolist()])
+    # read after ``found``: every entry found was added before, so if no two ids in the
+    # generation were equal then, these rows' ids are distinct
+    rows_type = DistinctSeriesRows if generation.distinct_ids else SeriesRows
+    series = rows_type([rows[i] for i in distinct.tolist()])
     series.keys = distinct + generation.first_token
     build = partial(_table, generation, found, counts, names, timestamps, values)
     return KnownDecodedWrite(
