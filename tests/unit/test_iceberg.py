@@ -211,3 +211,26 @@ def test_an_unreachable_catalog_is_a_storage_error_without_the_password(tmp_path
     with pytest.raises(StorageError, match="cannot open the Iceberg catalog") as caught:
         iceberg.open_catalog(bad)
     assert "hunter2" not in str(caught.value)
+
+
+def test_a_publisher_racing_another_to_create_the_namespace_takes_the_one_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyiceberg's SQL catalog tests for a namespace, then inserts its rows: a publisher
+    between the two gets the database's unique-key error (a real one here: the namespace is
+    made, then the test answers "not there yet" as the racing publisher saw it)."""
+    settings = Settings(
+        iceberg_catalog=f"sqlite:///{tmp_path}/catalog.db",
+        iceberg_warehouse=str(tmp_path / "warehouse"),
+    )
+    catalog = iceberg.open_catalog(settings)
+    catalog.create_namespace("raced")
+    real, asked = catalog.namespace_exists, []
+
+    def racing(namespace: str) -> bool:  # the first test says "not there"; later ones look
+        asked.append(namespace)
+        return len(asked) > 1 and bool(real(namespace))
+
+    monkeypatch.setattr(catalog, "namespace_exists", racing)
+    table = iceberg._table(catalog, "raced", "raw")
+    assert table.name() == ("raced", "raw") and len(asked) >= 2
