@@ -167,9 +167,9 @@ class Reader:
     ) -> bool:
         """Whether no raw sample of these series in the row groups of ``files`` overlapping
         ``[start, end)`` is NaN, ±Inf or a staleness marker. Such values are never exact
-        scaled integers, so they sit in ``value_f``: each row group's ``series_id`` and
-        ``value_f`` columns are read once (the latter mostly null, so small) and the series
-        holding one are kept per group (files never change)."""
+        scaled integers, so they sit in ``value_f``: each row group's ``value_f`` is read once
+        (mostly null, so small; ``series_id`` only where it holds one) and the series holding
+        one are kept per group (files never change)."""
         ids = np.unique(np.asarray(series_ids, np.int64))
         for f in files:
             if f.max_ts < start or f.min_ts >= end:
@@ -191,15 +191,17 @@ class Reader:
         if "value_f" not in metadata.schema.names or _all_null(metadata, index, "value_f"):
             found = np.zeros(0, np.int64)  # every value an exact scaled integer: all finite
         else:
-            try:
+            try:  # value_f alone first: series_id only where a row group holds an odd value
                 with self.loc.fs.open_input_file(f.path) as handle:
                     pf = pq.ParquetFile(handle, metadata=metadata, **fmt.VERIFY)
-                    table = pf.read_row_group(index, ["series_id", "value_f"])
+                    values = pf.read_row_group(index, ["value_f"])["value_f"]
+                    bad = pc.fill_null(pc.invert(pc.is_finite(values)), False)
+                    found = np.zeros(0, np.int64)
+                    if pc.any(bad).as_py():
+                        ids = pf.read_row_group(index, ["series_id"])["series_id"]
+                        found = np.unique(ids.filter(bad).to_numpy())
             except (OSError, pa.ArrowException) as exc:
                 raise read_error(f.path, f"{f.tier} data file", exc) from exc
-            values = table["value_f"].to_numpy(zero_copy_only=False)
-            bad = ~np.isfinite(values) & table["value_f"].is_valid().to_numpy(zero_copy_only=False)
-            found = np.unique(table["series_id"].to_numpy()[bad])
         with self._footer_lock:
             if len(self._nonfinite) > _MAX_NONFINITE_KEYS:
                 self._nonfinite.clear()  # compacted files leave theirs behind
