@@ -346,6 +346,13 @@ class SeriesRows(list[tuple[int, str, str, str]]):
     keys: Any  # int64 numpy array, one per row
 
 
+class DistinctSeriesRows(SeriesRows):
+    """Rows whose series ids a decoder knows to be distinct (each row a different id), so the
+    store need not look for two rows with one id (a collision, or one series twice)."""
+
+    __slots__ = ()
+
+
 def series_id_of(canonical: str) -> int:
     digest = blake2b(canonical.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)

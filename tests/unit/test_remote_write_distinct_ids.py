@@ -10,7 +10,7 @@ import cramjam
 from metricvault.ingest.protocols.decode_limits import DecodeBudget
 from metricvault.ingest.protocols.remote_write_columns import Limits
 from metricvault.ingest.protocols.remote_write_known import SeriesKeyCache, decode_v1_known
-from metricvault.store.checked_series import DistinctSeriesRows
+from metricvault.model import DistinctSeriesRows
 from metricvault.store.normalize import from_resolved
 from metricvault.wire.proto import messages
 

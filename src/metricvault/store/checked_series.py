@@ -16,8 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from metricvault.model import SeriesRows
-
 SPAN = 1 << 22  # keys remembered at most, from the lowest one (a bitmap: 4 MiB)
 
 
@@ -60,10 +58,3 @@ class CheckedKeys:
                 bits = np.concatenate((bits, np.zeros(size - len(bits), dtype=np.bool_)))
             bits[keys - first] = True  # in place: a reader sees each bit unset or set
             self._state = (first, bits)
-
-
-class DistinctSeriesRows(SeriesRows):
-    """Rows whose series ids a decoder knows to be distinct (each row a different id), so the
-    store need not look for two rows with one id (a collision, or one series twice)."""
-
-    __slots__ = ()

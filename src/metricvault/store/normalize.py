@@ -23,10 +23,10 @@ from metricvault.errors import InputError, LabelError, SeriesCollisionError, Val
 from metricvault.model import (
     KINDS,
     SAMPLE_SCHEMA,
+    DistinctSeriesRows,
     Series,
     kind_from_name,
 )
-from metricvault.store.checked_series import DistinctSeriesRows
 
 _SEP = "\x00"  # between the cells of a series key; label values may not hold it (model.py)
 TIME_COLUMNS = ("timestamp", "ts")

@@ -42,8 +42,7 @@ from metricvault.ingest.protocols.remote_write_columns import (
     _decode_canonical_samples,
     special_value_counts,
 )
-from metricvault.model import KINDS, Series, SeriesRows, kind_from_name
-from metricvault.store.checked_series import DistinctSeriesRows
+from metricvault.model import KINDS, DistinctSeriesRows, Series, SeriesRows, kind_from_name
 from metricvault.wire.proto import messages
 
 MAX_SAMPLES_PER_SERIES = 64  # numpy steps over the samples: one per sample of a series
