@@ -38,6 +38,12 @@ def _bucket(samples: list[float]) -> dict[str, Any]:
     }
 
 
+def _nan_only() -> dict[str, Any]:
+    """A bucket whose samples were all NaN: a count of 0, no values, no sketch."""
+    values = dict.fromkeys(("sum", "min", "max", "first", "last", "sketch_keys", "sketch_counts"))
+    return {"count": 0, **values}
+
+
 def _rows(buckets: list[dict[str, Any]]) -> pa.Table:
     n = len(buckets)
     table = {
@@ -91,16 +97,7 @@ def test_rows_whose_sketch_does_not_end_at_min_and_max_keep_their_codes_whole() 
     with_inf["max"] = float("inf")  # a bucket with +Inf: its sketch holds the finite ones
     empty = {**_bucket([1.0]), "sketch_keys": [], "sketch_counts": []}
     missing = {**_bucket([2.0, 4.0]), "sketch_keys": None, "sketch_counts": None}
-    nan_only: dict[str, Any] = {
-        "count": 0,
-        "sum": None,
-        "min": None,
-        "max": None,
-        "first": None,
-        "last": None,
-        "sketch_keys": None,
-        "sketch_counts": None,
-    }
+    nan_only = _nan_only()
     rows = _rows([_bucket([1.0, 2.0, 3.0]), odd, with_inf, empty, missing, nan_only])
     for version in range(1, files.FORMAT_VERSION + 1):
         stored, back = _read(rows, version)
@@ -159,17 +156,7 @@ def _value_rows() -> pa.Table:
             _bucket([7.0]),  # one sample: min, max, last follow from sum
             _bucket([2.5, 2.5]),  # constant: max and last follow from min
             _bucket([-4.0, 3.0, -1.0]),  # negative min
-            {
-                **_bucket([1.0]),
-                "count": 0,
-                "sum": None,
-                "min": None,
-                "max": None,
-                "first": None,
-                "last": None,
-                "sketch_keys": None,
-                "sketch_counts": None,
-            },
+            {**_bucket([1.0]), **_nan_only()},
         ]
     )
     return rows.append_column("increase", pa.array([0.0, 0.25, None, 1.0, 2.0, None]))
