@@ -124,15 +124,17 @@ class Engine:
         source: SampleSource,
         options: EngineOptions | None = None,
         clock: Clock = time.monotonic,  # the deadline's clock (tests move it by hand)
+        shared_heads: HeadCache | None = None,
     ) -> None:
         self.source = source
         self.options = options or EngineOptions()
         self.clock = clock
         self.windows = WindowCache() if self.options.window_cache else None
-        self.heads = HeadCache() if self.options.head_cache else None
-        # range queries read through ``heads`` too where it outlives one query (the query
+        keep = self.options.head_cache
+        self.heads = (HeadCache() if shared_heads is None else shared_heads) if keep else None
+        # range queries read through ``heads`` too where it outlives one engine (the query
         # API's, shared by its queries); one engine's own would only widen a first read
-        self.heads_for_ranges = False
+        self.heads_for_ranges = keep and shared_heads is not None
 
     def evaluate(
         self, expr: str, start_ms: int, end_ms: int | None = None, step_ms: int | None = None

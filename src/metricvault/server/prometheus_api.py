@@ -322,11 +322,9 @@ class PrometheusAPI:
         # a raw selection reaching before the store's raw horizon (retention dropped the
         # samples there) and answered by no rollup rows warns
         source = tenant_source(self.gateway, who)
-        engine = Engine(source, replace(self.options, timeout_s=timeout_s))
-        if engine.heads is not None:
-            engine.heads = self.heads  # recent raw samples kept between queries
-            engine.heads_for_ranges = True
-        return engine, source
+        # recent raw samples kept between queries (where the options keep a head cache)
+        options = replace(self.options, timeout_s=timeout_s)
+        return Engine(source, options, shared_heads=self.heads), source
 
     def catalog_version(self) -> CatalogVersion | None:
         """The store's catalog version, which says whether a cached answer still holds; None
