@@ -91,6 +91,13 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def day_closed(day_no: int, lookback_ms: int, now: int) -> bool:
+    """Whether the day partition ``day_no`` (days since the epoch) takes no more ordinary
+    writes: past its end by a counter lookback and an hour of slack. Maintenance merges such a
+    day whole; a flush into it is written at the compaction level at once."""
+    return (day_no + 1) * DAY_MS + lookback_ms + HOUR_MS <= now
+
+
 def parse_time_ms(value: TimeLike, *, now: int | None = None) -> int:
     """A point in time as epoch milliseconds (UTC).
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from metricvault.durations import DAY_MS, HOUR_MS, now_ms, parse_duration_ms
+from metricvault.durations import DAY_MS, HOUR_MS, day_closed, now_ms, parse_duration_ms
 from metricvault.errors import CommitConflictError
 from metricvault.model import TIER_RESOLUTION_MS, TIERS
 from metricvault.selector import parse_selector
@@ -149,7 +149,7 @@ def compact(vault: Vault, now: int, progress: ProgressCallback | None = None) ->
 
 def _compactable(vault: Vault, files: list[DataFile], day: str, now: int) -> list[DataFile]:
     lookback = parse_duration_ms(vault.settings.counter_lookback)
-    if _day_end(day) + lookback + HOUR_MS <= now:
+    if day_closed(_day_no(day), lookback, now):
         return files
     limit = vault.settings.compact_small_file_bytes
     newest_big = max((f.order for f in files if f.bytes >= limit), default=(-2, -1))

@@ -22,6 +22,7 @@ from metricvault.durations import (
     DAY_MS,
     HOUR_MS,
     TimeLike,
+    day_closed,
     day_of,
     ms_to_datetime,
     now_ms,
@@ -577,9 +578,8 @@ class Vault:
         """A flush into a day still receiving data is written at the fast level: compaction
         merges the day's files at ``fmt.ZSTD_LEVEL`` once it is closed. A closed day (backfill,
         late data, an import) may get no other file to merge with, so it is written at
-        ``fmt.ZSTD_LEVEL`` at once (the rule of ``maintenance._compactable``)."""
-        closed = (day_no + 1) * DAY_MS + self._lookback + HOUR_MS <= now
-        return fmt.ZSTD_LEVEL if closed else fmt.FLUSH_ZSTD_LEVEL
+        ``fmt.ZSTD_LEVEL`` at once (``durations.day_closed``, as maintenance decides it)."""
+        return fmt.ZSTD_LEVEL if day_closed(day_no, self._lookback, now) else fmt.FLUSH_ZSTD_LEVEL
 
     def write_data_file(
         self, table: pa.Table, tier: str, day_no: int, file_id: int, zstd: int = fmt.ZSTD_LEVEL
