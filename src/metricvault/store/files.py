@@ -11,6 +11,8 @@ because files are sorted by ``(series_id, ts)``; everything is zstd-compressed.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 from collections.abc import Sequence
 from typing import Any
@@ -46,6 +48,13 @@ ROW_GROUP_ROWS = {False: 256 * 1024, True: 64 * 1024}
 # (docs/decisions/0011); the ``rollup_*`` SQL views decode them too.
 FORMAT_KEY = b"metricvault.format"
 FORMAT_VERSION = 5
+# Raw files this writer writes (every version but 1) also record which series hold a NaN, ±Inf or
+# staleness marker in the file (:func:`nonfinite_metadata`), so the rollup planner's finiteness
+# test reads no page; files without the key are scanned (reader.Reader.all_finite): no version bump.
+NONFINITE_KEY = b"metricvault.nonfinite"
+# More series than this with odd values: the key is left out (the reader scans that file),
+# which keeps every footer small (8 bytes an id, base64).
+NONFINITE_MAX_IDS = 4096
 # format 5's columns of rollup values stored as distances from ``min`` (times ``count`` for sum)
 FROM_MIN = ("sum", "max", "last")
 _LIST_ELEMENTS = ("sketch_keys", "sketch_keys_inner", "sketch_counts", "sketch_counts_head")
@@ -463,6 +472,38 @@ def _column_encodings(physical: pa.Schema, rollup: bool) -> dict[str, str]:
     return enc
 
 
+def nonfinite_metadata(table: pa.Table) -> dict[bytes, bytes]:
+    """The key-value metadata of a raw file of ``table``'s rows: :data:`NONFINITE_KEY` with the
+    sorted ids of the series that hold a NaN, ±Inf or staleness marker, as little-endian
+    int64 in base64 (empty when none does). Nothing for rollup rows, or where more than
+    :data:`NONFINITE_MAX_IDS` series hold one."""
+    if "count" in table.column_names or "value" not in table.column_names:
+        return {}
+    odd = ~np.isfinite(table.column("value").to_numpy(zero_copy_only=False))
+    if not odd.any():
+        return {NONFINITE_KEY: b""}
+    ids = np.unique(table.column("series_id").to_numpy()[odd])
+    if len(ids) > NONFINITE_MAX_IDS:
+        return {}
+    return {NONFINITE_KEY: base64.b64encode(ids.astype("<i8").tobytes())}
+
+
+def nonfinite_series(metadata: pq.FileMetaData) -> np.ndarray | None:
+    """The sorted ids of the series holding a NaN, ±Inf or staleness marker in a raw file, as
+    its writer recorded them (:func:`nonfinite_metadata`); None where the file has no such
+    record (written before it, or with too many) or an unreadable one: the caller scans."""
+    stored = (metadata.metadata or {}).get(NONFINITE_KEY)
+    if stored is None:
+        return None
+    try:
+        raw = base64.b64decode(stored, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if len(raw) % 8:
+        return None
+    return np.frombuffer(raw, "<i8").astype(np.int64)
+
+
 def format_version(metadata: pq.FileMetaData) -> int:
     """The layout version a data file was written with (1 for files from before versions)."""
     stored = (metadata.metadata or {}).get(FORMAT_KEY)
@@ -484,7 +525,8 @@ def write_parquet(
     if format_version == 1:
         encodings = {c: e for c, e in encodings.items() if "." not in c}
     else:
-        physical = physical.replace_schema_metadata({FORMAT_KEY: str(format_version).encode()})
+        stored = {FORMAT_KEY: str(format_version).encode(), **nonfinite_metadata(table)}
+        physical = physical.replace_schema_metadata(stored)
     encoded = {name.split(".", 1)[0] for name in encodings}
     sink = io.BytesIO()
     pq.write_table(

@@ -166,10 +166,11 @@ class Reader:
         self, files: Sequence[DataFile], series_ids: Sequence[int], start: int, end: int
     ) -> bool:
         """Whether no raw sample of these series in the row groups of ``files`` overlapping
-        ``[start, end)`` is NaN, ±Inf or a staleness marker. Such values are never exact
-        scaled integers, so they sit in ``value_f``: each row group's ``value_f`` is read once
-        (mostly null, so small; ``series_id`` only where it holds one) and the series holding
-        one are kept per group (files never change)."""
+        ``[start, end)`` is NaN, ±Inf or a staleness marker. A file's writer records the
+        series holding one in its footer (``fmt.nonfinite_series``: no page is read); in files
+        without that record such values, never exact scaled integers, sit in ``value_f``: each
+        row group's ``value_f`` is read once (mostly null, so small; ``series_id`` only where
+        it holds one) and the series holding one are kept per group (files never change)."""
         ids = np.unique(np.asarray(series_ids, np.int64))
         for f in files:
             if f.max_ts < start or f.min_ts >= end:
@@ -188,7 +189,10 @@ class Reader:
             found = self._nonfinite.get(key)
         if found is not None:
             return found
-        if "value_f" not in metadata.schema.names or _all_null(metadata, index, "value_f"):
+        recorded = fmt.nonfinite_series(metadata)  # for the whole file, so for each group
+        if recorded is not None:
+            found = recorded
+        elif "value_f" not in metadata.schema.names or _all_null(metadata, index, "value_f"):
             found = np.zeros(0, np.int64)  # every value an exact scaled integer: all finite
         else:
             try:  # value_f alone first: series_id only where a row group holds an odd value
