@@ -35,9 +35,11 @@ serves it on loopback, and the same browser times its runs table.
     .venv/bin/python bench/ui.py --quick        # 1,000 and 2,000 experiments, 7 GPU-days
     .venv/bin/python bench/ui.py                # 1,000 and 10,000, 30 days (the contract)
     .venv/bin/python bench/ui.py --no-mlflow --workdir /tmp/ui-bench --keep   # reuse vaults
+    .venv/bin/python bench/ui.py --workdir /tmp/ui-bench --fresh-only --runs 5  # cold views only
 
-Targets (PASS/MISS): first paint of every page <= 300 ms; the 30-day 16-GPU chart <= 500 ms
-from click to drawn; 100 runs overlaid <= 1 s. The load average is printed: on the shared
+Targets (PASS/MISS, by every run, the cold one included; each run's figure is listed under the
+table): first paint of every page <= 300 ms; the 30-day 16-GPU chart <= 500 ms from click to
+drawn; 100 runs overlaid <= 1 s. The load average is printed: on the shared
 2-core machines compare ratios, not absolute times.
 """
 
@@ -784,8 +786,18 @@ def report(rows: list[Row], load: tuple[float, float]) -> str:
         )
     return (
         f"load average {load[0]:.1f} at start, {load[1]:.1f} at the end, "
-        f"on {os.cpu_count()} cores\n\n" + head + "\n".join(lines)
+        f"on {os.cpu_count()} cores\n\n" + head + "\n".join(lines) + every_run(rows)
     )
+
+
+def every_run(rows: list[Row]) -> str:
+    """Each targeted view's figure in every run, in order (a target is met only if all are)."""
+    lines = [
+        f"- {r.system}, {r.view}: {', '.join(fmt(x.get(r.key)) for x in r.runs)}"
+        for r in rows
+        if r.limit is not None
+    ]
+    return "\n\nEvery run, ms (the figure the target applies to):\n" + "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- main
@@ -808,6 +820,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, help="build here (kept, reused if built)")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--markdown", type=Path, help="also write the table here")
+    parser.add_argument(
+        "--fresh-only",
+        action="store_true",
+        help="only the views on a fresh server each run (the large vault; no MLflow)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.experiments, args.gpu_days = 2_000, 7.0
@@ -830,16 +847,17 @@ def main(argv: list[str] | None = None) -> int:
             (small, f"{args.small:,}", False),
             (large, f"{args.experiments:,}", True),
         ):
-            proc, url = start_ui(b.path, work / f"ui-{size}.log")
-            procs.append(proc)
-            say(True, f"measuring metricvault at {size} experiments ({url})")
-            rows += measure_mv(browser, url, size, b, args.runs, full)
-            stop(proc)
+            if not args.fresh_only:
+                proc, url = start_ui(b.path, work / f"ui-{size}.log")
+                procs.append(proc)
+                say(True, f"measuring metricvault at {size} experiments ({url})")
+                rows += measure_mv(browser, url, size, b, args.runs, full)
+                stop(proc)
             if full:
                 say(True, f"measuring metricvault at {size} experiments, a fresh server a run")
                 rows += measure_fresh(browser, b.path, work, b, args.runs)
-        if args.no_mlflow:
-            notes.append("MLflow: skipped (--no-mlflow)")
+        if args.no_mlflow or args.fresh_only:
+            notes.append("MLflow: skipped (--no-mlflow or --fresh-only)")
         else:
             python, version = mlflow_python(args.mlflow_venv, True)
             if python is None:

@@ -62,3 +62,5 @@ def test_report_marks_a_missed_target_and_prints_the_load() -> None:
     fast, slow = (line for line in text.splitlines() if line.startswith("| metricvault"))
     assert fast.endswith("| PASS |") and "| 80 / 80 |" in fast
     assert slow.endswith("| MISS |") and "| 900 / 1,200 |" in slow
+    assert "- metricvault, slow: 900, 1,200" in text  # every run, not only first and median
+    assert "- metricvault, fast: 80, 80, 80" in text

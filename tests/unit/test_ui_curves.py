@@ -64,3 +64,39 @@ def test_runs_with_other_selectors_are_left_to_history(tmp_path: Path) -> None:
         )
         assert step_curves(vault, [tracked], 'train_loss"}', 50, NOW) is None  # not a name
         assert step_curves(vault, [], "train_loss", 50, NOW) is None
+
+
+def test_ranks_extra_labels_and_odd_values_join_as_history_joins_them(tmp_path: Path) -> None:
+    """Two ranks logging the same steps (their mean), a series with one more label (its own
+    step series), steps with no metric sample beside them and NaN/inf samples."""
+    steps = 40
+    ranks: tuple[tuple[str, dict[str, str], float], ...] = (
+        ("h0", {}, 0.0),
+        ("h1", {}, 0.5),
+        ("h2", {"rank": "2"}, 1.0),
+    )
+    with Vault.open_local(str(tmp_path / "v")) as vault:
+        for exp_id, start in (("a", T0), ("b", T0 + 100_000)):
+            end = start + steps * 10_000
+            vault.experiments.create(exp_id, f'{{experiment="{exp_id}"}}', start=start, end=end)
+            rows = []
+            for host, extra, shift in ranks:
+                labels = {"experiment": exp_id, "host": host, **extra}
+                values = np.linspace(3.0, 1.0, steps) + shift
+                values[5] = np.nan if host == "h0" else values[5]
+                values[7] = np.inf if host == "h1" else values[7]
+                for i in range(steps):
+                    t = start + i * 10_000
+                    rows.append(("train_step", labels, t, float(i)))
+                    if i < steps - 3:
+                        rows.append(("train_loss", labels, t, float(values[i])))
+            vault.write(rows)
+        exps = [vault.experiments.get(i) for i in ("a", "b")]
+        batched = step_curves(vault, exps, "train_loss", 100, NOW)
+        per_run = {
+            e.id: history_curves(vault, e, ["train_loss"], 100)["metrics"].get("train_loss")
+            for e in exps
+        }
+        assert batched == per_run
+        assert batched is not None and batched["a"] is not None
+        assert batched["a"]["points"] == steps - 3

@@ -354,11 +354,13 @@ async function comparePage() {
       empty($("compare-chart"), "Pick experiments to compare: tick them on the Experiments page, or type ids separated by commas.");
       return;
     }
-    // the curves first, drawn as soon as they come; then the summary figures of the runs
+    // the curves first, drawn as soon as they come; then (after the chart's frame, so that
+    // the server's work on them does not compete with the draw) the summary figures
     const url = `/api/v1/compare?ids=${encodeURIComponent(ids)}&metric=${encodeURIComponent($("metric").value)}&align=${encodeURIComponent($("align").value)}&width=${chartWidth($("compare-chart"))}`;
     data = await api(url + "&summaries=0");
-    const summaries = api(url + "&curves=0");
     draw();
+    await new Promise((resolve) => { requestAnimationFrame(() => setTimeout(resolve, 0)); setTimeout(resolve, 250); });
+    const summaries = api(url + "&curves=0");
     const table = $("param-table"); table.replaceChildren();
     const ph = el("tr"); ph.append(el("th", "param")); data.ids.forEach((id) => ph.append(el("th", id))); table.append(ph);
     if (!data.params.length) table.append(el("tr")).append(el("td", "These experiments record no params."));
