@@ -162,3 +162,50 @@ def test_integer_rollups_first_read_as_written(stored):
     samples = np.array([_temp(4, i) for i in range(SAMPLES)]).reshape(-1, 12)
     assert got["mean"].tolist() == (samples.sum(axis=1) / 12).tolist()
     assert got["max"].tolist() == samples.max(axis=1).tolist()
+
+
+def _sparse_rows() -> list[tuple[str, dict[str, str], int, float]]:
+    """One series over the whole hour, 200 others over its first two minutes only: the 1m
+    group's footer spans 60 buckets, yet a sparse series holds 2 rows of its 460."""
+    dense = [("load", {"n": "dense"}, T0 + i * 5000, float(i % 9)) for i in range(720)]
+    sparse = [
+        ("load", {"n": f"s{n}"}, T0 + i * 5000, float(n + i)) for n in range(200) for i in range(24)
+    ]
+    return dense + sparse
+
+
+@pytest.mark.parametrize(
+    ("selector", "reads"),
+    [('load{n="s5"}', 1), ('load{n="dense"}', 1), ('load{n=~"s[0-9]"}', 2)],
+    ids=["one sparse series", "the dense series", "ten sparse series"],
+)
+def test_a_first_rollup_read_reads_the_keys_only_where_the_footer_cannot_bound_the_part(
+    tmp_path, monkeypatch, selector, reads
+):
+    """Where the group's footer bounds the series' rows under a quarter (one row per bucket
+    between its first and last bucket), the first read of their part is one read of the
+    columns asked; else the keys are read first to find their share. The same answer."""
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / "v")
+    with Vault.open_local(path) as v:
+        v.write(_sparse_rows())
+        v.maintain(now_ms=T0 + 3 * H)
+    with Vault.open_local(path) as reference:
+        everything = reference.query("load", T0, T0 + H, step="1m", aggs=("mean",))
+    calls: list[list[str] | None] = []
+    read_row_group = pq.ParquetFile.read_row_group
+
+    def counted(self, i, columns=None, **kwargs):
+        calls.append(columns)
+        return read_row_group(self, i, columns, **kwargs)
+
+    with Vault.open_local(path) as fresh:
+        monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
+        got = fresh.query(selector, T0, T0 + H, step="1m", aggs=("mean",))
+        monkeypatch.undo()
+    assert len(calls) == reads
+    assert calls[-1] is not None and "sum_f" in calls[-1] and "max_f" not in calls[-1]
+    wanted = everything[everything["n"].str.fullmatch(selector.split('"')[1])]
+    assert len(got) and len(got) == len(wanted)
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), wanted.reset_index(drop=True))

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from metricvault.errors import CorruptionError, StorageError
-from metricvault.model import SAMPLE_SCHEMA
+from metricvault.model import SAMPLE_SCHEMA, TIER_RESOLUTION_MS
 from metricvault.store import files as fmt
 from metricvault.store.catalog import DataFile
 from metricvault.store.layout import Location
@@ -307,15 +307,19 @@ class Reader:
         ``first`` stored as distances from ``count x min`` or ``min``; ``min`` restored from
         ``sum``, and ``max``, ``first``, ``last`` from ``min``, where the writer left them
         out). The floats not asked for (``max``, ``first``, ``last``, ``increase``, ``m2``)
-        are the ones nothing is derived from."""
+        are the ones nothing is derived from.
+
+        The keys are read first to find the series' share of the group, unless the group's
+        footer already bounds it under a quarter (:func:`_surely_small`): then one read."""
         floats = set(columns) & set(fmt.ROLLUP_FLOATS) | {"sum", "min"}
+        small = _surely_small(self._footer(f)[1][index], metadata, ids, f.tier)
         try:
             with self.loc.fs.open_input_file(f.path) as handle:
                 pf = pq.ParquetFile(handle, metadata=metadata, **fmt.VERIFY)
-                keys = pf.read_row_group(index, ["series_id"])
-                part = _slice_series(keys, ids)
-                if part.num_rows * SMALL_PART >= keys.num_rows:
-                    return None
+                if not small:
+                    keys = pf.read_row_group(index, ["series_id"])
+                    if _slice_series(keys, ids).num_rows * SMALL_PART >= keys.num_rows:
+                        return None
                 names = [
                     n
                     for n in pf.schema_arrow.names
@@ -384,6 +388,16 @@ def _row_groups(metadata: pq.FileMetaData, f: DataFile) -> list[RowGroup]:
         else:
             groups.append(RowGroup(i, sid.min, sid.max, ts.min, ts.max))
     return groups
+
+
+def _surely_small(group: RowGroup, metadata: pq.FileMetaData, ids: np.ndarray, tier: str) -> bool:
+    """Whether the series ``ids`` (sorted) surely hold under a quarter of a rollup row
+    group's rows, from its footer alone: a series has at most one row per bucket between
+    the group's first and last bucket, and only ids within its series-id bounds are there."""
+    inside = np.searchsorted(ids, group.max_sid, "right") - np.searchsorted(ids, group.min_sid)
+    buckets = (group.max_ts - group.min_ts) // TIER_RESOLUTION_MS[tier] + 1
+    rows: int = metadata.row_group(group.index).num_rows
+    return int(inside) * buckets * SMALL_PART < rows
 
 
 def _hits(ids: np.ndarray, group: RowGroup) -> bool:
