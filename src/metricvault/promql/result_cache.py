@@ -27,6 +27,7 @@ negative ``offset``) and instant queries are never cached. Cached points are bou
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections import OrderedDict
@@ -216,8 +217,8 @@ def _format_series(
     all_vs = np.concatenate([vs for _, vs in items])
     if has_negative_zero(all_vs):
         return [_format_points(ts, vs, w) for ts, vs in items]
-    heads = list(map(w.heads.__getitem__, np.concatenate([ts for ts, _ in items]).tolist()))
-    tails = list(map(w.values.__getitem__, all_vs.tolist()))
+    heads = list(itertools.chain.from_iterable(w.grids.of(ts) for ts, _ in items))
+    tails = w.values.of(all_vs)
     lengths = np.fromiter(map(len, heads), np.int64, total)
     lengths += np.fromiter(map(len, tails), np.int64, total)
     ends = np.zeros(total + 1, np.int64)
