@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from metricvault.protocols import (
@@ -72,23 +73,16 @@ def to_selection(buckets: Buckets, choice: BucketChoice) -> BucketSelection:
         sid = table["series_id"].to_numpy()
         cols = {}
         for name in BUCKET_COLUMNS:
-            column = table[name]
             if name in ("ts", "count", "nonfinite"):
-                cols[name] = column.fill_null(0).to_numpy()
+                cols[name] = _ints(table[name], 0)
             elif name in ("first_ts", "last_ts"):
-                cols[name] = column.fill_null(-1).to_numpy()
+                cols[name] = _ints(table[name], -1)
             else:
-                cols[name] = column.to_numpy(zero_copy_only=False).astype(np.float64)
+                cols[name] = _floats(table[name])
         # m2 and the quantile sketches (promql/tiers.py reads them past the raw horizon):
         # m2 NaN where a row has none; each row's sketch as codes[sketch_start[i]:sketch_end[i]]
-        cols["m2"] = table["m2"].to_numpy(zero_copy_only=False).astype(np.float64)
-        keys = table["sketch_keys"].combine_chunks()
-        flat_codes = np.asarray(pc.list_flatten(keys).to_numpy(), dtype=np.int64)
-        flat_counts = np.asarray(
-            pc.list_flatten(table["sketch_counts"].combine_chunks()).to_numpy(), dtype=np.int64
-        )
-        lengths = np.asarray(pc.list_value_length(keys).fill_null(-1).to_numpy(), np.int64)
-        offsets = np.r_[0, np.cumsum(np.maximum(lengths, 0))]
+        cols["m2"] = _floats(table["m2"])
+        flat_codes, flat_counts, lengths, offsets = _sketches(table)
         starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
         ends = np.r_[starts[1:], sid.size]
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
@@ -112,6 +106,37 @@ def to_selection(buckets: Buckets, choice: BucketChoice) -> BucketSelection:
         choice.shifted,
         choice.range_ms,
     )
+
+
+def _ints(column: pa.ChunkedArray, missing: int) -> np.ndarray:
+    """An integer column as numpy, ``missing`` for its nulls (without a copy where it has
+    none and is one chunk: the arrays are read, never written)."""
+    if column.null_count:
+        column = column.fill_null(missing)
+    return np.asarray(column.to_numpy())
+
+
+def _floats(column: pa.ChunkedArray) -> np.ndarray:
+    """A float column as float64 numpy, NaN for its nulls (no copy where it already is)."""
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+def _sketches(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The rows' sketches as flat codes and counts, each row's length (-1: no sketch) and
+    where each row's start in the flat arrays; rows read without sketches (lean reads, all
+    null) skip Arrow's list kernels."""
+    keys = table["sketch_keys"]
+    if keys.null_count == len(keys):
+        none = np.zeros(0, np.int64)
+        return none, none, np.full(len(keys), -1, np.int64), np.zeros(len(keys) + 1, np.int64)
+    keys = keys.combine_chunks()
+    flat_codes = np.asarray(pc.list_flatten(keys).to_numpy(), dtype=np.int64)
+    flat_counts = np.asarray(
+        pc.list_flatten(table["sketch_counts"].combine_chunks()).to_numpy(), dtype=np.int64
+    )
+    lengths = np.asarray(pc.list_value_length(keys).fill_null(-1).to_numpy(), np.int64)
+    offsets = np.r_[0, np.cumsum(np.maximum(lengths, 0))]
+    return flat_codes, flat_counts, lengths, offsets
 
 
 def edge_samples(selection: BucketSelection, start_ms: int, end_ms: int) -> list[SeriesSamples]:
