@@ -687,6 +687,10 @@ def http_get(port: int, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
         conn.close()
 
 
+STARTED_WINDOW_S = 0.5  # a gateway worker is started once it idles this long...
+STARTED_CPU_S = 0.025  # ...using less CPU than this
+
+
 class GatewayProcess:
     """``metricvault serve`` on a free port with a fresh vault and ``workers`` gateway worker
     processes (``--set gateway_workers``), stopped by SIGTERM."""
@@ -731,9 +735,26 @@ class GatewayProcess:
                 ready = False
             # with workers, the supervisor plus one process per worker (it may add a helper)
             if ready and (self.workers == 1 or len(self.worker_pids()) >= self.workers):
+                self.wait_workers_started(deadline)
                 return
             time.sleep(0.1)
         raise RuntimeError(f"the gateway was not ready in {timeout_s} s:\n{self.log_tail()}")
+
+    def wait_workers_started(self, deadline: float) -> None:
+        """/-/ready is answered by whichever worker is up first; a worker still starting
+        (imports, flushing the other buffers) accepts no connection, so a load started then
+        lands whole on the first worker and stays there (keep-alive). Wait until every
+        worker is idle: under STARTED_CPU_S of CPU each over STARTED_WINDOW_S."""
+        if self.workers == 1:
+            return
+        before = {pid: _own_cpu_seconds(pid) for pid in self.worker_pids()}
+        while time.monotonic() < deadline:
+            time.sleep(STARTED_WINDOW_S)
+            now = {pid: _own_cpu_seconds(pid) for pid in self.worker_pids()}
+            if all(now[pid] - before.get(pid, 0.0) < STARTED_CPU_S for pid in now):
+                return
+            before = now
+        raise RuntimeError(f"the gateway's workers did not settle:\n{self.log_tail()}")
 
     def worker_pids(self) -> list[int]:
         """The live descendants of the serve process (its workers, when there are several)."""

@@ -535,6 +535,7 @@ def serve(
             "metricvault.server.app:app_from_environment",
             factory=True,
             workers=settings.gateway_workers,
+            loop="metricvault.server.accept_balance:BalancedEventLoop",
             **options,
         )
         return

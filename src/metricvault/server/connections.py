@@ -29,6 +29,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from metricvault.durations import parse_duration_ms
+from metricvault.server.accept_balance import hold
 
 if TYPE_CHECKING:
     from metricvault.config import Settings
@@ -49,6 +50,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        hold(self.loop, self.connections)  # a multi-worker gateway spreads its accepts
         _no_delay(transport)
         limit = open_connection_limit()
         if len(self.connections) > limit:
