@@ -209,3 +209,33 @@ def test_a_first_rollup_read_reads_the_keys_only_where_the_footer_cannot_bound_t
     wanted = everything[everything["n"].str.fullmatch(selector.split('"')[1])]
     assert len(got) and len(got) == len(wanted)
     pd.testing.assert_frame_equal(got.reset_index(drop=True), wanted.reset_index(drop=True))
+
+
+@pytest.mark.parametrize(("step", "merged"), [("1m", False), ("10m", True), ("1h", False)])
+def test_a_first_rollup_read_takes_the_merge_columns_only_for_a_merge(
+    stored, monkeypatch, step, merged
+):
+    """Rows that are their bucket's only part (a tier's own step) are answered without the
+    columns a merge orders and sums them by (bucket ends, NaN counts); a coarser step reads
+    them. Both answer what a vault that decoded whole groups answers, ``last`` included."""
+    import pyarrow.parquet as pq
+
+    aggs = ("mean", "last", "count")
+    with Vault.open_local(stored) as reference:
+        everything = reference.query("gpu_util", T0, T0 + H, step=step, aggs=aggs)
+    calls: list[list[str]] = []
+    read_row_group = pq.ParquetFile.read_row_group
+
+    def counted(self, i, columns=None, **kwargs):
+        calls.append(list(columns or []))
+        return read_row_group(self, i, columns, **kwargs)
+
+    with Vault.open_local(stored) as fresh:
+        monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
+        got = fresh.query('gpu_util{gpu="3"}', T0, T0 + H, step=step, aggs=aggs)
+        monkeypatch.undo()
+    rollup_reads = [c for c in calls if "sum_f" in c]
+    assert rollup_reads and all(("nonfinite" in c) == merged for c in rollup_reads)
+    assert all("last_ts" in c for c in rollup_reads)  # asked: the time of the last sample
+    wanted = everything[everything["gpu"] == "3"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), wanted)

@@ -354,6 +354,8 @@ def aggregate(
             )
         else:
             files = ctx.snapshot.tier_files(seg.tier)
+            alone = width == seg.res and origin % seg.res == 0  # a row is its bucket's part
+            columns = rollup_columns if rollup_columns is None or alone else rollup_columns | MERGED
             rows = ctx.reader.read(
                 files,
                 series_ids,
@@ -362,7 +364,7 @@ def aggregate(
                 seg.tier,
                 ctx.use_cache,
                 rollup_sketches,
-                columns=None if rollup_sketches else rollup_columns,
+                columns=None if rollup_sketches else columns,
             )
             parts.append(rollup.rollup_partials(rows, width=width, origin=origin, res=seg.res))
     partials = rollup.combine(parts)
@@ -496,8 +498,15 @@ _AGGREGATE_COLUMNS = {
 }
 
 
+# The partial columns a merge of a bucket's rows reads beside the aggregates' own
+# (rollup._merge: the rows in the order of their last samples, first/last times, NaN counts);
+# rows of the tier's own buckets are answered without them (aggregate).
+MERGED = frozenset({"first_ts", "last_ts", "nonfinite"})
+
+
 def rollup_columns_for(aggs: Sequence[str]) -> frozenset[str] | None:
-    """The partial columns ``aggs`` are answered from; None where one is not known here."""
+    """The partial columns ``aggs`` are answered from where each rollup row is a bucket of
+    its own (a merge of rows needs :data:`MERGED` too); None where one is not known here."""
     if any(a not in _AGGREGATE_COLUMNS for a in aggs):
         return None
     return frozenset({"series_id", "ts", "count"}.union(*(_AGGREGATE_COLUMNS[a] for a in aggs)))

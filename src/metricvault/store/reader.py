@@ -301,8 +301,8 @@ class Reader:
 
         A fresh process's first query of one series (a panel of one GPU) pays for reading
         and decoding every column of a group of ~45 series; a mean reads under half of them
-        here. Always read: the keys, counts, bucket ends and NaN counts (int columns, small,
-        what merges and ``finite_rows`` use), ``scale``, and ``sum`` and ``min``: decoding
+        here. Always read: the keys and counts (what ``finite_rows`` uses), ``scale``, the
+        int columns asked (a merge's bucket ends and NaN counts), and ``sum`` and ``min``: decoding
         derives others from them (:func:`files.decode`: ``sum``, ``max``, ``last`` and
         ``first`` stored as distances from ``count x min`` or ``min``; ``min`` restored from
         ``sum``, and ``max``, ``first``, ``last`` from ``min``, where the writer left them
@@ -324,6 +324,7 @@ class Reader:
                     n
                     for n in pf.schema_arrow.names
                     if n in _PROJECTED_ALWAYS
+                    or n in columns
                     or (n[-2:] in ("_i", "_j", "_f") and n[:-2] in floats)
                     or (n == "first_d" and "first" in floats)
                 ]
@@ -427,9 +428,7 @@ def _superseded(key: CacheKey) -> list[CacheKey]:
 SKETCH_PREFIX = "sketch_"  # rollup columns of the quantile sketches (rollup.SKETCH_COLUMNS)
 SMALL_PART = 4  # under a quarter of a group's rows: decode only those on its first read
 # The physical columns a projected rollup read always takes (Reader._projected_part).
-_PROJECTED_ALWAYS = frozenset(
-    {"series_id", "ts", "count", "first_ts", "last_ts", "nonfinite", "scale"}
-)
+_PROJECTED_ALWAYS = frozenset({"series_id", "ts", "count", "scale"})
 
 
 def _slice_series(table: pa.Table, ids: np.ndarray) -> pa.Table:
