@@ -144,6 +144,29 @@ def test_a_series_file_holds_one_row_group_per_shard_sorted_by_shard(two_metrics
     assert parquet.schema_arrow.metadata[b"metricvault.series_layout"] == b"2"
 
 
+def test_a_series_files_footer_holds_statistics_of_its_shard_column_only(two_metrics: str) -> None:
+    """What read_shards picks row groups by, and nothing else (the labels' JSON as minimum
+    and maximum of every row group was most of a small file's footer); no dictionary
+    pages. A query of one metric still reads only its shard's row group."""
+    import pyarrow.parquet as pq
+
+    with Vault.open_local(two_metrics) as vault:
+        both = vault.catalog_version().series_files[-1]
+    meta = pq.ParquetFile(both.path).metadata
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            column = group.column(c)
+            kept = column.path_in_schema == SHARD_COLUMN
+            assert (column.statistics is not None and column.statistics.has_min_max) == kept
+            assert not column.has_dictionary_page
+    fresh, _ = _open_counting(two_metrics)
+    with fresh:
+        got = fresh.query(A, T0, T0 + 60_000, output="arrow")
+        assert {i.metric for i in fresh.index._by_id.values()} == {A}
+    assert sorted(set(got.column("host").to_pylist())) == [*(f"h{h}" for h in range(5)), "h9"]
+
+
 def test_maintain_merges_series_files_into_one_sharded_file_under_the_series_claim(
     tmp_path: Path,
 ) -> None:

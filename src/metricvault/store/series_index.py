@@ -432,8 +432,17 @@ def sharded_file(rows: pa.Table) -> tuple[bytes, tuple[int, ...]]:
     shards, starts = np.unique(shard[order], return_index=True)
     ends = [*starts[1:].tolist(), len(order)]
     sink = io.BytesIO()
+    # Statistics of the shard column only (read_shards picks row groups by them): those of
+    # the labels' JSON were most of a small file's footer, which every process reads before
+    # its first answer; no dictionary pages, which a row group of a shard's few series
+    # (and zstd beside them) does not repay.
     with pq.ParquetWriter(
-        sink, table.schema, compression="zstd", write_page_checksum=True
+        sink,
+        table.schema,
+        compression="zstd",
+        write_page_checksum=True,
+        write_statistics=[SHARD_COLUMN],
+        use_dictionary=False,
     ) as writer:
         for lo, hi in zip(starts.tolist(), ends, strict=True):
             writer.write_table(table.slice(lo, hi - lo), row_group_size=max(hi - lo, 1))
