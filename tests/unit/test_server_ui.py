@@ -844,3 +844,16 @@ def test_compare_answers_its_curves_and_its_summaries_apart_as_the_page_asks(ten
     assert curves["summaries"] is None and summaries["curves"] is None
     assert curves["curves"] == whole["curves"] and summaries["summaries"] == whole["summaries"]
     assert curves["params"] == summaries["params"] == whole["params"]
+
+
+def test_pages_declare_no_icon_so_the_browser_asks_for_none(tmp_path):
+    """An empty data: icon, so no /favicon.ico request waits beside a page's data."""
+    settings = Settings.load(env={}, gateway_maintain=False)
+    with (
+        Vault.open_local(str(tmp_path / "v"), settings) as vault,
+        TestClient(create_ui_app(vault, settings)) as client,
+    ):
+        for page in ("experiments", "compare", "explore", "alerts", "vault"):
+            html = client.get(f"/ui/{page}").text
+            assert '<link rel="icon" href="data:,">' in html, page
+        assert '<link rel="icon" href="data:,">' in client.get("/ui/login").text

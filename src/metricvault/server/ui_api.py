@@ -1139,6 +1139,8 @@ def page(name: str, title: str, body: str) -> HTMLResponse:
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)} · metricvault</title>"
+        # no icon: the browser's /favicon.ico request would wait beside the page's data
+        '<link rel="icon" href="data:,">'
         f'<link rel="stylesheet" href="{static_url("vendor/uplot/uPlot.min.css")}">'
         f'<link rel="stylesheet" href="{static_url("ui.css")}">'
         f'<script src="{static_url("vendor/uplot/uPlot.iife.min.js")}" defer></script>'

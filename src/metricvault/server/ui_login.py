@@ -70,7 +70,8 @@ def login_page(
     text = (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>Log in · metricvault</title><style>{style}</style></head>"
+        f'<title>Log in · metricvault</title><link rel="icon" href="data:,">'
+        f"<style>{style}</style></head>"
         '<body data-page="login"><header><span class="brand">metricvault</span></header>'
         f'<main id="main" class="login"><h1>Log in</h1>{error}'
         '<form id="login-form" method="post" action="/ui/session">'
