@@ -64,3 +64,4 @@ def test_report_marks_a_missed_target_and_prints_the_load() -> None:
     assert slow.endswith("| MISS |") and "| 900 / 1,200 |" in slow
     assert "- metricvault, slow: 900, 1,200" in text  # every run, not only first and median
     assert "- metricvault, fast: 80, 80, 80" in text
+    assert "first paint of every page load: 3 loads, at most 80, 0 over 300" in text
