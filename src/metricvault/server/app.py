@@ -65,6 +65,7 @@ class Gateway:
         self.metrics = metrics or GatewayMetrics()
         self.limiter = NewSeriesLimiter(settings.max_new_series_per_minute)
         self.ready = False
+        self._decode_limits: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ plumbing
     async def body(self, request: Request) -> bytes:
@@ -82,12 +83,15 @@ class Gateway:
         return b"".join(chunks)
 
     def decode_limits(self) -> dict[str, Any]:
-        """The per-request limits both decoders enforce, each a 413."""
-        return {
-            "max_series": self.settings.max_series_per_request,
-            "max_label_names": self.settings.max_label_names_per_request,
-            "time_budget_s": parse_duration_ms(self.settings.decode_time_budget) / 1000,
-        }
+        """The per-request limits both decoders enforce, each a 413 (read once: the
+        settings of a gateway do not change)."""
+        if self._decode_limits is None:
+            self._decode_limits = {
+                "max_series": self.settings.max_series_per_request,
+                "max_label_names": self.settings.max_label_names_per_request,
+                "time_budget_s": parse_duration_ms(self.settings.decode_time_budget) / 1000,
+            }
+        return self._decode_limits
 
     def store(self, table: pa.Table, kinds: dict[str, str], who: Principal, protocol: str) -> int:
         """Write one decoded request (blocking; run in a worker thread)."""

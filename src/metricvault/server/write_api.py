@@ -72,8 +72,10 @@ class Writes:
                 internal_label=self.ha.replica_label if self.ha.enabled else "",
                 **gateway.decode_limits(),
             )
-            if self.ha.enabled:
-                return decoded, None
+            if self.ha.enabled and decoded.prepared() is None:
+                return decoded, None  # it may carry the replica label: the HA filter first
+            # a request decoded through the series cache has no series with the replica
+            # label (the decoder sends those down the full path): nothing for HA to filter
             return decoded, gateway.store_known(decoded, who, "remote_write")
 
         async def work(req: Request, who: Principal) -> Response:

@@ -110,14 +110,18 @@ def decode_remote_write(
     version = negotiate_version(content_type, version_header)
     check_encoding(content_encoding)
     raw = decompress_snappy_block(body, max_decoded_bytes)
-    if internal_label and re.search(re.escape(internal_label.encode()), raw) is None:
+    # The series cache never learns a series with a reserved ('__'-prefixed) label name, so a
+    # series carrying a reserved internal label (the default ``__replica__``) always takes the
+    # full path; any other name keeps a request out of the cache only if the body holds it.
+    cacheable = not internal_label.startswith("__")
+    if internal_label and cacheable and re.search(re.escape(internal_label.encode()), raw) is None:
         # no series carries it (label names are plain bytes in the body): decode as usual
         internal_label = ""
     cache = LABEL_CACHE if label_cache is None else label_cache
     limits = Limits(
         max_series, max_label_names, budget, max_label_cells, cache, internal_label=internal_label
     )
-    if label_cache is not None or internal_label:
+    if label_cache is not None or (internal_label and cacheable):
         # a label cache of the caller's own asks for the label-by-label path (tests start it
         # cold); a series with the internal label is not one the series cache may learn
         limits = replace(limits, known_series=False)
