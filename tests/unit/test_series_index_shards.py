@@ -216,3 +216,41 @@ def test_a_vault_written_before_shards_reads_and_maintain_rewrites_it_sharded(
     with Vault.open_local(two_metrics) as vault:
         assert len(vault.series(B, output="arrow")) == 8
         assert vault.query(A, T0, T0 + 60_000, output="arrow").num_rows == 6
+
+
+@pytest.mark.parametrize(
+    ("threaded_rows", "threaded"),
+    [(4, [True, False]), (1 << 16, [False, False])],
+    ids=["6 rows over the bound", "under the default bound"],
+)
+def test_read_shards_takes_the_rows_of_the_shards_asked_from_mixed_and_sharded_files(
+    threaded_rows: int, threaded: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row groups holding several shards are filtered to the shards asked; one group per
+    shard is taken whole; more rows than ``THREADED_ROWS`` decode on Arrow's thread pool,
+    fewer on the caller's thread. The same rows either way."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from metricvault.store import series_index
+
+    table = pa.table(
+        {"series_id": pa.array(range(7), pa.int64()), SHARD_COLUMN: [0, 0, 1, 2, 2, 2, 5]}
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink, row_group_size=3)  # groups of shards {0, 1}, {2}, {5}
+    monkeypatch.setattr(series_index, "THREADED_ROWS", threaded_rows)
+    used: list[bool] = []
+    read_row_groups = pq.ParquetFile.read_row_groups
+
+    def recorded(self: Any, groups: Any, columns: Any = None, **kwargs: Any) -> Any:
+        used.append(kwargs.get("use_threads", True))
+        return read_row_groups(self, groups, columns, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", recorded)
+    parquet = pq.ParquetFile(io.BytesIO(sink.getvalue()))
+    got = series_index.read_shards(parquet, (0, 2), ["series_id"])  # 6 rows of 2 groups
+    assert got.column("series_id").to_pylist() == [0, 1, 3, 4, 5]
+    assert series_index.read_shards(parquet, (5,)).column("series_id").to_pylist() == [6]
+    assert used == threaded
