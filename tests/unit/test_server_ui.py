@@ -857,3 +857,17 @@ def test_pages_declare_no_icon_so_the_browser_asks_for_none(tmp_path):
             html = client.get(f"/ui/{page}").text
             assert '<link rel="icon" href="data:,">' in html, page
         assert '<link rel="icon" href="data:,">' in client.get("/ui/login").text
+
+
+def test_pages_carry_their_stylesheets_so_the_first_paint_waits_for_no_other_request(tmp_path):
+    from metricvault.server.ui_common import STATIC_DIR
+
+    settings = Settings.load(env={}, gateway_maintain=False)
+    with (
+        Vault.open_local(str(tmp_path / "v"), settings) as vault,
+        TestClient(create_ui_app(vault, settings)) as client,
+    ):
+        html = client.get("/ui/experiments").text
+        for sheet in ("ui.css", "vendor/uplot/uPlot.min.css"):
+            assert f"<style>{(STATIC_DIR / sheet).read_text()}</style>" in html
+        assert 'rel="stylesheet"' not in html

@@ -1128,6 +1128,11 @@ def static_url(path: str) -> str:
     return f"/ui/static/{path}?v={static_file((STATIC_DIR / path).resolve())[1]}"
 
 
+def inline_style(path: str) -> str:
+    """A static stylesheet's text, for a ``<style>`` element (kept as :func:`static_file`)."""
+    return static_file((STATIC_DIR / path).resolve())[0].decode("utf-8")
+
+
 def page(name: str, title: str, body: str) -> HTMLResponse:
     """One page: the layout, the navigation (the current page marked), ``body`` (already
     escaped by its builder) and the script, which reads ``data-page``."""
@@ -1141,8 +1146,9 @@ def page(name: str, title: str, body: str) -> HTMLResponse:
         f"<title>{esc(title)} · metricvault</title>"
         # no icon: the browser's /favicon.ico request would wait beside the page's data
         '<link rel="icon" href="data:,">'
-        f'<link rel="stylesheet" href="{static_url("vendor/uplot/uPlot.min.css")}">'
-        f'<link rel="stylesheet" href="{static_url("ui.css")}">'
+        # the stylesheets in the page: its first paint waits for no other response
+        f"<style>{inline_style('vendor/uplot/uPlot.min.css')}</style>"
+        f"<style>{inline_style('ui.css')}</style>"
         f'<script src="{static_url("vendor/uplot/uPlot.iife.min.js")}" defer></script>'
         f'<script src="{static_url("ui.js")}" defer></script></head>'
         f'<body data-page="{esc(name)}"><header><a class="brand" href="/ui/experiments">'
