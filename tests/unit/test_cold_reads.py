@@ -194,10 +194,12 @@ def test_a_first_rollup_read_reads_the_keys_only_where_the_footer_cannot_bound_t
     with Vault.open_local(path) as reference:
         everything = reference.query("load", T0, T0 + H, step="1m", aggs=("mean",))
     calls: list[list[str] | None] = []
+    threads: list[bool] = []
     read_row_group = pq.ParquetFile.read_row_group
 
     def counted(self, i, columns=None, **kwargs):
         calls.append(columns)
+        threads.append(kwargs.get("use_threads", True))
         return read_row_group(self, i, columns, **kwargs)
 
     with Vault.open_local(path) as fresh:
@@ -206,6 +208,7 @@ def test_a_first_rollup_read_reads_the_keys_only_where_the_footer_cannot_bound_t
         monkeypatch.undo()
     assert len(calls) == reads
     assert calls[-1] is not None and "sum_f" in calls[-1] and "max_f" not in calls[-1]
+    assert not any(threads)  # a group of 460 rows: decoded on this thread, not Arrow's pool
     wanted = everything[everything["n"].str.fullmatch(selector.split('"')[1])]
     assert len(got) and len(got) == len(wanted)
     pd.testing.assert_frame_equal(got.reset_index(drop=True), wanted.reset_index(drop=True))

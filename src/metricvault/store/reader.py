@@ -313,11 +313,12 @@ class Reader:
         footer already bounds it under a quarter (:func:`_surely_small`): then one read."""
         floats = set(columns) & set(fmt.ROLLUP_FLOATS) | {"sum", "min"}
         small = _surely_small(self._footer(f)[1][index], metadata, ids, f.tier)
+        threads = metadata.row_group(index).num_rows > THREADED_ROWS
         try:
             with self.loc.fs.open_input_file(f.path) as handle:
                 pf = pq.ParquetFile(handle, metadata=metadata, **fmt.VERIFY)
                 if not small:
-                    keys = pf.read_row_group(index, ["series_id"])
+                    keys = pf.read_row_group(index, ["series_id"], use_threads=threads)
                     if _slice_series(keys, ids).num_rows * SMALL_PART >= keys.num_rows:
                         return None
                 names = [
@@ -328,7 +329,7 @@ class Reader:
                     or (n[-2:] in ("_i", "_j", "_f") and n[:-2] in floats)
                     or (n == "first_d" and "first" in floats)
                 ]
-                stored = _slice_series(pf.read_row_group(index, names), ids)
+                stored = _slice_series(pf.read_row_group(index, names, use_threads=threads), ids)
         except (OSError, pa.ArrowException) as exc:
             raise read_error(f.path, f"{f.tier} data file", exc) from exc
         return self._decode(f, stored)
@@ -427,6 +428,11 @@ def _superseded(key: CacheKey) -> list[CacheKey]:
 
 SKETCH_PREFIX = "sketch_"  # rollup columns of the quantile sketches (rollup.SKETCH_COLUMNS)
 SMALL_PART = 4  # under a quarter of a group's rows: decode only those on its first read
+# A projected read of a row group of more rows decodes its columns on Arrow's thread pool;
+# a smaller one on the caller's thread, where handing columns over costs more than it saves
+# and, on a busy machine, waits for a core (a 1h group of 4,448 rows: 1.5 vs 1.8 ms CPU,
+# 1.6 vs 6 ms median wall at load 7; 65,536 rows: about even, the pool ahead when idle).
+THREADED_ROWS = 1 << 15
 # The physical columns a projected rollup read always takes (Reader._projected_part).
 _PROJECTED_ALWAYS = frozenset({"series_id", "ts", "count", "scale"})
 
