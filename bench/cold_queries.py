@@ -16,10 +16,13 @@ dropped). Each cold figure is the median of ``--cold-runs`` fresh processes.
     .venv/bin/python bench/cold_queries.py               # 13 nodes x 8 GPUs (104 GPUs) x 1 d
     .venv/bin/python bench/cold_queries.py --quick --profile   # + where a cold query spends
     .venv/bin/python bench/cold_queries.py --quick --before-src ../before/src   # + a "before"
+    .venv/bin/python bench/cold_queries.py --quick --stages    # + CPU ms per stage of each
 
 ``--before-src`` (another checkout's ``src``, e.g. a ``git worktree`` of an older commit):
 its cold open + query on the same vault too, each fresh process alternating with this
-checkout's, so the before/after ratio comes from one run under one load.
+checkout's, so the before/after ratio comes from one run under one load. Both read the vault
+this checkout wrote: a change to what the writer stores (the series files' footers) shows in
+both columns.
 
 The machine's load average is printed beside the table: compare the ratios, not the times.
 """
@@ -91,6 +94,63 @@ pstats.Stats(profile).sort_stats("cumulative").print_stats(25)
 """
 
 
+# The same cold open + query, with the CPU time (time.process_time, all threads) spent in
+# each of these functions summed (--stages): where a fresh process's first answer goes, in
+# this checkout and in --before-src's alike (a function a tree lacks is left out). Nested
+# entries are included in their callers'; the wrappers add a little to every figure.
+STAGES_SCRIPT = r"""
+import functools, importlib, json, sys, time
+import metricvault, metricvault.open, metricvault.public
+import pandas
+STAGES = [
+    ("metricvault.config", "Settings.load", "open: settings"),
+    ("metricvault.store.vault", "IngestBuffer.__init__", "open: ingest buffer (SQLite)"),
+    ("metricvault.store.catalog", "Catalog.current", "catalog reads"),
+    ("metricvault.store.reading", "parse_selectors", "query: parse the selector"),
+    ("metricvault.store.vault", "Vault._read_series_file", "query: read the series shard"),
+    ("metricvault.store.series_index", "SeriesIndex.load_table", "query: register its series"),
+    ("metricvault.store.reader", "Reader._footer", "query: data file footers"),
+    ("pyarrow.parquet", "ParquetFile.read_row_group", "query: data row-group reads"),
+    ("metricvault.store.files", "decode", "query: decode the rows read"),
+    ("metricvault.store.query", "aggregate", "query: partials (reads, decode, merge)"),
+    ("metricvault.store.query", "shape", "query: long shape + output"),
+    ("metricvault.store.query", "convert", "query: ... of it, the pandas conversion"),
+]
+spent = {}
+def wrap(module, path, label):
+    try:
+        owner = importlib.import_module(module)
+        *parents, name = path.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent)
+        inner = getattr(owner, name)
+    except (ImportError, AttributeError):
+        return
+    depth = [0]
+    @functools.wraps(inner)
+    def timed(*args, **kwargs):
+        depth[0] += 1
+        started = time.process_time()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+            if not depth[0]:  # a recursive call counts once
+                spent[label] = spent.get(label, 0.0) + (time.process_time() - started) * 1000
+    setattr(owner, name, timed)
+for stage in STAGES:
+    wrap(*stage)
+args = json.loads(sys.argv[2])
+cpu = time.process_time()
+vault = metricvault.open(sys.argv[1], need="read")
+spent["open (total)"] = (time.process_time() - cpu) * 1000
+vault.query(*args["args"], **args["kwargs"])
+spent["open + query (total)"] = (time.process_time() - cpu) * 1000
+print(json.dumps({"order": ["open (total)", *[s[2] for s in STAGES], "open + query (total)"],
+                  "spent": spent}))
+"""
+
+
 @dataclass(frozen=True)
 class Cold:
     import_ms: float  # import metricvault and its store (numpy, pyarrow with them)
@@ -157,6 +217,41 @@ def cold_before_after(
 
 def profile_vault(path: Path, call: dict[str, object]) -> str:
     return _child(PROFILE_SCRIPT, path, call)
+
+
+# Per stage label, the CPU ms of each fresh process: the labels in order, this checkout's,
+# --before-src's (empty without it)
+Stages = tuple[list[str], dict[str, list[float]], dict[str, list[float]]]
+
+
+def stages(path: Path, call: dict[str, object], runs: int, before: Path | None) -> Stages:
+    """The CPU ms per stage of ``runs`` fresh processes, alternating with ``before``'s."""
+    order: list[str] = []
+    spent: tuple[dict[str, list[float]], dict[str, list[float]]] = ({}, {})
+    for _ in range(runs):
+        for src, into in ((None, spent[0]), (before, spent[1])):
+            if into is spent[1] and before is None:
+                continue
+            found = json.loads(_child(STAGES_SCRIPT, path, call, src).strip().splitlines()[-1])
+            order = order or found["order"]
+            for label, ms in found["spent"].items():
+                into.setdefault(label, []).append(ms)
+    return order, spent[0], spent[1]
+
+
+def report_stages(key: str, found: Stages) -> None:
+    order, after_runs, before_runs = found
+    print(f"\n{key}, CPU ms per stage (medians of fresh processes; a stage includes those")
+    print("it calls, e.g. the partials hold the reads and decoding):\n")
+    print("| stage | before | after |" if before_runs else "| stage | CPU ms |")
+    print("|---|---|---|" if before_runs else "|---|---|")
+    for label in order:
+        now = _ms(_median(after_runs[label])) if label in after_runs else "-"
+        if before_runs:
+            was = _ms(_median(before_runs[label])) if label in before_runs else "-"
+            print(f"| {label} | {was} | {now} |")
+        else:
+            print(f"| {label} | {now} |")
 
 
 def cold_vm(vm: VictoriaMetrics, case: QueryCase, runs: int) -> list[float]:
@@ -265,6 +360,9 @@ def main() -> None:
     parser.add_argument("--warm-runs", type=int, default=20)
     parser.add_argument("--profile", action="store_true", help="print a cold query's profile")
     parser.add_argument(
+        "--stages", action="store_true", help="CPU ms per stage of a cold open + query"
+    )
+    parser.add_argument(
         "--before-src", type=Path, help="another checkout's src: its cold runs too (alternating)"
     )
     args = parser.parse_args()
@@ -288,6 +386,7 @@ def main() -> None:
             warm: dict[str, tuple[Timing, Timing | None]] = {}
             cold: dict[str, tuple[list[Cold], list[float]]] = {}
             before: dict[str, list[Cold]] = {}
+            found: dict[str, Stages] = {}
             import metricvault
 
             with metricvault.open(str(vault_path), need="read") as vault:
@@ -307,10 +406,15 @@ def main() -> None:
                 cold[case.key] = (colds, vm_colds)
                 if args.profile:
                     print(f"\n--- cold {case.key} profile ---\n{profile_vault(vault_path, call)}")
+                if args.stages:
+                    before_src = args.before_src.resolve() if args.before_src else None
+                    found[case.key] = stages(vault_path, call, args.cold_runs, before_src)
         finally:
             if vm is not None:
                 vm.stop()
         report(summary, samples, warm, cold, args, before)
+        for key, per_stage in found.items():
+            report_stages(key, per_stage)
 
 
 if __name__ == "__main__":
