@@ -116,6 +116,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="sample each gateway (and its workers) with py-spy during the load (raw stacks to "
         "DIR) and print the top functions by own and by total time (pip install py-spy)",
     )
+    parser.add_argument(
+        "--profile-gil",
+        action="store_true",
+        help="with --profile: sample only the thread holding each process's GIL, from the "
+        "load's start to its end, and break the samples down by thread (the event loop, the "
+        "request threads, the flusher)",
+    )
     parser.add_argument("--load", metavar="PAYLOADS", help=argparse.SUPPRESS)  # internal
     args = parser.parse_args(argv)
     if args.quick:
@@ -816,10 +823,14 @@ class SystemRun:
 
 
 PROFILE_TOP = 15
+PROFILE_TOP_PER_THREAD = 8
 
 
-def _start_profiler(directory: str | None, pid: int, name: str) -> tuple[Any, Path] | None:
-    """py-spy sampling ``pid`` and its subprocesses (the workers) until it exits."""
+def _start_profiler(
+    directory: str | None, pid: int, name: str, gil: bool = False
+) -> tuple[Any, Path] | None:
+    """py-spy sampling ``pid`` and its subprocesses (the workers) until it exits or is
+    stopped; ``gil``: only the thread holding each process's GIL, named in each stack."""
     if not directory:
         return None
     binary = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -829,9 +840,17 @@ def _start_profiler(directory: str | None, pid: int, name: str) -> tuple[Any, Pa
     out.parent.mkdir(parents=True, exist_ok=True)
     command = [binary, "record", "-p", str(pid), "--subprocesses", "--function", "--nonblocking"]
     command += ["--format", "raw", "--rate", "100", "-o", str(out)]
+    command += ["--gil", "--threads"] if gil else []
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # attached before the load starts
     return process, out
+
+
+def _stop_profiler(spy: tuple[Any, Path]) -> None:
+    """End the recording now (py-spy writes its file on SIGINT)."""
+    process, _ = spy
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=30)
 
 
 def _finish_profiler(spy: tuple[Any, Path]) -> list[str]:
@@ -855,6 +874,7 @@ def summarize_profile(path: Path, top: int = PROFILE_TOP) -> list[str]:
     (``PROFILE_WAITS``) are counted apart and left out of the shares."""
     own: dict[str, int] = {}
     total: dict[str, int] = {}
+    threads: dict[str, dict[str, int]] = {}  # thread name -> own time (--threads stacks)
     samples = waiting = 0
     for line in path.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
@@ -864,7 +884,8 @@ def summarize_profile(path: Path, top: int = PROFILE_TOP) -> list[str]:
         frames = [
             re.sub(r"^(\S+) \((?:.*/)?([^/]+)(:\d+)?\)$", r"\1 (\2)", f) for f in stack.split(";")
         ]
-        frames = [f for f in frames if not f.startswith("process ")]
+        thread = next((f.partition("): ")[2] for f in frames if f.startswith("thread (")), "")
+        frames = [f for f in frames if not f.startswith(("process ", "thread ("))]
         if not frames:
             continue
         if frames[-1].startswith(PROFILE_WAITS):
@@ -872,6 +893,9 @@ def summarize_profile(path: Path, top: int = PROFILE_TOP) -> list[str]:
             continue
         samples += count
         own[frames[-1]] = own.get(frames[-1], 0) + count
+        if thread:
+            by_thread = threads.setdefault(thread, {})
+            by_thread[frames[-1]] = by_thread.get(frames[-1], 0) + count
         for frame in set(frames):
             total[frame] = total.get(frame, 0) + count
     if not samples:
@@ -884,6 +908,12 @@ def summarize_profile(path: Path, top: int = PROFILE_TOP) -> list[str]:
         ranked = sorted(table.items(), key=lambda kv: -kv[1])[:top]
         lines.append(
             f"top {top} by {title} time: "
+            + "; ".join(f"{name} {count / samples:.1%}" for name, count in ranked)
+        )
+    for thread, table in sorted(threads.items(), key=lambda kv: -sum(kv[1].values())):
+        ranked = sorted(table.items(), key=lambda kv: -kv[1])[:PROFILE_TOP_PER_THREAD]
+        lines.append(
+            f"thread {thread!r} {sum(table.values()) / samples:.1%}, its top by own time: "
             + "; ".join(f"{name} {count / samples:.1%}" for name, count in ranked)
         )
     return lines
@@ -909,7 +939,7 @@ def bench_gateway(
             f"  gateway ready on port {gateway.port} (pid {gateway.process.pid}, "
             f"descendants {gateway.worker_pids()})"
         )
-        spy = _start_profiler(args.profile, gateway.process.pid, workdir.name)
+        spy = _start_profiler(args.profile, gateway.process.pid, workdir.name, args.profile_gil)
         cpu_before = cpu_seconds(gateway.process.pid)
         if otlp:
             url = gateway.url.replace("/api/v1/write", "/v1/metrics")
@@ -917,6 +947,8 @@ def bench_gateway(
         else:
             run.load = load.run(gateway.url, args.connections, args.duration)
         run.server_cpu_s = cpu_seconds(gateway.process.pid) - cpu_before
+        if spy is not None and args.profile_gil:
+            _stop_profiler(spy)  # the load only, not the drain and flush at SIGTERM
         run.server_rss_mib = rss_mib(gateway.process.pid)
         counters = gateway.metrics()
     finally:
