@@ -33,3 +33,36 @@ def test_warm_up_reads_a_small_series_index_whole(
         create_ui_app(vault, settings)
         assert vault.index.fully_loaded() is loaded
         assert len(vault.series(None)) == 20  # and answers the same either way
+
+
+def test_freeze_startup_heap_leaves_the_live_objects_out_of_later_collections() -> None:
+    import gc
+
+    from metricvault.server.ui_common import freeze_startup_heap
+
+    try:
+        freeze_startup_heap()
+        assert gc.get_freeze_count() > 1000  # at least the modules' objects
+    finally:
+        gc.unfreeze()  # the other tests of this process collect as before
+
+
+def test_metricvault_ui_freezes_its_heap_before_it_listens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from metricvault.cli.main import app
+
+    _vault(tmp_path / "v")
+    frozen: list[int] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: frozen.append(gc.get_freeze_count()))
+    try:
+        got = CliRunner().invoke(app, ["ui", "--data", str(tmp_path / "v")])
+    finally:
+        gc.unfreeze()
+    assert got.exit_code == 0, got.output
+    assert frozen and frozen[0] > 1000

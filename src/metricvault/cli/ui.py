@@ -31,6 +31,7 @@ def ui(
     from metricvault.server.app import create_ui_app
     from metricvault.server.auth import check_listener
     from metricvault.server.connections import uvicorn_options
+    from metricvault.server.ui_common import freeze_startup_heap
 
     settings = load_settings(data, config, set_)
     settings = settings.with_overrides(listen=listen or "127.0.0.1:9202")
@@ -44,6 +45,8 @@ def ui(
     print(f"open {scheme}://{host}:{port}/", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        uvicorn.run(create_ui_app(vault, settings), **uvicorn_options(settings))
+        app = create_ui_app(vault, settings)
+        freeze_startup_heap()
+        uvicorn.run(app, **uvicorn_options(settings))
     finally:
         vault.close()

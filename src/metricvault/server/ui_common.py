@@ -1,8 +1,10 @@
 """What the UI's page and data modules share: where the static files are, HTML escaping,
-JSON-safe numbers and the min/max-per-pixel downsampling of chart lines."""
+JSON-safe numbers, the min/max-per-pixel downsampling of chart lines and the start-up heap's
+freeze."""
 
 from __future__ import annotations
 
+import gc
 import html
 import math
 from pathlib import Path
@@ -13,6 +15,17 @@ import numpy as np
 from metricvault.errors import InputError
 
 STATIC_DIR = Path(__file__).parent / "static"
+
+
+def freeze_startup_heap() -> None:
+    """Collect, then move every object alive now (the modules, the registry's records, the
+    series index the warm-up read) to the collector's permanent generation (``gc.freeze``),
+    for a server process about to listen: otherwise the first requests' allocations set off
+    a full collection that walks them all (a fresh ``metricvault ui``'s first page answered
+    in 75-233 ms instead of 17-49 ms at load 5). Refcounting still frees them; only cycles
+    among them are never collected."""
+    gc.collect()
+    gc.freeze()
 
 
 def esc(value: Any) -> str:
