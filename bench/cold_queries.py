@@ -24,6 +24,14 @@ checkout's, so the before/after ratio comes from one run under one load. Both re
 this checkout wrote: a change to what the writer stores (the series files' footers) shows in
 both columns.
 
+``--rollup-group-rows ROWS``: a second vault of the same samples whose rollup files have
+ROWS-row row groups (the writer's layout choice, set for its build only); its rollup bytes,
+warm runs and cold runs (the "after", alternating with the first vault's "before"; this
+checkout reads both) beside the first vault's. The main table's cold column is the second
+vault's then.
+
+    .venv/bin/python bench/cold_queries.py --quick --cold-runs 9 --rollup-group-rows 16384
+
 The machine's load average is printed beside the table: compare the ratios, not the times.
 """
 
@@ -45,6 +53,8 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -53,6 +63,7 @@ from bench.peers import VM_INSTALL_HINT, VictoriaMetrics, find_victoria_metrics
 from bench.queries import QueryCase, Timing, query_cases, time_runs
 
 HOUR_MS = 3_600_000
+ROLLUP_ROWS = 65_536  # the writer's rollup row groups (store/files.py), for the report
 
 # What a fresh process runs: imports timed apart, then open + the one query. The query's
 # arguments come as JSON (argv[2]); it prints one JSON line of milliseconds.
@@ -205,13 +216,14 @@ def cold_vault(path: Path, call: dict[str, object], runs: int) -> list[Cold]:
 
 
 def cold_before_after(
-    path: Path, call: dict[str, object], runs: int, before: Path
+    path: Path, call: dict[str, object], runs: int, before: Path, before_path: Path | None = None
 ) -> tuple[list[Cold], list[Cold]]:
-    """This checkout's cold runs and ``before``'s, alternating (the load changes slowly)."""
+    """This checkout's cold runs on ``path`` and ``before``'s src's on ``before_path`` (the
+    same vault by default), alternating (the load changes slowly)."""
     after_runs, before_runs = [], []
     for _ in range(runs):
         after_runs.append(_cold_once(path, call))
-        before_runs.append(_cold_once(path, call, before))
+        before_runs.append(_cold_once(before_path or path, call, before))
     return after_runs, before_runs
 
 
@@ -266,12 +278,29 @@ def cold_vm(vm: VictoriaMetrics, case: QueryCase, runs: int) -> list[float]:
     return found
 
 
-def build(summary: Summary, vault_path: Path, vm: VictoriaMetrics | None) -> int:
-    """Write the workload into the vault (then maintain it) and into VictoriaMetrics."""
+@contextmanager
+def rollup_group_rows(rows: int | None) -> Iterator[None]:
+    """Within it, the writer puts ``rows`` rows in each rollup file's row groups (None: its
+    own size): what ``--rollup-group-rows``'s second vault is written with."""
+    from metricvault.store import files
+
+    kept = files.ROW_GROUP_ROWS[True]
+    files.ROW_GROUP_ROWS[True] = rows or kept
+    try:
+        yield
+    finally:
+        files.ROW_GROUP_ROWS[True] = kept
+
+
+def build(
+    summary: Summary, vault_path: Path, vm: VictoriaMetrics | None, group_rows: int | None = None
+) -> int:
+    """Write the workload into the vault (then maintain it) and into VictoriaMetrics; the
+    vault's rollup row groups of ``group_rows`` rows (None: the writer's own size)."""
     import metricvault
 
     samples = 0
-    with metricvault.Vault.open_local(str(vault_path)) as vault:
+    with rollup_group_rows(group_rows), metricvault.Vault.open_local(str(vault_path)) as vault:
         for chunk in summary.workload.chunks():
             summary.observe(chunk)
             samples += int(vault.write(chunk))
@@ -282,6 +311,41 @@ def build(summary: Summary, vault_path: Path, vm: VictoriaMetrics | None) -> int
             vm.force_merge_and_wait()
         vault.maintain(now_ms=summary.max_ts + HOUR_MS)
     return samples
+
+
+def report_files(*vaults: Path) -> None:
+    """Each vault's rollup files (its catalog's): rows, row groups and bytes per row, per tier."""
+    import pyarrow.parquet as pq
+
+    import metricvault
+
+    print("\n| vault | tier | rows | row groups | B/row |\n|---|---|---|---|---|")
+    for path in vaults:
+        with metricvault.Vault.open_local(str(path)) as vault:
+            snap = vault.snapshot()
+            for tier in ("1m", "1h"):
+                files = snap.tier_files(tier)
+                rows, size = sum(f.rows for f in files), sum(f.bytes for f in files)
+                groups = sum(pq.ParquetFile(f.path).metadata.num_row_groups for f in files)
+                print(f"| {path.name} | {tier} | {rows:,} | {groups} | {size / max(rows, 1):.3f} |")
+
+
+def warm_groups(first: Path, second: Path, cases: list[QueryCase], runs: int) -> None:
+    """The warm medians on both vaults, each opened once, the runs of one beside the other's."""
+    import metricvault
+
+    print("\nwarm, median ms (first vault / second vault):\n")
+    print("| query | first vault | second vault |\n|---|---|---|")
+    with (
+        metricvault.open(str(first), need="read") as one,
+        metricvault.open(str(second), need="read") as two,
+    ):
+        for case in cases:
+            found: tuple[list[float], list[float]] = ([], [])
+            for _ in range(runs):
+                for vault, into in ((one, found[0]), (two, found[1])):
+                    into.append(time_runs(partial(case.run_vault, vault), 1).median_ms)
+            print(f"| {case.key} | {_median(found[0]):.2f} | {_median(found[1]):.2f} |")
 
 
 def _median(values: list[float]) -> float:
@@ -335,7 +399,12 @@ def report(
             f"| {_median([c.query_ms for c in colds]):.1f} | {colds[0].rows} |"
         )
     if before:
-        print(f"\nbefore ({args.before_src}) and after, cold open + query, alternating:\n")
+        was_label = (
+            f"rollup row groups of {ROLLUP_ROWS:,} rows; after: of {args.rollup_group_rows:,}"
+            if args.rollup_group_rows
+            else args.before_src
+        )
+        print(f"\nbefore ({was_label}) and after, cold open + query, alternating:\n")
         print("| query | before ms | after ms | after / before | before CPU ms | after CPU ms "
               "| VictoriaMetrics cold ms | before / VM | after / VM |")  # fmt: skip
         print("|---|---|---|---|---|---|---|---|---|")
@@ -365,7 +434,16 @@ def main() -> None:
     parser.add_argument(
         "--before-src", type=Path, help="another checkout's src: its cold runs too (alternating)"
     )
+    parser.add_argument(
+        "--rollup-group-rows",
+        type=int,
+        metavar="ROWS",
+        help="also write a second vault with ROWS-row rollup row groups; its cold runs are the "
+        "'after', alternating with the first vault's (this checkout's src reads both)",
+    )
     args = parser.parse_args()
+    if args.before_src and args.rollup_group_rows:
+        parser.error("--before-src and --rollup-group-rows compare different things: one of them")
     nodes = 2 if args.quick else args.nodes
     summary = Summary(simulated(nodes, args.days))
     binary = find_victoria_metrics()
@@ -379,6 +457,12 @@ def main() -> None:
             if vm is not None:
                 vm.start()
             samples = build(summary, vault_path, vm)
+            groups_path = work / "metricvault-groups"
+            if args.rollup_group_rows:
+                build(
+                    Summary(simulated(nodes, args.days)), groups_path, None, args.rollup_group_rows
+                )
+                report_files(vault_path, groups_path)
             if vm is not None:  # a fresh connection: maintain outlasted its keep-alive
                 vm.stop()
                 vm.start()
@@ -394,11 +478,17 @@ def main() -> None:
                     mine = time_runs(partial(case.run_vault, vault), args.warm_runs)
                     peer = time_runs(partial(case.run_vm, vm), args.warm_runs) if vm else None
                     warm[case.key] = (mine, peer)
+            if args.rollup_group_rows:
+                warm_groups(vault_path, groups_path, cases, args.warm_runs)
             for case in cases:
                 call = vault_call(case, summary)
                 if args.before_src:
                     colds, before[case.key] = cold_before_after(
                         vault_path, call, args.cold_runs, args.before_src.resolve()
+                    )
+                elif args.rollup_group_rows:  # after: the second vault; before: the first
+                    colds, before[case.key] = cold_before_after(
+                        groups_path, call, args.cold_runs, REPO_ROOT / "src", vault_path
                     )
                 else:
                     colds = cold_vault(vault_path, call, args.cold_runs)

@@ -2,9 +2,10 @@
 
 Backfills a fresh vault with one simulated day (2 nodes x 8 GPUs at 5 s), maintains it, then
 prints what each physical column of its raw, 1m and 1h files costs per row, the 1m and 1h rows
-written in each layout version (files.FORMAT_VERSION and the earlier ones), and re-encodes the
-integer columns of its raw and 1m files under each candidate encoding and zstd level. Run
-from the repository root (prints the machine's load beside its tables):
+written in each layout version (files.FORMAT_VERSION and the earlier ones) and with rollup row
+groups of 8-64 Ki rows, and re-encodes the integer columns of its raw and 1m files under each
+candidate encoding and zstd level. Run from the repository root (prints the machine's load
+beside its tables):
 
     .venv/bin/python bench/encoding.py [--nodes 2] [--days 1]
 """
@@ -115,6 +116,30 @@ def layouts(vault: Vault) -> None:
         print(f"| {tier} | {rows.num_rows:,} | " + " | ".join(f"{s / n:.2f}" for s in sizes) + " |")
 
 
+def row_groups(vault: Vault, sizes: tuple[int, ...] = (8192, 16384, 32768, 65536)) -> None:
+    """The same rollup rows written with rollup row groups of each size (files.ROW_GROUP_ROWS
+    set for the call): smaller groups let a few series' read decode fewer rows, at the cost of
+    more pages, footers' column chunks and zstd frames."""
+    snap = vault.snapshot()
+    print("\nrollup rows written with row groups of each size (rows per group): B/row")
+    print("| tier | rows | " + " | ".join(f"{n:,}" for n in sizes) + " |")
+    print("|---|---|" + "---|" * len(sizes))
+    kept = fmt.ROW_GROUP_ROWS[True]
+    for tier in ("1m", "1h"):
+        rows = vault.reader.read(snap.tier_files(tier), None, 0, 2**62, tier, use_cache=False)
+        rows = rows.select(list(ROLLUP_COLUMNS))
+        found = []
+        try:
+            for size in sizes:
+                fmt.ROW_GROUP_ROWS[True] = size
+                found.append(
+                    len(fmt.write_parquet(rows, fmt.ROLLUP_FLOATS)) / max(rows.num_rows, 1)
+                )
+        finally:
+            fmt.ROW_GROUP_ROWS[True] = kept
+        print(f"| {tier} | {rows.num_rows:,} | " + " | ".join(f"{b:.3f}" for b in found) + " |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=2)
@@ -129,6 +154,7 @@ def main() -> int:
               f"{samples:,} samples; load average {load}")  # fmt: skip
         per_column(vault, samples)
         layouts(vault)
+        row_groups(vault)
         raw_table(largest_file(vault, "raw"))
         rollup_table(largest_file(vault, "1m"))
     return 0
