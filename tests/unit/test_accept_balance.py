@@ -18,7 +18,7 @@ WAIT_S = 30.0
 
 class Holding(asyncio.Protocol):
     """Keeps its connection open and registers the loop's live connections, as uvicorn's
-    protocol does through ``GuardedH11Protocol``."""
+    protocol does through ``HeadGuard``."""
 
     def __init__(self, loop: BalancedEventLoop, live: set[Holding]) -> None:
         self.loop, self.live = loop, live

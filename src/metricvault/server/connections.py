@@ -1,13 +1,15 @@
 """Connection-level guards of the gateway's HTTP server (below the ASGI app).
 
-uvicorn's h11 protocol waits forever for a request head: a client that connects and sends
+uvicorn's HTTP protocols wait forever for a request head: a client that connects and sends
 nothing, or half a header, holds a connection (and a file descriptor) for good, and a few
 thousand of them (slowloris) exhaust the process's file limit, after which every accept fails
-and asyncio logs a traceback for each failure. :class:`GuardedH11Protocol` closes a connection
+and asyncio logs a traceback for each failure. :class:`HeadGuard` closes a connection
 whose request head is not complete ``header_timeout_s`` after its first byte (or after it
 connected), closes new connections at once while the process holds more than its file limit
 less :data:`FILES_RESERVE`, and answers a request that is not valid HTTP/1.1 (a negative
 ``Content-Length``, a chunk size that is not hex) with a 400 saying what was wrong.
+:class:`GuardedHttpToolsProtocol` (uvicorn's httptools parser, llhttp in C) serves when
+httptools is installed, :class:`GuardedH11Protocol` (pure Python) otherwise.
 :func:`quiet_accept_errors` turns the accept-failure tracebacks into one line per burst;
 :func:`raise_open_file_limit` lifts the soft file limit to the hard one.
 """
@@ -28,6 +30,12 @@ from typing import TYPE_CHECKING, Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+try:
+    import httptools
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - httptools is a dependency; h11 serves without it
+    httptools = None  # type: ignore[assignment]
+
 from metricvault.durations import parse_duration_ms
 from metricvault.server.accept_balance import hold
 
@@ -38,10 +46,16 @@ log = logging.getLogger("metricvault.gateway")
 ACCEPT_LOG_INTERVAL_S = 60.0
 
 
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol plus a deadline for each request head. Idle keep-alive time
-    between requests stays uvicorn's ``timeout_keep_alive``; the deadline starts with the
-    first byte of the next request."""
+if TYPE_CHECKING:
+    _Protocol = H11Protocol  # what the guard reads of either protocol has these types
+else:
+    _Protocol = object
+
+
+class HeadGuard(_Protocol):
+    """A mixin for uvicorn's HTTP protocols: a deadline for each request head, the open
+    connection limit, TCP_NODELAY. Idle keep-alive time between requests stays uvicorn's
+    ``timeout_keep_alive``; the deadline starts with the first byte of the next request."""
 
     def __init__(self, *args: Any, header_timeout_s: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -81,10 +95,10 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
-        """uvicorn calls this while it handles h11's RemoteProtocolError, and says only
-        "Invalid HTTP request received."; the error itself says what was wrong."""
+        """uvicorn calls this while it handles its parser's error, and says only "Invalid
+        HTTP request received."; the error itself says what was wrong."""
         exc = sys.exc_info()[1]
-        if isinstance(exc, h11.RemoteProtocolError):
+        if isinstance(exc, _PARSER_ERRORS):
             msg = invalid_http_message(str(exc))
         super().send_400_response(msg)
 
@@ -107,18 +121,42 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
 
 
-# what to do about each of h11's refusals, by the words its message starts with
+class GuardedH11Protocol(HeadGuard, H11Protocol):
+    """uvicorn's h11 protocol (pure Python) with :class:`HeadGuard`."""
+
+
+_PARSER_ERRORS: tuple[type[Exception], ...] = (h11.RemoteProtocolError,)
+HTTP_PROTOCOL: type[HeadGuard] = GuardedH11Protocol
+if httptools is not None:
+
+    class GuardedHttpToolsProtocol(HeadGuard, HttpToolsProtocol):  # type: ignore[misc]
+        """uvicorn's httptools protocol (llhttp, in C) with :class:`HeadGuard`."""
+
+    _PARSER_ERRORS += (httptools.HttpParserError,)
+    HTTP_PROTOCOL = GuardedHttpToolsProtocol
+
+
+_CONTENT_LENGTH_FIX = "Content-Length must be the body's size in bytes, a decimal >= 0"
+_CHUNK_FIX = "each chunk of a chunked body starts with its size in hex and CRLF"
+_ENCODING_FIX = "send the body with Content-Length or Transfer-Encoding: chunked"
+# what to do about each of the parsers' refusals (h11's, then llhttp's), by the words its
+# message starts with
 _HTTP_FIXES = (
-    ("bad Content-Length", "Content-Length must be the body's size in bytes, a decimal >= 0"),
+    ("bad Content-Length", _CONTENT_LENGTH_FIX),
     ("conflicting Content-Length", "send one Content-Length header"),
-    ("illegal chunk header", "each chunk of a chunked body starts with its size in hex and CRLF"),
-    ("Only Transfer-Encoding", "send the body with Content-Length or Transfer-Encoding: chunked"),
+    ("illegal chunk header", _CHUNK_FIX),
+    ("Only Transfer-Encoding", _ENCODING_FIX),
     ("Missing mandatory Host", "send a Host header (HTTP/1.1 requires one)"),
+    ("Invalid character in Content-Length", _CONTENT_LENGTH_FIX),
+    ("Duplicate Content-Length", "send one Content-Length header"),
+    ("Invalid character in chunk size", _CHUNK_FIX),
+    ("Request has invalid `Transfer-Encoding`", _ENCODING_FIX),
 )
 
 
 def invalid_http_message(error: str) -> str:
-    """The 400's body for a request h11 refused as invalid HTTP/1.1 (``error``: its words)."""
+    """The 400's body for a request the parser refused as invalid HTTP/1.1 (``error``: its
+    words)."""
     fix = next((f for start, f in _HTTP_FIXES if error.startswith(start)), "")
     fix = fix or "send a well-formed HTTP/1.1 request (RFC 9112)"
     error = re.sub(r"bytearray\((b'.*')\)", r"\1", error)  # h11 shows the bytes it refused
@@ -219,5 +257,5 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "timeout_keep_alive": parse_duration_ms(settings.gateway_keep_alive) / 1000,
         "limit_concurrency": settings.gateway_max_connections,
         # a partial of an importable class: it pickles into spawned worker processes
-        "http": functools.partial(GuardedH11Protocol, header_timeout_s=header_timeout_s),
+        "http": functools.partial(HTTP_PROTOCOL, header_timeout_s=header_timeout_s),
     }
