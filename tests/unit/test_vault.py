@@ -15,7 +15,8 @@ from metricvault import Vault
 from metricvault.config import RetentionOverride
 from metricvault.errors import InputError, LabelError, SelectorError, ValueRangeError
 from metricvault.store import maintenance
-from metricvault.store.catalog import Catalog
+from metricvault.store import vault as vault_module
+from metricvault.store.catalog import Catalog, Change, Snapshot
 from metricvault.store.query import Segment, plan
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -364,3 +365,63 @@ def test_maintain_flushes_the_buffers_of_other_writers(tmp_path):
         assert len(v.query("gpu_util", T0, T0 + D)) == 100
     state = tmp_path / "v" / "state"
     assert not list(state.glob("buffer-worker-*"))  # flushed and its owner gone: removed
+
+
+class FrozenClock:
+    """``metricvault.store.vault.monotonic``, moved on only by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_writes_check_the_horizon_without_reading_the_catalog_each_time(tmp_path, monkeypatch):
+    clock = FrozenClock()
+    monkeypatch.setattr(vault_module, "monotonic", clock)
+    with Vault.open_local(str(tmp_path / "v")) as v:
+        v.write(gauge_rows(10, 1))
+        v.flush()  # a catalog version to keep
+        reads: list[int] = []
+        read = v.catalog.current
+
+        def counted() -> Snapshot:
+            reads.append(1)
+            return read()
+
+        monkeypatch.setattr(v.catalog, "current", counted)
+        v.write(gauge_rows(10, 1, start=T0 + H))  # may read: the clock was not read yet
+        reads.clear()
+        for i in range(20):
+            v.write(gauge_rows(10, 1, start=T0 + (i + 2) * H))
+        assert reads == []
+        clock.now += vault_module.HORIZON_RECHECK_S
+        v.write(gauge_rows(10, 1, start=T0 + 30 * H))
+        assert reads == [1]
+
+
+def test_retention_by_another_process_reaches_writes_within_the_recheck(tmp_path, monkeypatch):
+    clock = FrozenClock()
+    monkeypatch.setattr(vault_module, "monotonic", clock)
+    with Vault.open_local(str(tmp_path / "v")) as v:
+        v.write(gauge_rows(10, 1, start=T0 + 3 * D))
+        assert v.min_writable_ms() == 0
+        other = Catalog(v.location)  # another process's view of the same vault
+        other.commit(Change(raw_horizon_ms=T0 + D))
+        late = gauge_rows(1, 1, start=T0 + D + 30 * 60_000)
+        clock.now += vault_module.HORIZON_RECHECK_S
+        with pytest.raises(ValueRangeError, match="dropped by retention"):
+            v.write(late)
+        assert v.min_writable_ms() > T0 + D
+
+
+def test_retention_by_this_vault_reaches_its_next_write_at_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(vault_module, "monotonic", FrozenClock())  # no re-read of the catalog
+    with Vault.open_local(str(tmp_path / "v"), retention_raw="1d") as v:
+        v.write(gauge_rows(720 * 24 * 3, 1))
+        assert v.min_writable_ms() == 0
+        v.maintain(now_ms=T0 + 3 * D + H)
+        late = [("gpu_util", {"gpu": "0", "Hostname": "node01"}, T0 + 2 * D + 30 * 60_000, 5.0)]
+        with pytest.raises(ValueRangeError, match="dropped by retention"):
+            v.write(late)

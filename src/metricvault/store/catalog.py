@@ -311,6 +311,10 @@ class Catalog:
             )
             return None
 
+    def cached(self) -> Snapshot | None:
+        """The snapshot this catalog last read or committed (None before any), without I/O."""
+        return self._cached
+
     def current(self) -> Snapshot:
         """The newest readable snapshot. A warm catalog probes the versions after the one it
         has (``v<N+1>`` absent: one GET) instead of listing catalog/, whose cost grows with

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from time import monotonic
 from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
@@ -73,6 +74,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("metricvault")
 
 
+# seconds a write may go on checking against the catalog's snapshot in memory before
+# reading the catalog again: how soon another process's retention reaches this one's writes
+HORIZON_RECHECK_S = 1.0
+
+
 class Vault:
     """A metric store on local disk or S3: the store itself. Users open it with
     ``metricvault.open(...)`` or ``metricvault.Vault.open(...)``, whose class adds the
@@ -97,6 +103,7 @@ class Vault:
         self._write_lock = threading.Lock()  # buffer appends and the series index
         self._lock_file = open(location.state_dir / layout.VAULT_LOCK, "a+")  # noqa: SIM115
         self._lookback = parse_duration_ms(settings.counter_lookback)
+        self._horizon_read_at = float("-inf")  # monotonic time of min_writable_ms' last read
         self._flusher: threading.Thread | None = None
         self._checked = CheckedKeys()  # series rows checked against the index (write path)
         self._flush_wanted = threading.Event()
@@ -368,8 +375,19 @@ class Vault:
         Once retention has dropped raw data before ``raw_horizon``, a late sample there (or
         within one counter lookback after it) could not be deduplicated or rolled up exactly,
         so it is refused rather than folded into the rollups approximately.
+
+        The catalog's snapshot in memory answers (no I/O per write): it is this process's
+        newest, replaced by each of its commits (its own retention is seen at once) and each
+        of its reads. The catalog itself is read at most every ``HORIZON_RECHECK_S``, so
+        another process's retention is seen within that; a sample it accepted meanwhile
+        below the new horizon is kept in raw and not rolled up, as the flush says.
         """
-        return self._min_writable(self.catalog.current())
+        snap = self.catalog.cached()
+        now = monotonic()
+        if snap is None or now - self._horizon_read_at >= HORIZON_RECHECK_S:
+            snap = self.catalog.current()
+            self._horizon_read_at = now
+        return self._min_writable(snap)
 
     def _min_writable(self, snap: Snapshot) -> int:
         if not snap.raw_horizon_ms:
