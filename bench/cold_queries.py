@@ -63,7 +63,6 @@ from bench.peers import VM_INSTALL_HINT, VictoriaMetrics, find_victoria_metrics
 from bench.queries import QueryCase, Timing, query_cases, time_runs
 
 HOUR_MS = 3_600_000
-ROLLUP_ROWS = 65_536  # the writer's rollup row groups (store/files.py), for the report
 
 # What a fresh process runs: imports timed apart, then open + the one query. The query's
 # arguments come as JSON (argv[2]); it prints one JSON line of milliseconds.
@@ -399,8 +398,11 @@ def report(
             f"| {_median([c.query_ms for c in colds]):.1f} | {colds[0].rows} |"
         )
     if before:
+        from metricvault.store import files
+
         was_label = (
-            f"rollup row groups of {ROLLUP_ROWS:,} rows; after: of {args.rollup_group_rows:,}"
+            f"rollup row groups of {files.ROW_GROUP_ROWS[True]:,} rows; "
+            f"after: of {args.rollup_group_rows:,}"
             if args.rollup_group_rows
             else args.before_src
         )

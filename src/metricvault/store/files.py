@@ -33,8 +33,10 @@ ZSTD_LEVEL = 15  # a little smaller than 9 at small CPU cost: bench/encoding.py
 # level, they cost the ingest path a fraction of level 15's CPU for a few percent more bytes
 # until then. A flush into a closed day is written at ZSTD_LEVEL (``Vault._flush_level``).
 FLUSH_ZSTD_LEVEL = 5  # as cheap as 1 here, 2 % smaller (1.057 vs 1.080 B/sample at 15: 1.022)
-# Raw files: 256 Ki rows per row group; rollup rows are wider and read a few series at a time.
-ROW_GROUP_ROWS = {False: 256 * 1024, True: 64 * 1024}
+# Raw files: 256 Ki rows per row group; rollup rows are wider and read a few series at a time:
+# 32 Ki rows (docs/decisions/0012: against 64 Ki, a fresh process's read of one series' day of
+# 1m rows, 1,440 of a group's rows, takes ~2 ms less CPU, for 0.03-0.25 % more bytes).
+ROW_GROUP_ROWS = {False: 256 * 1024, True: 32 * 1024}
 # The layout version this writer records in each data file's key-value metadata
 # (docs/decisions/0006). 1: files written before the key existed; 2: the sketch lists
 # byte-stream-split; 3: also, in rollup files, ``first`` stored as ``first_d`` (its distance
