@@ -64,3 +64,14 @@ def test_h11_refusals_say_what_to_fix() -> None:
     with pytest.raises(h11.RemoteProtocolError) as caught:
         connection.next_event()
     assert "Content-Length must be the body's size" in invalid_http_message(str(caught.value))
+
+
+def test_a_missing_host_is_refused_in_h11s_words_saying_what_to_fix() -> None:
+    from metricvault.server.connections import MISSING_HOST
+
+    connection = h11.Connection(h11.SERVER)
+    connection.receive_data(b"GET / HTTP/1.1\r\n\r\n")
+    with pytest.raises(h11.RemoteProtocolError) as caught:
+        connection.next_event()
+    assert str(caught.value) == MISSING_HOST
+    assert "send a Host header" in invalid_http_message(MISSING_HOST)

@@ -98,6 +98,8 @@ class HeadGuard(_Protocol):
         """uvicorn calls this while it handles its parser's error, and says only "Invalid
         HTTP request received."; the error itself says what was wrong."""
         exc = sys.exc_info()[1]
+        if httptools is not None and isinstance(exc, httptools.HttpParserCallbackError):
+            exc = exc.__context__  # a refusal of our own callback (a missing Host)
         if isinstance(exc, _PARSER_ERRORS):
             msg = invalid_http_message(str(exc))
         super().send_400_response(msg)
@@ -126,11 +128,21 @@ class GuardedH11Protocol(HeadGuard, H11Protocol):
 
 
 _PARSER_ERRORS: tuple[type[Exception], ...] = (h11.RemoteProtocolError,)
+MISSING_HOST = "Missing mandatory Host: header"  # h11's words
 HTTP_PROTOCOL: type[HeadGuard] = GuardedH11Protocol
 if httptools is not None:
 
     class GuardedHttpToolsProtocol(HeadGuard, HttpToolsProtocol):  # type: ignore[misc]
-        """uvicorn's httptools protocol (llhttp, in C) with :class:`HeadGuard`."""
+        """uvicorn's httptools protocol (llhttp, in C) with :class:`HeadGuard`; an HTTP/1.1
+        request without a Host header is refused as h11 refuses it (RFC 9112, 3.2: llhttp
+        lets it through)."""
+
+        def on_headers_complete(self) -> None:
+            if self.parser.get_http_version() == "1.1" and not any(
+                name == b"host" for name, _ in self.headers
+            ):
+                raise httptools.HttpParserError(MISSING_HOST)
+            super().on_headers_complete()
 
     _PARSER_ERRORS += (httptools.HttpParserError,)
     HTTP_PROTOCOL = GuardedHttpToolsProtocol

@@ -250,6 +250,7 @@ GARBAGE = {
     "chunk size not hex": (CHUNKED + b"zz\r\nhello\r\n0\r\n\r\n", BAD_CHUNK),
     "a later chunk size not hex": (CHUNKED + b"5\r\nhello\r\nxyz\r\n", BAD_CHUNK),
     "request line": (b"GARBAGE\r\n\r\n", ("illegal request line", "Invalid method")),
+    "no Host header": (b"GET /-/healthy HTTP/1.1\r\n\r\n", ("Missing mandatory Host",)),
     "header line": (
         b"GET /-/healthy HTTP/1.1\r\nHost 1\r\n\r\n",
         ("illegal header line", "Invalid header token"),
