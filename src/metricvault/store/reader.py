@@ -439,21 +439,13 @@ _PROJECTED_ALWAYS = frozenset({"series_id", "ts", "count", "scale"})
 
 def _slice_series(table: pa.Table, ids: np.ndarray) -> pa.Table:
     """Rows of the given series from a table sorted by series_id, by binary search."""
-    sid = (
-        table["series_id"].chunk(0).to_numpy()
-        if table["series_id"].num_chunks == 1
-        else (table["series_id"].to_numpy())
-    )
-    lo = np.searchsorted(sid, ids, "left")
-    hi = np.searchsorted(sid, ids, "right")
-    held = hi > lo
-    lo, hi = lo[held], hi[held]
+    sid = _column(table, "series_id")
+    lo, hi = _series_runs(sid, ids)
     if lo.size == 0:
         return table.slice(0, 0)
     # Runs of wanted series that touch each other become one slice; slices share the
     # (cached) decoded buffers, where a filter would copy every column.
-    starts = np.r_[True, lo[1:] != hi[:-1]]
-    run_lo, run_hi = lo[starts], np.r_[hi[:-1][starts[1:]], hi[-1]]
+    run_lo, run_hi = _joined(lo, hi)
     if run_lo.size == 1 and run_lo[0] == 0 and run_hi[0] == len(sid):
         return table
     if run_lo.size > _MAX_SLICES:  # one filter beats many slices (and a many-chunk table)
@@ -461,8 +453,7 @@ def _slice_series(table: pa.Table, ids: np.ndarray) -> pa.Table:
         np.add.at(edges, run_lo, 1)
         np.add.at(edges, run_hi, -1)
         return table.filter(pa.array(np.cumsum(edges[:-1]) > 0))
-    pieces = [table.slice(a, b - a) for a, b in zip(run_lo.tolist(), run_hi.tolist(), strict=True)]
-    return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+    return _slices(table, run_lo, run_hi)
 
 
 def slice_rows(table: pa.Table, ids: np.ndarray | None, start: int, end: int) -> pa.Table:
@@ -473,24 +464,18 @@ def slice_rows(table: pa.Table, ids: np.ndarray | None, start: int, end: int) ->
     if table.num_rows == 0:
         return table
     sid = _column(table, "series_id")
-    if ids is None:
-        cut = np.flatnonzero(sid[1:] != sid[:-1]) + 1
-        lo, hi = np.r_[0, cut], np.r_[cut, sid.size]
-    else:
-        lo, hi = np.searchsorted(sid, ids, "left"), np.searchsorted(sid, ids, "right")
+    lo, hi = _series_runs(sid, ids)
     ts = _column(table, "ts")
     first, last = _lower_bounds(ts, lo, hi, start), _lower_bounds(ts, lo, hi, end)
     held = last > first
     first, last = first[held], last[held]
     if first.size == 0:
         return table.slice(0, 0)
-    joins = np.r_[True, first[1:] != last[:-1]]  # runs that touch each other become one
-    first, last = first[joins], np.r_[last[:-1][joins[1:]], last[-1]]
+    first, last = _joined(first, last)
     if first.size == 1 and first[0] == 0 and last[0] == sid.size:
         return table
     if first.size <= _FEW_SLICES:  # slices share the (cached) decoded buffers
-        pieces = [table.slice(a, b - a) for a, b in zip(first.tolist(), last.tolist(), strict=True)]
-        return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+        return _slices(table, first, last)
     lengths = last - first
     before = np.cumsum(lengths) - lengths  # rows taken from the runs before each
     rows = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(first - before, lengths)
@@ -531,15 +516,8 @@ def newest_at(
     duplicates across files then resolved as for all rows."""
     if table.num_rows == 0 or at.size == 0:
         return table.slice(0, 0)
-    sid = _column(table, "series_id")
     ts = _column(table, "ts")
-    if ids is None:
-        cut = np.flatnonzero(sid[1:] != sid[:-1]) + 1
-        lo, hi = np.r_[0, cut], np.r_[cut, sid.size]
-    else:
-        lo, hi = np.searchsorted(sid, ids, "left"), np.searchsorted(sid, ids, "right")
-        held = hi > lo
-        lo, hi = lo[held], hi[held]
+    lo, hi = _series_runs(_column(table, "series_id"), ids)
     rows = []
     for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
         run = ts[a:b]
@@ -557,6 +535,29 @@ def newest_at(
     if not rows:
         return table.slice(0, 0)
     return table.take(pa.array(np.concatenate(rows)))
+
+
+def _series_runs(sid: np.ndarray, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """``[lo, hi)`` of each series' rows in ``sid`` (sorted, not empty), of the series
+    ``ids`` (None: every series there); series without rows are left out."""
+    if ids is None:
+        cut = np.flatnonzero(sid[1:] != sid[:-1]) + 1
+        return np.r_[0, cut], np.r_[cut, sid.size]
+    lo, hi = np.searchsorted(sid, ids, "left"), np.searchsorted(sid, ids, "right")
+    held = hi > lo
+    return lo[held], hi[held]
+
+
+def _joined(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ascending runs ``[lo, hi)`` (at least one) with those that touch each other as one."""
+    starts = np.r_[True, lo[1:] != hi[:-1]]
+    return lo[starts], np.r_[hi[:-1][starts[1:]], hi[-1]]
+
+
+def _slices(table: pa.Table, lo: np.ndarray, hi: np.ndarray) -> pa.Table:
+    """The rows ``[lo, hi)`` of each run, as slices (they share the decoded buffers)."""
+    pieces = [table.slice(a, b - a) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+    return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
 
 
 def _column(table: pa.Table, name: str) -> np.ndarray:
