@@ -82,6 +82,20 @@ def listening() -> Iterator[socket.socket]:
         listener.close()
 
 
+@contextmanager
+def cleaned_up() -> Iterator[tuple[list[Worker], list[socket.socket]]]:
+    """Lists to put workers and client sockets in: all closed and stopped at the end."""
+    workers: list[Worker] = []
+    clients: list[socket.socket] = []
+    try:
+        yield workers, clients
+    finally:
+        for client in clients:
+            client.close()
+        for worker in workers:
+            worker.stop()
+
+
 def connect(listener: socket.socket, count: int) -> list[socket.socket]:
     return [socket.create_connection(listener.getsockname()) for _ in range(count)]
 
@@ -97,72 +111,48 @@ def wait_held(workers: list[Worker], total: int) -> list[int]:
 
 
 def test_a_burst_of_connections_is_spread_over_the_workers():
-    with listening() as listener:
-        workers = [Worker(listener), Worker(listener)]
-        clients: list[socket.socket] = []
-        try:
-            clients = connect(listener, 6)  # all waiting at once, as a sender's shards open
-            counts = wait_held(workers, 6)
-            assert sorted(counts) == [3, 3]
-        finally:
-            for client in clients:
-                client.close()
-            for worker in workers:
-                worker.stop()
+    with listening() as listener, cleaned_up() as (workers, clients):
+        workers += [Worker(listener), Worker(listener)]
+        clients += connect(listener, 6)  # all waiting at once, as a sender's shards open
+        counts = wait_held(workers, 6)
+        assert sorted(counts) == [3, 3]
 
 
 def test_the_worker_holding_fewer_connections_takes_the_next_one():
-    with listening() as listener:
-        workers = [Worker(listener)]
-        clients: list[socket.socket] = []
-        try:
-            clients += connect(listener, 2)
-            assert wait_held(workers, 2) == [2]
-            workers.append(Worker(listener))  # a worker that starts late, holding none
-            clients += connect(listener, 2)  # the first waits two steps, the new one none
-            assert wait_held(workers, 4) == [2, 2]
-        finally:
-            for client in clients:
-                client.close()
-            for worker in workers:
-                worker.stop()
+    with listening() as listener, cleaned_up() as (workers, clients):
+        workers.append(Worker(listener))
+        clients += connect(listener, 2)
+        assert wait_held(workers, 2) == [2]
+        workers.append(Worker(listener))  # a worker that starts late, holding none
+        clients += connect(listener, 2)  # the first waits two steps, the new one none
+        assert wait_held(workers, 4) == [2, 2]
 
 
 def test_a_worker_alone_accepts_every_connection_after_its_waits():
-    with listening() as listener:
+    with listening() as listener, cleaned_up() as (workers, clients):
         worker = Worker(listener)
+        workers.append(worker)
         worker.loop.step_s = 0.01
-        clients: list[socket.socket] = []
-        try:
-            clients = connect(listener, 5)
-            assert wait_held([worker], 5) == [5]
-        finally:
-            for client in clients:
-                client.close()
-            worker.stop()
+        clients += connect(listener, 5)
+        assert wait_held([worker], 5) == [5]
 
 
 def test_closing_the_server_while_a_worker_waits_stops_accepting_cleanly():
-    with listening() as listener:
+    with listening() as listener, cleaned_up() as (workers, clients):
         worker = Worker(listener)
+        workers.append(worker)
         worker.loop.step_s = 1.0
-        clients: list[socket.socket] = []
         errors: list[object] = []
         worker.loop.set_exception_handler(lambda loop, context: errors.append(context))
-        try:
-            clients = connect(listener, 2)  # the first is taken, the second waits a step
-            assert wait_held([worker], 1) == [1]
-            closed = asyncio.run_coroutine_threadsafe(_close(worker), worker.loop)
-            closed.result(WAIT_S)
-            resumed = threading.Event()
-            worker.loop.call_later(1.5, resumed.set)  # past the worker's wait
-            assert resumed.wait(WAIT_S)
-            assert worker.held() == 1
-            assert errors == []
-        finally:
-            for client in clients:
-                client.close()
-            worker.stop()
+        clients += connect(listener, 2)  # the first is taken, the second waits a step
+        assert wait_held([worker], 1) == [1]
+        closed = asyncio.run_coroutine_threadsafe(_close(worker), worker.loop)
+        closed.result(WAIT_S)
+        resumed = threading.Event()
+        worker.loop.call_later(1.5, resumed.set)  # past the worker's wait
+        assert resumed.wait(WAIT_S)
+        assert worker.held() == 1
+        assert errors == []
 
 
 async def _close(worker: Worker) -> None:
