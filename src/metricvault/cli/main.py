@@ -501,6 +501,7 @@ def serve(
     from metricvault.server.app import SETTINGS_ENV, create_app
     from metricvault.server.auth import check_listener
     from metricvault.server.connections import raise_open_file_limit, uvicorn_options
+    from metricvault.server.ui_common import freeze_startup_heap
 
     settings = load_settings(data, config, set_)
     if listen:
@@ -545,7 +546,9 @@ def serve(
     # flush); exit through the finally below instead of dying with status 143
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        uvicorn.run(create_app(vault, settings), **options)
+        app = create_app(vault, settings)
+        freeze_startup_heap()  # as `metricvault ui` does, before the gateway listens
+        uvicorn.run(app, **options)
     finally:
         vault.close()
 

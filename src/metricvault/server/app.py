@@ -50,6 +50,7 @@ from metricvault.server.auth import authenticate_request
 from metricvault.server.connections import quiet_accept_errors
 from metricvault.server.limits import NewSeriesLimiter
 from metricvault.server.metrics import GatewayMetrics
+from metricvault.server.ui_common import freeze_startup_heap
 from metricvault.store.layout import worker_buffer_name
 from metricvault.store.vault import Vault
 
@@ -222,7 +223,9 @@ def app_from_environment() -> Starlette:
     # the workers' self-metrics go to files shared by this serve run (prometheus-client's
     # multiprocess mode), so /metrics counts every worker whichever one answers
     metrics = GatewayMetrics.for_worker(vault.state_dir)
-    return create_app(vault, settings, close_vault=True, metrics=metrics)
+    app = create_app(vault, settings, close_vault=True, metrics=metrics)
+    freeze_startup_heap()  # as `metricvault ui` does, before this worker listens
+    return app
 
 
 def _die_with_parent() -> None:
