@@ -18,6 +18,7 @@ later.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import json
@@ -26,7 +27,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +56,9 @@ from metricvault.store.layout import worker_buffer_name
 from metricvault.store.vault import Vault
 
 log = logging.getLogger("metricvault.gateway")
+T = TypeVar("T")
+# threads for remote_write's decode + store: as many as anyio's default pool lends
+WRITE_THREADS = 40
 
 
 class Gateway:
@@ -67,6 +71,30 @@ class Gateway:
         self.limiter = NewSeriesLimiter(settings.max_new_series_per_minute)
         self.ready = False
         self._decode_limits: dict[str, Any] | None = None
+        self._writers: concurrent.futures.ThreadPoolExecutor | None = None
+
+    async def in_write_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the gateway's own write threads (a plain executor hop, cheaper
+        on the event loop than anyio's). As with anyio's hand-off, a cancelled request still
+        waits for its thread to finish, so nothing is written after the gateway drains."""
+        if self._writers is None:
+            self._writers = concurrent.futures.ThreadPoolExecutor(
+                WRITE_THREADS, thread_name_prefix="metricvault-write"
+            )
+        job = self._writers.submit(fn, *args)
+        try:
+            return await asyncio.wrap_future(job)
+        except asyncio.CancelledError:
+            while not job.cancel() and not job.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wrap_future(job)
+            raise
+
+    def close_write_threads(self) -> None:
+        """Wait for the write threads' work to end (blocking) and stop them."""
+        writers, self._writers = self._writers, None
+        if writers is not None:
+            writers.shutdown(wait=True)
 
     # ------------------------------------------------------------------ plumbing
     async def body(self, request: Request) -> bytes:
@@ -268,6 +296,7 @@ def create_app(
             for task in tasks:
                 task.cancel()
             try:
+                await run_in_threadpool(gateway.close_write_threads)
                 await run_in_threadpool(vault.close if close_vault else vault.flush)  # drain all
             finally:
                 gateway.metrics.close()

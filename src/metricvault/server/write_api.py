@@ -80,7 +80,7 @@ class Writes:
 
         async def work(req: Request, who: Principal) -> Response:
             body = await gateway.body(req)
-            decoded, stored = await run_in_threadpool(decode_and_store, body, req, who)
+            decoded, stored = await gateway.in_write_thread(decode_and_store, body, req, who)
             if stored is not None:
                 return Response(status_code=204, headers=_written_headers(decoded, stored))
             ha = None
