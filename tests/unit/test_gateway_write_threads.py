@@ -94,3 +94,29 @@ def test_closing_waits_for_work_in_flight():
         await task
 
     asyncio.run(main())
+
+
+def test_a_cancelled_request_stays_cancelled_when_its_store_then_fails():
+    gateway = _gateway()
+    started, release = threading.Event(), threading.Event()
+
+    def failing_store() -> None:
+        started.set()
+        release.wait(30)
+        raise ValueError("disk full")
+
+    async def main() -> None:
+        task = asyncio.create_task(gateway.in_write_thread(failing_store))
+        while not started.is_set():
+            await asyncio.sleep(0.005)
+        task.cancel()
+        await asyncio.sleep(0.05)
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+        gateway.close_write_threads()

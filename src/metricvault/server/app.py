@@ -85,9 +85,13 @@ class Gateway:
         try:
             return await asyncio.wrap_future(job)
         except asyncio.CancelledError:
-            while not job.cancel() and not job.done():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wrap_future(job)
+            if not job.cancel():  # queued work is dropped; running work ends first
+                ended = asyncio.wrap_future(job)
+                while not ended.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait([ended])  # returns, never raises the job's error
+                if not ended.cancelled():
+                    ended.exception()  # retrieved: the request's cancellation is what ends it
             raise
 
     def close_write_threads(self) -> None:
