@@ -42,6 +42,53 @@ def test_ordered_runs_are_merged_without_a_sort() -> None:
     assert out["ts"].to_pylist() == [10, 20, 10, 20]
 
 
+def _runs_table(runs: list[tuple[int, list[int]]]) -> pa.Table:
+    sid = [series for series, times in runs for _ in times]
+    ts = [t for _, times in runs for t in times]
+    return pa.table(
+        {
+            "series_id": pa.array(sid, pa.int64()),
+            "ts": pa.array(ts, pa.int64()),
+            "value": pa.array([float(s * 1000 + t) for s, t in zip(sid, ts, strict=True)]),
+        }
+    )
+
+
+def _rows(table: pa.Table) -> list[tuple[int, int, float]]:
+    return list(zip(*(table[c].to_pylist() for c in ("series_id", "ts", "value")), strict=True))
+
+
+def _expected(table: pa.Table) -> list[tuple[int, int, float]]:
+    return sorted(_rows(table))
+
+
+def test_long_runs_of_day_files_are_moved_as_slices_in_series_order() -> None:
+    # two "day files", each holding series 9 then 4 in runs of 40 rows
+    day1, day2 = list(range(0, 40)), list(range(40, 80))
+    table = _runs_table([(9, day1), (4, day1), (9, day2), (4, day2)])
+    out = _series_major(table)
+    assert out["ts"].num_chunks == 4  # slices, not a copy of every row
+    assert _rows(out) == _expected(table)
+
+
+def test_short_runs_out_of_order_are_taken_row_by_row() -> None:
+    table = _runs_table([(2, [5, 6]), (1, [5, 6]), (2, [1, 2]), (1, [1, 2])])
+    out = _series_major(table)
+    assert _rows(out) == _expected(table)
+
+
+def test_runs_of_one_series_that_overlap_in_time_are_sorted_row_by_row() -> None:
+    # each run is increasing, but the second's times fall inside the first's
+    table = _runs_table([(3, list(range(0, 80, 2))), (3, list(range(1, 81, 2))), (1, [0, 1])])
+    out = _series_major(table)
+    assert _rows(out) == _expected(table)
+
+
+def test_rows_already_in_order_come_back_as_they_are() -> None:
+    table = _runs_table([(1, list(range(50))), (2, list(range(50)))])
+    assert _series_major(table) is table
+
+
 def _write(vault: Vault, start: int, end: int) -> None:
     ts = np.arange(start, end, MIN)
     vault.write([("gpu_util", {"gpu": "0"}, int(t), float((t - T0) // MIN)) for t in ts])
