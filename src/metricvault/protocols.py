@@ -152,13 +152,44 @@ BUCKET_COLUMNS = (
     "ts", "count", "sum", "min", "max", "first", "first_ts", "last", "last_ts", "increase",
     "nonfinite",
 )  # fmt: skip
+# The columns every bucket function reads (promql/tiers.py: window positions, the first and
+# last samples, the exactness check), and those each reads beside them; a function not named
+# (the spread ones) reads all of BUCKET_COLUMNS, ``m2`` and the sketches. The window cache
+# reads its rows as ``sum_over_time``'s (promql/window_cache.py ``_ROW_HINT``), so that one
+# keeps ``min`` and ``max``.
+_BUCKET_ROWS = ("ts", "count", "first", "first_ts", "last", "last_ts", "nonfinite")
+_BUCKET_OWN: dict[str | None, tuple[str, ...]] = {
+    None: (),  # a plain selector's samples
+    "rate": ("increase",),
+    "increase": ("increase",),
+    "delta": (),
+    "count_over_time": (),
+    "present_over_time": (),
+    "last_over_time": (),
+    "avg_over_time": ("sum",),
+    "sum_over_time": ("sum", "min", "max"),
+    "min_over_time": ("min",),
+    "max_over_time": ("max",),
+}
+
+
+def bucket_columns(func: str | None) -> tuple[str, ...]:
+    """The :data:`BUCKET_COLUMNS` (and ``m2``) that ``func``'s answer reads from the rows of
+    :meth:`SampleSource.select_buckets`: a store may leave the others out of
+    :attr:`SeriesBuckets.columns` (it need not)."""
+    own = _BUCKET_OWN.get(func)
+    if own is None:
+        return (*BUCKET_COLUMNS, "m2")
+    return tuple(c for c in BUCKET_COLUMNS if c in _BUCKET_ROWS or c in own)
 
 
 @dataclass
 class SeriesBuckets:
     """One series' rollup rows, sorted by bucket start; ``columns`` maps each of
-    :data:`BUCKET_COLUMNS` to an array (float64, NaN where a row has no value;
-    ``first_ts``/``last_ts`` -1 there)."""
+    :data:`BUCKET_COLUMNS` (at least those :func:`bucket_columns` names for the hints'
+    function) to an array (float64, NaN where a row has no value; ``first_ts``/``last_ts``
+    -1 there), and the rows' sketches (``sketch_start``, ``sketch_end``, ``sketch_held``,
+    ``sketch_codes``, ``sketch_counts``)."""
 
     labels: dict[str, str]
     counter: bool

@@ -14,7 +14,14 @@ import pytest
 
 from metricvault.promql import Engine, EngineOptions, MemorySource
 from metricvault.promql.values import QueryResult
-from metricvault.protocols import BucketSelection, Horizons, SeriesBuckets
+from metricvault.protocols import (
+    BUCKET_COLUMNS,
+    BUCKET_FUNCTIONS,
+    BucketSelection,
+    Horizons,
+    SeriesBuckets,
+    bucket_columns,
+)
 
 HOUR = 3_600_000
 MIN = 60_000
@@ -96,6 +103,33 @@ def test_aligned_windows_are_answered_from_rollups_exactly(engines, expr, step, 
     _agree(got, raw.evaluate(expr, start, end, step))
     assert got.served_by == tiers, got.served_by
     assert got.warnings == []
+
+
+SKETCH_KEYS = {"sketch_start", "sketch_end", "sketch_held", "sketch_codes", "sketch_counts"}
+
+
+@pytest.mark.parametrize("func", [*sorted(BUCKET_FUNCTIONS), None])
+def test_the_vault_hands_over_only_the_bucket_columns_the_function_reads(engines, func) -> None:
+    from metricvault.promql.source import hints_for
+    from metricvault.selector import Matcher
+
+    *_, vault = engines
+    refs = T0 + 2 * HOUR + HOUR * np.arange(4)
+    matchers = [Matcher("__name__", "=", "energy_total")]
+    selection = vault.select_buckets(matchers, hints_for(refs, HOUR, func, False))
+    assert selection is not None and selection.series
+    wanted = set(bucket_columns(func))
+    assert {"ts", "count", "first", "first_ts", "last", "last_ts", "nonfinite"} <= wanted
+    for s in selection.series:
+        assert set(s.columns) == wanted | SKETCH_KEYS, func
+
+
+def test_bucket_columns_name_each_functions_own_and_all_for_the_others() -> None:
+    assert "increase" in bucket_columns("rate") and "sum" not in bucket_columns("rate")
+    assert "sum" in bucket_columns("avg_over_time") and "max" not in bucket_columns("avg_over_time")
+    assert {"sum", "min", "max"} <= set(bucket_columns("sum_over_time"))  # the window cache's
+    assert bucket_columns("quantile_over_time") == (*BUCKET_COLUMNS, "m2")
+    assert bucket_columns("stddev_over_time") == (*BUCKET_COLUMNS, "m2")
 
 
 def test_instant_queries_on_a_boundary_use_rollups(engines) -> None:

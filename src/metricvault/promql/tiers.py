@@ -224,7 +224,8 @@ def _evaluate_batch(
     highest = max([int(p.refs.max()), *(int(t[-1]) for t in held)])
     if len(cols) == 1 or not held or highest - lowest >= 1 << _KEY_BITS:
         return [_evaluate(name, c, p, rv, lookback_ms) for c in cols]
-    flat = {k: np.concatenate([c[k] for c in cols]) for k in _ROW_COLUMNS}
+    # the columns the store handed over (protocols.bucket_columns: those ``name`` reads)
+    flat = {k: np.concatenate([c[k] for c in cols]) for k in _ROW_COLUMNS if k in cols[0]}
     starts = np.r_[0, np.cumsum(sizes)[:-1]]
     rank = np.arange(len(cols), dtype=np.int64) << _KEY_BITS
     keys = np.repeat(rank, sizes) + (flat["ts"] - lowest)
@@ -601,10 +602,10 @@ def _over_time(
         return np.ones(n.size), ok
     if name == "last_over_time":
         return last, ok
-    total = np.where(has_rows, _sum(c["sum"], lo, hi), 0.0) + edge_value
-    if name == "sum_over_time":
-        return total, ok
-    if name == "avg_over_time":
+    if name in ("sum_over_time", "avg_over_time"):
+        total = np.where(has_rows, _sum(c["sum"], lo, hi), 0.0) + edge_value
+        if name == "sum_over_time":
+            return total, ok
         with np.errstate(all="ignore"):
             return total / n, ok
     ufunc = np.fmin if name == "min_over_time" else np.fmax

@@ -397,27 +397,27 @@ def buckets(
     inner: tuple[int, int] | None = None,
     inner_width: int = 0,
     sketches: bool = True,
+    columns: Sequence[str] | None = None,
 ) -> Buckets:
     """Buckets of ``width`` (a multiple of every tier it may use) over ``[start, end)``;
     with ``inner`` (within it, whole ``inner_width`` buckets), buckets of ``inner_width``
     there and of ``width`` before and after (BucketChoice.inner). With ``sketches`` every
     bucket has its quantile sketch (the rollup rows' own, and made from the raw samples of
-    hours not rolled up yet); ``sketches=False``: no sketches are read or made (null)."""
+    hours not rolled up yet); ``sketches=False``: no sketches are read or made (null), and
+    ``columns`` (partial columns; None: all) are the only ones read from the rollup rows
+    and kept beside ``series_id`` and the (null) sketch columns."""
+    wanted = None if sketches or columns is None else frozenset(("series_id", "ts", *columns))
     if series_ids and inner is not None and start <= inner[0] < inner[1] <= end:
         parts, segments = [], []
         for lo, hi, w in ((start, inner[0], width), (*inner, inner_width), (inner[1], end, width)):
             if lo < hi:
-                part, used = aggregate(
-                    ctx, series_ids, lo, hi, w, sketch=sketches, rollup_sketches=sketches
-                )
-                parts.append(part)
+                part, used = aggregate(ctx, series_ids, lo, hi, w, sketches, sketches, wanted)
+                parts.append(_keep(part, wanted))
                 segments += used
         table = _series_major(pa.concat_tables(parts, promote_options="default"))
     elif series_ids:
-        table, segments = aggregate(
-            ctx, series_ids, start, end, width, sketch=sketches, rollup_sketches=sketches
-        )
-        table = _series_major(table)
+        table, segments = aggregate(ctx, series_ids, start, end, width, sketches, sketches, wanted)
+        table = _series_major(_keep(table, wanted))
     else:
         table, segments = rollup.empty_partials(), []
     labels = {}
@@ -431,6 +431,16 @@ def buckets(
         tuple(dict.fromkeys(seg.tier for seg in segments)),
         ctx.snapshot.raw_horizon_ms or 0,
         ctx.lookback_ms,
+    )
+
+
+def _keep(table: pa.Table, wanted: frozenset[str] | None) -> pa.Table:
+    """The partials' columns ``wanted`` and the sketches' (null without them: what
+    ``selecting.to_selection`` reads), in the table's order; all where None."""
+    if wanted is None:
+        return table
+    return table.select(
+        [n for n in table.column_names if n in wanted or n in rollup.SKETCH_COLUMNS]
     )
 
 

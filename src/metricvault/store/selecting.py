@@ -65,37 +65,42 @@ def instant_times(hints: SelectHints | None, start_ms: int, end_ms: int) -> np.n
     return times[(times >= start_ms) & (times <= end_ms)]
 
 
-def to_selection(buckets: Buckets, choice: BucketChoice) -> BucketSelection:
-    """The store's :class:`~metricvault.store.query.Buckets` as the seam's typed rows."""
+ALL_COLUMNS = (*BUCKET_COLUMNS, "m2")
+
+
+def to_selection(
+    buckets: Buckets, choice: BucketChoice, columns: Sequence[str] = ALL_COLUMNS
+) -> BucketSelection:
+    """The store's :class:`~metricvault.store.query.Buckets` as the seam's typed rows, with
+    ``columns`` (of :data:`BUCKET_COLUMNS` and ``m2``: what the function reads,
+    ``protocols.bucket_columns``) and the sketches."""
     table = buckets.table
     out: list[SeriesBuckets] = []
     if table.num_rows:
         sid = table["series_id"].to_numpy()
         cols = {}
-        for name in BUCKET_COLUMNS:
+        for name in columns:
             if name in ("ts", "count", "nonfinite"):
                 cols[name] = _ints(table[name], 0)
             elif name in ("first_ts", "last_ts"):
                 cols[name] = _ints(table[name], -1)
-            else:
+            else:  # m2 too (promql/tiers.py reads it past the raw horizon): NaN where none
                 cols[name] = _floats(table[name])
-        # m2 and the quantile sketches (promql/tiers.py reads them past the raw horizon):
-        # m2 NaN where a row has none; each row's sketch as codes[sketch_start[i]:sketch_end[i]]
-        cols["m2"] = _floats(table["m2"])
+        # each row's quantile sketch as codes[sketch_start[i]:sketch_end[i]]
         flat_codes, flat_counts, lengths, offsets = _sketches(table)
         starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
         ends = np.r_[starts[1:], sid.size]
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
             series_id = int(sid[a])
-            columns = {name: values[a:b] for name, values in cols.items()}
+            rows = {name: values[a:b] for name, values in cols.items()}
             lo, hi = int(offsets[a]), int(offsets[b])
-            columns["sketch_start"] = offsets[a:b] - lo
-            columns["sketch_end"] = offsets[a + 1 : b + 1] - lo
-            columns["sketch_held"] = lengths[a:b] >= 0
-            columns["sketch_codes"] = flat_codes[lo:hi]
-            columns["sketch_counts"] = flat_counts[lo:hi]
+            rows["sketch_start"] = offsets[a:b] - lo
+            rows["sketch_end"] = offsets[a + 1 : b + 1] - lo
+            rows["sketch_held"] = lengths[a:b] >= 0
+            rows["sketch_codes"] = flat_codes[lo:hi]
+            rows["sketch_counts"] = flat_counts[lo:hi]
             out.append(
-                SeriesBuckets(buckets.labels[series_id], series_id in buckets.counters, columns)
+                SeriesBuckets(buckets.labels[series_id], series_id in buckets.counters, rows)
             )
     return BucketSelection(
         out,

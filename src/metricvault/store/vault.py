@@ -46,7 +46,13 @@ from metricvault.model import (
     metadata_kind_update,
     validate_metric_name,
 )
-from metricvault.protocols import BucketSelection, Horizons, SelectHints, SeriesSamples
+from metricvault.protocols import (
+    BucketSelection,
+    Horizons,
+    SelectHints,
+    SeriesSamples,
+    bucket_columns,
+)
 from metricvault.selector import Matcher, Selector, SelectorUnion, parse_selectors
 from metricvault.store import files as fmt
 from metricvault.store import layout, selecting
@@ -725,15 +731,19 @@ class Vault:
         inner: tuple[int, int] | None = None,
         inner_width_ms: int = 0,
         sketches: bool = True,
+        columns: Sequence[str] | None = None,
     ) -> q.Buckets:
         """Per-series summaries of ``width_ms`` buckets over ``[start_ms, end_ms)`` from the
         coarsest tiers that hold them exactly (raw where rollups are not done yet): what the
-        PromQL engine answers ``rate``/``*_over_time`` from (``select_buckets``)."""
+        PromQL engine answers ``rate``/``*_over_time`` from (``select_buckets``); with
+        ``columns`` (and no ``sketches``) only those summary columns are read and kept."""
         self.flush_for_read()
         ctx = self._context()
         sel = parse_selectors(selector) if isinstance(selector, str) else selector
         ids = ctx.index.match(sel)
-        return q.buckets(ctx, ids, start_ms, end_ms, width_ms, inner, inner_width_ms, sketches)
+        return q.buckets(
+            ctx, ids, start_ms, end_ms, width_ms, inner, inner_width_ms, sketches, columns
+        )
 
     # ------------------------------------------------------------------ the read seam
     def select(
@@ -766,10 +776,14 @@ class Vault:
             ctx = self._context()
             if not q.raw_all_finite(ctx, ctx.index.match(sel), start, end):
                 return None
-        # only quantile_over_time reads the rows' sketches (two thirds of a 1m row's bytes)
+        # only quantile_over_time reads the rows' sketches (two thirds of a 1m row's bytes),
+        # and each function only some of the other columns
         sketches = hints.func == "quantile_over_time"
-        found = self.buckets(sel, start, end, choice.res, choice.inner, choice.inner_res, sketches)
-        return selecting.to_selection(found, choice)
+        columns = bucket_columns(hints.func)
+        found = self.buckets(
+            sel, start, end, choice.res, choice.inner, choice.inner_res, sketches, columns
+        )
+        return selecting.to_selection(found, choice, columns)
 
     def select_kept(
         self, matchers: Sequence[Matcher], start_ms: int, end_ms: int
