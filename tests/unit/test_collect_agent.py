@@ -213,6 +213,27 @@ def test_agent_exports_window_statistics_and_self_metrics(tmp_path):
         agent.stop()
 
 
+class _SlowToClose(FakeGpu):
+    def close(self) -> None:
+        time.sleep(0.3)
+        super().close()
+
+
+def test_a_slow_step_of_stopping_is_logged_by_name(tmp_path, monkeypatch, caplog):
+    import metricvault.collect.agent as agent_module
+
+    monkeypatch.setattr(agent_module, "SLOW_STOP_S", 0.2)
+    opts = AgentOptions(listen="127.0.0.1:0", state_dir=tmp_path, sample_hz=50)
+    agent = Agent(opts, sources=[_SlowToClose([10, 90] * 100)])
+    agent.start()
+    began = time.monotonic()
+    with caplog.at_level("WARNING", logger="metricvault.agent"):
+        agent.stop()
+    assert time.monotonic() - began < 10
+    slow = [r.getMessage() for r in caplog.records if "stopping the agent" in r.getMessage()]
+    assert any("source _SlowToClose took" in m for m in slow), slow
+
+
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 DCGM_COUNTERS = (
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",

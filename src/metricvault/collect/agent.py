@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 # edge agent (metricvault.collect.edge) shares this module's options and helpers, not them.
 
 log = logging.getLogger("metricvault.agent")
+SLOW_STOP_S = 2.0  # a step of stopping that takes longer is logged
 
 # The scrape job `metricvault prometheus-config --agent` writes. Pushed series carry it, and
 # the instance, exactly as Prometheus labels a scraped target: one GPU's series have the same
@@ -217,16 +218,27 @@ class Agent:
         log.info("metricvault agent: %s (GPU source: %s)", self.server.url, self.gpu_kind)
 
     def stop(self) -> None:
+        """Stop pushing (what is spooled stays for the next start), serving and sampling.
+        Every step is bounded (a process manager's SIGKILL comes ~30 s after its SIGTERM);
+        one that takes longer than :data:`SLOW_STOP_S` is logged by name."""
         self._stop.set()
+        steps: list[tuple[str, Callable[[], object]]] = []
         if self._push_thread is not None:
-            self._push_thread.join(timeout=self.opts.push_interval_s + 5)
+            thread = self._push_thread  # its round in progress: collect, spool
+            steps.append(("the push round", lambda: thread.join(timeout=5.0)))
         if self.pusher is not None:
-            self.pusher.stop(flush_timeout_s=5.0)
+            pusher = self.pusher
+            steps.append(("the push sender", lambda: pusher.stop(flush_timeout_s=5.0)))
         if self.server is not None:
-            self.server.stop()
-        self.sampler.stop()
-        for source in self.sources:
-            source.close()
+            steps.append(("the /metrics server", self.server.stop))
+        steps.append(("the fast sampler", self.sampler.stop))
+        steps += [(f"source {type(s).__name__}", s.close) for s in self.sources]
+        for name, step in steps:
+            began = time.monotonic()
+            step()
+            took = time.monotonic() - began
+            if took > SLOW_STOP_S:
+                log.warning("stopping the agent: %s took %.1f s", name, took)
 
     # ------------------------------------------------------------------ push
     def _start_push(self) -> None:

@@ -209,7 +209,10 @@ def main(argv: Sequence[str]) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    # a timed wait: Python runs a signal's handler in the main thread only when it next runs
+    # bytecode, and a signal the kernel hands to another thread does not wake an untimed wait
+    while not stop.wait(1.0):
+        pass
     agent.stop()
     return 0
 
