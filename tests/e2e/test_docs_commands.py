@@ -5,11 +5,12 @@ Each page gets a fresh workspace (the current directory of its commands): a vaul
 with runs ``r3``/``r4`` and ``llama-70b-r3``/``llama-70b-r4``, a git repository, the files the
 commands name (``train.log``, ``samples.csv``, Debian's ``prometheus.yml``, a certificate).
 What the test changes in a command is only where it must (each rewrite is in ``REWRITES``):
-ports become free loopback ports, ``0.0.0.0`` becomes ``127.0.0.1`` (network tests stay on
-loopback), and absolute example paths (``/mnt/archive/dvc``, ``/runs/...``) move into the
-workspace. Servers (``serve``, ``agent``, ``maintain --loop``) are started, must become ready,
-and are stopped with SIGTERM; ``serve`` keeps running for the rest of its page, so an agent
-shown after it pushes into it. A ``prometheus.yml`` that a page edits must pass
+ports become free loopback ports (a server shown without ``--listen`` gets one, as pages
+run in parallel), ``0.0.0.0`` becomes ``127.0.0.1`` (network tests stay on loopback), and
+absolute example paths (``/mnt/archive/dvc``, ``/runs/...``) move into the workspace.
+Servers (``serve``, ``agent``, ``maintain --loop``) are started, must become ready, and are
+stopped with SIGTERM; ``serve`` keeps running for the rest of its page, so an agent shown
+after it pushes into it. A ``prometheus.yml`` that a page edits must pass
 ``promtool check config``.
 """
 
@@ -168,6 +169,16 @@ def _make_workspace(
         (r"http://gateway:", "http://127.0.0.1:"),
         (r":9201\b", f":{gateway}"),
         (r":9400\b", f":{agent}"),
+        # a server shown without --listen would take its default port, which the pages run
+        # in parallel share: each gets the workspace's own (the edge agent listens nowhere)
+        (
+            r"(?s)^metricvault agent\b(?!.*--listen)(?!.*--profile edge)",
+            f"metricvault agent --listen 127.0.0.1:{agent}",
+        ),
+        (
+            r"(?s)^metricvault serve\b(?!.*--listen)",
+            f"metricvault serve --listen 127.0.0.1:{gateway}",
+        ),
     ]
     if influx:
         rewrites.append((r"127\.0\.0\.1:8086\b", influx))
