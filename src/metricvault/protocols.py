@@ -152,20 +152,21 @@ BUCKET_COLUMNS = (
     "ts", "count", "sum", "min", "max", "first", "first_ts", "last", "last_ts", "increase",
     "nonfinite",
 )  # fmt: skip
-# The columns every bucket function reads (promql/tiers.py: window positions, the first and
-# last samples, the exactness check), and those each reads beside them; a function not named
-# (the spread ones) reads all of BUCKET_COLUMNS, ``m2`` and the sketches. The window cache
-# reads its rows as ``sum_over_time``'s (promql/window_cache.py ``_ROW_HINT``), so that one
-# keeps ``min`` and ``max``.
-_BUCKET_ROWS = ("ts", "count", "first", "first_ts", "last", "last_ts", "nonfinite")
+# The columns every bucket function reads (promql/tiers.py: window positions, the sample
+# at a window's end (a bucket's first), the exactness check), and those each reads beside
+# them; a function not named (the spread ones) reads all of BUCKET_COLUMNS, ``m2`` and the
+# sketches. The window cache reads its rows as ``sum_over_time``'s (promql/window_cache.py
+# ``_ROW_HINT``), so that one keeps ``min`` and ``max``.
+_BUCKET_ROWS = ("ts", "count", "first", "first_ts", "nonfinite")
+_LAST = ("last", "last_ts")  # a window's newest sample and its time
 _BUCKET_OWN: dict[str | None, tuple[str, ...]] = {
-    None: (),  # a plain selector's samples
-    "rate": ("increase",),
-    "increase": ("increase",),
-    "delta": (),
+    None: _LAST,  # a plain selector's samples
+    "rate": (*_LAST, "increase"),
+    "increase": (*_LAST, "increase"),
+    "delta": _LAST,
     "count_over_time": (),
     "present_over_time": (),
-    "last_over_time": (),
+    "last_over_time": ("last",),
     "avg_over_time": ("sum",),
     "sum_over_time": ("sum", "min", "max"),
     "min_over_time": ("min",),

@@ -119,7 +119,7 @@ def test_the_vault_hands_over_only_the_bucket_columns_the_function_reads(engines
     selection = vault.select_buckets(matchers, hints_for(refs, HOUR, func, False))
     assert selection is not None and selection.series
     wanted = set(bucket_columns(func))
-    assert {"ts", "count", "first", "first_ts", "last", "last_ts", "nonfinite"} <= wanted
+    assert {"ts", "count", "first", "first_ts", "nonfinite"} <= wanted
     for s in selection.series:
         assert set(s.columns) == wanted | SKETCH_KEYS, func
 
@@ -127,6 +127,7 @@ def test_the_vault_hands_over_only_the_bucket_columns_the_function_reads(engines
 def test_bucket_columns_name_each_functions_own_and_all_for_the_others() -> None:
     assert "increase" in bucket_columns("rate") and "sum" not in bucket_columns("rate")
     assert "sum" in bucket_columns("avg_over_time") and "max" not in bucket_columns("avg_over_time")
+    assert "last" not in bucket_columns("avg_over_time") and "last" in bucket_columns(None)
     assert {"sum", "min", "max"} <= set(bucket_columns("sum_over_time"))  # the window cache's
     assert bucket_columns("quantile_over_time") == (*BUCKET_COLUMNS, "m2")
     assert bucket_columns("stddev_over_time") == (*BUCKET_COLUMNS, "m2")

@@ -263,9 +263,9 @@ def _evaluate_rows(
     has_rows = hi > lo
     n = np.where(has_rows, _sum(c["count"].astype(np.float64), lo, hi), 0.0) + edge
     last_i = np.minimum(np.maximum(hi - 1, first_row), ts.size - 1)  # (a series without rows)
-    last = np.where(edge, edge_value, c["last"][last_i])
     if name in OVER_TIME:
-        return _over_time(name, c, lo, hi, n, edge, edge_value, last)
+        return _over_time(name, c, lo, hi, n, edge, edge_value, last_i)
+    last = np.where(edge, edge_value, c["last"][last_i])
     first_i = np.minimum(lo, end_row - 1)
     first = np.where(has_rows, c["first"][first_i], edge_value)
     first_t = np.where(has_rows, c["first_ts"][first_i], refs)
@@ -566,9 +566,9 @@ def _evaluate(
     has_rows = hi > lo
     n = np.where(has_rows, _sum(c["count"].astype(np.float64), lo, hi), 0.0) + edge
     last_i = np.maximum(hi - 1, 0)
-    last = np.where(edge, edge_value, c["last"][last_i])
     if name in OVER_TIME:
-        return _over_time(name, c, lo, hi, n, edge, edge_value, last)
+        return _over_time(name, c, lo, hi, n, edge, edge_value, last_i)
+    last = np.where(edge, edge_value, c["last"][last_i])
     first_i = np.minimum(lo, ts.size - 1)
     first = np.where(has_rows, c["first"][first_i], edge_value)
     first_t = np.where(has_rows, c["first_ts"][first_i], p.refs)
@@ -592,8 +592,10 @@ def _over_time(
     n: np.ndarray,
     edge: np.ndarray,
     edge_value: np.ndarray,
-    last: np.ndarray,
+    last_i: np.ndarray,
 ) -> rf.Result:
+    """``name`` (of OVER_TIME) over windows ``[lo, hi)`` of rows, ``last_i`` each window's
+    last row; only the columns ``protocols.bucket_columns(name)`` names are read."""
     ok = n >= 1
     has_rows = hi > lo
     if name == "count_over_time":
@@ -601,7 +603,7 @@ def _over_time(
     if name == "present_over_time":
         return np.ones(n.size), ok
     if name == "last_over_time":
-        return last, ok
+        return np.where(edge, edge_value, c["last"][last_i]), ok
     if name in ("sum_over_time", "avg_over_time"):
         total = np.where(has_rows, _sum(c["sum"], lo, hi), 0.0) + edge_value
         if name == "sum_over_time":
