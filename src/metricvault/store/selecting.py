@@ -86,19 +86,13 @@ def to_selection(
                 cols[name] = _ints(table[name], -1)
             else:  # m2 too (promql/tiers.py reads it past the raw horizon): NaN where none
                 cols[name] = _floats(table[name])
-        # each row's quantile sketch as codes[sketch_start[i]:sketch_end[i]]
-        flat_codes, flat_counts, lengths, offsets = _sketches(table)
+        sketches = _sketch_parts(table)
         starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
         ends = np.r_[starts[1:], sid.size]
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
             series_id = int(sid[a])
             rows = {name: values[a:b] for name, values in cols.items()}
-            lo, hi = int(offsets[a]), int(offsets[b])
-            rows["sketch_start"] = offsets[a:b] - lo
-            rows["sketch_end"] = offsets[a + 1 : b + 1] - lo
-            rows["sketch_held"] = lengths[a:b] >= 0
-            rows["sketch_codes"] = flat_codes[lo:hi]
-            rows["sketch_counts"] = flat_counts[lo:hi]
+            rows.update(sketches(a, b))
             out.append(
                 SeriesBuckets(buckets.labels[series_id], series_id in buckets.counters, rows)
             )
@@ -126,14 +120,22 @@ def _floats(column: pa.ChunkedArray) -> np.ndarray:
     return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
-def _sketches(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The rows' sketches as flat codes and counts, each row's length (-1: no sketch) and
-    where each row's start in the flat arrays; rows read without sketches (lean reads, all
-    null) skip Arrow's list kernels."""
+def _sketch_parts(table: pa.Table) -> Callable[[int, int], dict[str, np.ndarray]]:
+    """Rows ``a:b``'s sketch arrays: row ``i``'s sketch is
+    ``sketch_codes[sketch_start[i]:sketch_end[i]]`` (with ``sketch_counts``), none where
+    ``sketch_held[i]`` is False. Rows read without sketches (lean reads, all null) skip
+    Arrow's list kernels and share read-only zeros (no per-row array is filled: a query of
+    a million rows would otherwise fill and fault in tens of megabytes it never reads)."""
     keys = table["sketch_keys"]
-    if keys.null_count == len(keys):
-        none = np.zeros(0, np.int64)
-        return none, none, np.full(len(keys), -1, np.int64), np.zeros(len(keys) + 1, np.int64)
+    rows = len(keys)
+    if keys.null_count == rows:
+        zeros, unheld, none = np.zeros(rows, np.int64), np.zeros(rows, bool), np.zeros(0, np.int64)
+        for array in (zeros, unheld, none):
+            array.flags.writeable = False
+        return lambda a, b: {
+            "sketch_start": zeros[a:b], "sketch_end": zeros[a:b], "sketch_held": unheld[a:b],
+            "sketch_codes": none, "sketch_counts": none,
+        }  # fmt: skip
     keys = keys.combine_chunks()
     flat_codes = np.asarray(pc.list_flatten(keys).to_numpy(), dtype=np.int64)
     flat_counts = np.asarray(
@@ -141,7 +143,16 @@ def _sketches(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     )
     lengths = np.asarray(pc.list_value_length(keys).fill_null(-1).to_numpy(), np.int64)
     offsets = np.r_[0, np.cumsum(np.maximum(lengths, 0))]
-    return flat_codes, flat_counts, lengths, offsets
+
+    def part(a: int, b: int) -> dict[str, np.ndarray]:
+        lo, hi = int(offsets[a]), int(offsets[b])
+        return {
+            "sketch_start": offsets[a:b] - lo, "sketch_end": offsets[a + 1 : b + 1] - lo,
+            "sketch_held": lengths[a:b] >= 0,
+            "sketch_codes": flat_codes[lo:hi], "sketch_counts": flat_counts[lo:hi],
+        }  # fmt: skip
+
+    return part
 
 
 def edge_samples(selection: BucketSelection, start_ms: int, end_ms: int) -> list[SeriesSamples]:
