@@ -1,0 +1,39 @@
+"""bench/promql_engine.py at a tiny size, so it cannot rot: the table it prints, and a source
+tree it cannot import refused rather than measured as the wrong code."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench import promql_engine  # noqa: E402
+
+
+def test_each_query_gets_a_row_of_min_and_median_cpu_per_round(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    promql_engine.main(["--workdir", str(tmp_path), "--nodes", "1", "--days", "1",
+                        "--rounds", "2", "--runs", "2", "--queries", "avg,energy"])  # fmt: skip
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| `")]
+    assert len(rows) == 2, out
+    for row in rows:
+        cells = re.findall(r"(\d+\.\d) / (\d+\.\d)", row)
+        assert len(cells) == 2, row  # two rounds
+        assert all(0 < float(low) <= float(mid) for low, mid in cells), row
+    assert (tmp_path / "vault-1n-1d" / "END").exists()  # kept for the next run
+
+
+def test_a_tree_the_child_does_not_import_from_is_refused(tmp_path: Path) -> None:
+    vault = promql_engine.build(tmp_path, 1, 1)
+    elsewhere = tmp_path / "not-a-source-tree"
+    elsewhere.mkdir()
+    with pytest.raises(RuntimeError, match="not metricvault from"):
+        promql_engine.measure(elsewhere, vault, "DCGM_FI_DEV_GPU_UTIL", "1d", 1)
