@@ -1,8 +1,9 @@
 """The PromQL engine in process, before/after: this checkout against another source tree.
 
     .venv/bin/python bench/promql_engine.py --workdir /tmp/engine-bench                 # this tree
-    git worktree add /tmp/before HEAD~1
     .venv/bin/python bench/promql_engine.py --workdir /tmp/engine-bench --before /tmp/before/src
+
+(``/tmp/before``: another checkout, e.g. ``git worktree add /tmp/before HEAD~1``.)
 
 A vault of the simulated cluster (``--nodes`` x 8 GPUs, ``--days`` at 15 s; GPU utilisation,
 the energy counter and ``bench/promql.py``'s simulated latency histogram, labelled
