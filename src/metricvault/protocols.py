@@ -174,13 +174,16 @@ _BUCKET_OWN: dict[str | None, tuple[str, ...]] = {
 }
 
 
+ALL_BUCKET_COLUMNS = (*BUCKET_COLUMNS, "m2")  # what the spread functions read
+
+
 def bucket_columns(func: str | None) -> tuple[str, ...]:
     """The :data:`BUCKET_COLUMNS` (and ``m2``) that ``func``'s answer reads from the rows of
     :meth:`SampleSource.select_buckets`: a store may leave the others out of
     :attr:`SeriesBuckets.columns` (it need not)."""
     own = _BUCKET_OWN.get(func)
     if own is None:
-        return (*BUCKET_COLUMNS, "m2")
+        return ALL_BUCKET_COLUMNS
     return tuple(c for c in BUCKET_COLUMNS if c in _BUCKET_ROWS or c in own)
 
 

@@ -15,6 +15,7 @@ import pytest
 from metricvault.promql import Engine, EngineOptions, MemorySource
 from metricvault.promql.values import QueryResult
 from metricvault.protocols import (
+    ALL_BUCKET_COLUMNS,
     BUCKET_COLUMNS,
     BUCKET_FUNCTIONS,
     BucketSelection,
@@ -129,7 +130,7 @@ def test_bucket_columns_name_each_functions_own_and_all_for_the_others() -> None
     assert "sum" in bucket_columns("avg_over_time") and "max" not in bucket_columns("avg_over_time")
     assert "last" not in bucket_columns("avg_over_time") and "last" in bucket_columns(None)
     assert {"sum", "min", "max"} <= set(bucket_columns("sum_over_time"))  # the window cache's
-    assert bucket_columns("quantile_over_time") == (*BUCKET_COLUMNS, "m2")
+    assert bucket_columns("quantile_over_time") == (*BUCKET_COLUMNS, "m2") == ALL_BUCKET_COLUMNS
     assert bucket_columns("stddev_over_time") == (*BUCKET_COLUMNS, "m2")
 
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metricvault.protocols import (
-    BUCKET_COLUMNS,
+    ALL_BUCKET_COLUMNS,
     BucketSelection,
     SampleReader,
     SelectHints,
@@ -65,11 +65,8 @@ def instant_times(hints: SelectHints | None, start_ms: int, end_ms: int) -> np.n
     return times[(times >= start_ms) & (times <= end_ms)]
 
 
-ALL_COLUMNS = (*BUCKET_COLUMNS, "m2")
-
-
 def to_selection(
-    buckets: Buckets, choice: BucketChoice, columns: Sequence[str] = ALL_COLUMNS
+    buckets: Buckets, choice: BucketChoice, columns: Sequence[str] = ALL_BUCKET_COLUMNS
 ) -> BucketSelection:
     """The store's :class:`~metricvault.store.query.Buckets` as the seam's typed rows, with
     ``columns`` (of :data:`BUCKET_COLUMNS` and ``m2``: what the function reads,
