@@ -9,12 +9,14 @@ A vault of the simulated cluster (``--nodes`` x 8 GPUs, ``--days`` at 15 s; GPU 
 the energy counter and ``bench/promql.py``'s simulated latency histogram, labelled
 ``simulated="true"``), compacted and rolled up, is built once in ``--workdir`` (kept; reused
 when its parameters match). Each query of the dashboard panels (``bench/promql.py``'s, over
-1 d at a 1-minute step and 7 d at a 10-minute step, the windows as written) then runs in
-``--rounds`` fresh processes per source tree, alternating (before, after, before, ...), each
-process evaluating it ``--runs`` times after two unmeasured runs with ``Engine(vault)`` (no
-HTTP, no result cache). It prints, per query and round, the minimum and the median CPU ms of
-the process's runs: a fresh process per cell, because on a shared machine a process may land
-at a steadily different speed for the same code (docs/benchmarks.md) and rounds show that.
+1 d at a 1-minute step and 7 d at a 10-minute step, windows of one step unless ``--window``
+says otherwise) then runs in ``--rounds`` fresh processes per source tree, alternating
+(before, after, before, ...), each process evaluating it ``--runs`` times after two
+unmeasured runs with ``Engine(vault)`` (no HTTP, no result cache). It prints, per query and
+round, the minimum and the median CPU ms of the process's runs: a fresh process per cell,
+because on a shared machine a process may land at a steadily different speed for the same
+code (docs/benchmarks.md) and rounds show that. ``--batch-cells`` sets the engine's cells per
+evaluation pass (``promql/tiers.py`` ``BATCH_CELLS``) in every child, checked.
 """
 
 # ruff: noqa: E402  (the path set-up below must precede the project imports)
@@ -75,10 +77,16 @@ def build(workdir: Path, nodes: int, days: int) -> Path:
     return vault_dir
 
 
-def child(vault_dir: Path, expr: str, range_name: str, runs: int) -> dict[str, object]:
-    """In a fresh process: ``expr`` over the range, ``runs`` times after two unmeasured."""
+def child(
+    vault_dir: Path, expr: str, range_name: str, runs: int, batch_cells: int = 0
+) -> dict[str, object]:
+    """In a fresh process: ``expr`` over the range, ``runs`` times after two unmeasured
+    (``batch_cells``: the engine's cells per evaluation pass instead of its own)."""
     import metricvault
-    from metricvault.promql import Engine
+    from metricvault.promql import Engine, tiers
+
+    if batch_cells:
+        tiers.BATCH_CELLS = batch_cells
     from metricvault.store.vault import Vault
 
     span, step, _ = RANGES[range_name]
@@ -93,19 +101,25 @@ def child(vault_dir: Path, expr: str, range_name: str, runs: int) -> dict[str, o
             began = time.process_time()
             engine.evaluate(expr, start, end, step)
             cpu.append((time.process_time() - began) * 1000)
-    return {"min": min(cpu), "median": statistics.median(cpu), "module": metricvault.__file__}
+    return {"min": min(cpu), "median": statistics.median(cpu), "module": metricvault.__file__,
+            "cells": tiers.BATCH_CELLS}  # fmt: skip
 
 
-def measure(src: Path, vault_dir: Path, expr: str, range_name: str, runs: int) -> dict[str, float]:
+def measure(
+    src: Path, vault_dir: Path, expr: str, range_name: str, runs: int, batch_cells: int = 0
+) -> dict[str, float]:
     """:func:`child` in a fresh interpreter importing metricvault from ``src`` (checked)."""
     env = {**os.environ, "PYTHONPATH": str(src)}
-    cmd = [sys.executable, __file__, "--child", str(vault_dir), expr, range_name, str(runs)]
+    cmd = [sys.executable, __file__, "--child", str(vault_dir), expr, range_name, str(runs),
+           str(batch_cells)]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{expr} from {src}: {done.stderr.strip()[-2000:]}")
     out = json.loads(done.stdout.strip().splitlines()[-1])
     if not Path(out["module"]).resolve().is_relative_to(src.resolve()):
         raise RuntimeError(f"the child imported {out['module']}, not metricvault from {src}")
+    if batch_cells and out["cells"] != batch_cells:
+        raise RuntimeError(f"the child ran {out['cells']} cells a pass, not {batch_cells}")
     return {"min": float(out["min"]), "median": float(out["median"])}
 
 
@@ -119,18 +133,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--before", type=Path, help="another source tree (its src/)")
     parser.add_argument("--queries", default="avg,energy,hist,topk")
     parser.add_argument("--ranges", default="1d,7d")
+    parser.add_argument("--window", help="the range functions' window (default: the step)")
+    parser.add_argument("--batch-cells", type=int, default=0,
+                        help="cells per evaluation pass (default: the engine's own)")  # fmt: skip
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     vault_dir = build(args.workdir, args.nodes, args.days)
     trees = [("before", args.before)] if args.before else []
     trees.append(("after" if args.before else "this tree", REPO_ROOT / "src"))
     print(f"{args.nodes} nodes x 8 GPUs, {args.days} d at 15 s (simulated); {args.rounds} "
-          f"rounds of a fresh process per tree, {args.runs} runs each; load average "
+          f"rounds of a fresh process per tree, {args.runs} runs each; windows "
+          f"{args.window or 'of one step'}; "
+          f"{args.batch_cells or 'the engine' + chr(39) + 's'} cells a pass; load average "
           f"{os.getloadavg()[0]:.2f}\n")  # fmt: skip
     head = ["query", "range, step", *(f"{name} min / median CPU ms" for name, _ in trees)]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for range_name in args.ranges.split(","):
-        span, _, window = RANGES[range_name]
+        span, _, step = RANGES[range_name]
+        window = args.window or step
         if span > args.days * DAY_MS:
             continue
         for name in args.queries.split(","):
@@ -138,16 +158,16 @@ def main(argv: list[str] | None = None) -> None:
             cells: dict[str, list[str]] = {tree: [] for tree, _ in trees}
             for _ in range(args.rounds):
                 for tree, src in trees:
-                    got = measure(src, vault_dir, expr, range_name, args.runs)
+                    got = measure(src, vault_dir, expr, range_name, args.runs, args.batch_cells)
                     cells[tree].append(f"{got['min']:.1f} / {got['median']:.1f}")
-            row = [f"`{expr}`", f"{range_name}, {window}", *(", ".join(c) for c in cells.values())]
+            row = [f"`{expr}`", f"{range_name}, {step}", *(", ".join(c) for c in cells.values())]
             print("| " + " | ".join(row) + " |", flush=True)
     print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
     if CHILD:
-        vault, expression, rng, n = sys.argv[2:6]
-        print(json.dumps(child(Path(vault), expression, rng, int(n))))
+        vault, expression, rng, n, cells = sys.argv[2:7]
+        print(json.dumps(child(Path(vault), expression, rng, int(n), int(cells))))
     else:
         main()

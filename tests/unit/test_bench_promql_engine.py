@@ -37,3 +37,10 @@ def test_a_tree_the_child_does_not_import_from_is_refused(tmp_path: Path) -> Non
     elsewhere.mkdir()
     with pytest.raises(RuntimeError, match="not metricvault from"):
         promql_engine.measure(elsewhere, vault, "DCGM_FI_DEV_GPU_UTIL", "1d", 1)
+
+
+def test_the_cells_a_pass_asked_for_are_the_ones_the_child_ran(tmp_path: Path) -> None:
+    vault = promql_engine.build(tmp_path, 1, 1)
+    expr, src = "avg_over_time(DCGM_FI_DEV_GPU_UTIL[5m])", REPO_ROOT / "src"
+    got = promql_engine.measure(src, vault, expr, "1d", 1, 4096)
+    assert got["min"] > 0
