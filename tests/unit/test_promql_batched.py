@@ -90,7 +90,6 @@ def test_batched_path_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("seed", range(20))
 def test_cached_points_json_equals_the_answer_writer(seed: int) -> None:
     rng = np.random.default_rng(seed)
-    writer = rc._Writer()
     pool = [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-7, 1.5, 3.0, 1e21, -2.5, 0.1, STALE_NAN]
     series: list[Any] = []
     for _ in range(4):
@@ -102,7 +101,7 @@ def test_cached_points_json_equals_the_answer_writer(seed: int) -> None:
             rng.choice(np.array(pool), n),
             rng.normal(size=n) * 10.0 ** rng.integers(-8, 22, n),
         )
-        text = rc._format_points(ts, vs, writer)
+        text = rc._format_points(ts, vs)
         series.append(({"i": str(len(series))}, ts, vs))
         whole = json.loads("[" + text.text + "]")
         assert len(whole) == n

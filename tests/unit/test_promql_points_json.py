@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from metricvault.promql import STALE_NAN
-from metricvault.promql.points_json import Heads, heads_of, tails_of
+from metricvault.promql.points_json import Heads, format_series, heads_of, tails_of, value_tails
 from metricvault.promql.values import format_value
 
 EDGES = [
@@ -37,3 +37,48 @@ def test_timestamp_heads_equal_the_one_by_one_heads() -> None:
     ts = ts.astype(np.int64)
     heads = Heads()
     assert heads_of(ts) == [heads[t] for t in ts.tolist()]
+
+
+@pytest.mark.parametrize("digits", [1, 2, 9, 10, 11, 13])
+def test_whole_second_heads_equal_repr_of_the_seconds(digits: int) -> None:
+    """Whole seconds of one digit count take the character-matrix path (a Grafana step grid);
+    mixed counts, zero, negative and fractional seconds the one-by-one path: same text."""
+    rng = np.random.default_rng(digits)
+    low, high = 10 ** (digits - 1), 10**digits - 1
+    grid = np.arange(low, min(high, low + 60 * 40), 60, dtype=np.int64)[:40] * 1000
+    spread = np.sort(rng.integers(low, high + 1, 100)) * 1000
+    mixed = np.r_[5, 12, 123, np.arange(20) * 1000 + 10**12].astype(np.int64) * 1000
+    fraction = grid + 500
+    around_zero = np.arange(-20, 20, dtype=np.int64) * 1000
+    for ts in (grid, spread, mixed, fraction, around_zero, grid[:3]):
+        assert heads_of(ts) == [",[" + repr(t / 1000) + ',"' for t in ts.tolist()]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_repeating_values_are_formatted_as_one_by_one(seed: int) -> None:
+    """Each distinct value formatted once (np.unique) where values repeat, the sort skipped
+    where they do not: the same texts as format_value of each value."""
+    rng = np.random.default_rng(seed)
+    pool = np.r_[np.array([x for x in EDGES if x != 0 or not np.signbit(x)]), rng.normal(size=50)]
+    repeating = rng.choice(pool, 5000)
+    quarters = rng.integers(0, 400, 3000) / 4.0
+    rates = rng.random(3000) * 10.0 ** rng.integers(-6, 6)
+    half = np.r_[rng.choice(pool, 1500), rng.normal(size=1500)]  # distinct near n/2
+    for vs in (repeating, quarters, rates, half, np.array([np.nan] * 300 + [STALE_NAN] * 300)):
+        assert value_tails(vs) == [format_value(v) + '"]' for v in vs.tolist()]
+
+
+def test_series_formatted_together_keep_each_series_points() -> None:
+    """An answer's series share one value pass: each gets its own points back, a series with
+    a negative zero its own (one-by-one) text, an empty series no text."""
+    steps = np.arange(100, dtype=np.int64) * 60_000 + 1_796_000_000_000
+    first, second = np.arange(100) % 7 / 4.0, -np.arange(100) % 5 * 1.5
+    negative = np.where(np.arange(100) % 2 == 0, -0.0, 2.0)
+    items = [(steps, first), (steps[:0], first[:0]), (steps, negative), (steps[::3], second[::3])]
+    out = format_series(items, with_starts=True)
+    for (ts, vs), (text, starts) in zip(items, out, strict=True):
+        pairs = zip(ts.tolist(), vs.tolist(), strict=True)
+        expect = ",".join(f'[{t / 1000!r},"{format_value(v)}"]' for t, v in pairs)
+        assert text == expect
+        assert starts is not None and len(starts) == len(ts) + 1
+        assert [text[s] for s in starts[:-1].tolist()] == ["["] * len(ts)

@@ -1,11 +1,17 @@
 """A matrix series' points as Prometheus's JSON writes them, ``[<seconds>,"<value>"],...``:
-each distinct timestamp array formatted once per answer, values a kind at a time, the
-per-point work list fills in C (the query_range answer's writer, server/prometheus_json.py,
-and the result cache's kept texts, result_cache.py, write the same bytes through these)."""
+each distinct timestamp array formatted once per answer (whole seconds as a character
+matrix), each distinct value once where an answer's values repeat, else a kind at a time;
+the per-point work is list fills in C (the query_range answer's writer,
+server/prometheus_json.py, and the result cache's kept texts, result_cache.py, write the same
+bytes through :func:`format_series`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from metricvault.promql.values import format_value
 
@@ -19,27 +25,6 @@ class Heads(dict[int, str]):
         return text
 
 
-class Values(dict[float, str]):
-    """``<value>"]`` per value, formatted on first use (values repeat within and across
-    series). 0.0 and -0.0 are one key, so series holding a negative zero take the slow path
-    (:func:`points_one_by_one`)."""
-
-    def __missing__(self, v: float) -> str:
-        text = self[v] = format_value(v) + '"]'
-        return text
-
-    def of(self, vs: np.ndarray) -> list[str]:
-        """The texts of ``vs``: of values that rarely repeat (a rate's, a quantile's) formatted
-        together (:func:`tails_of`), else each distinct value once."""
-        floats = vs.tolist()
-        if len(set(floats[:_PROBE])) > _PROBE * 3 // 4:
-            return tails_of(np.asarray(vs, dtype=np.float64))
-        return list(map(self.__getitem__, floats))
-
-
-_PROBE = 64  # the first values of a series that say whether its values repeat
-
-
 class Grids(dict[bytes, list[str]]):
     """The heads of each distinct timestamp array (most series of an answer share the steps)."""
 
@@ -51,9 +36,10 @@ class Grids(dict[bytes, list[str]]):
         key = ts.dtype.char.encode() + ts.tobytes()
         found = self.get(key)
         if found is None:
-            if self.heads:  # most of these known already (series over the same steps)
+            found = _whole_second_heads(ts)
+            if found is None and self.heads:  # most of these known already (same steps)
                 found = list(map(self.heads.__getitem__, ts.tolist()))
-            else:
+            elif found is None:
                 found = heads_of(ts)
                 self.heads.update(zip(ts.tolist(), found, strict=True))
             self[key] = found
@@ -64,7 +50,36 @@ def heads_of(ts: np.ndarray) -> list[str]:
     """:class:`Heads`' text of each of these (int64 ms) timestamps, formatted in one pass:
     ``repr`` of the seconds (numpy's ``ts / 1000`` is Python's ``t / 1000``: both divide the
     exact float of ``t``, under 2**53, correctly rounded)."""
+    fast = _whole_second_heads(ts)
+    if fast is not None:
+        return fast
     return [",[" + text + ',"' for text in map(repr, (ts / 1000).tolist())]
+
+
+_POWERS = 10 ** np.arange(18, -1, -1, dtype=np.int64)
+_WHOLE_MIN = 16  # fewer timestamps: one by one is as quick
+
+
+def _whole_second_heads(ts: np.ndarray) -> list[str] | None:
+    """:func:`heads_of` where every timestamp is a whole second after the epoch and all have
+    the same number of digits (Grafana's steps, its ranges aligned to them): ``repr`` of such
+    seconds is their digits and ``.0``, so each head is written as a row of a character
+    matrix, digits by integer arithmetic, and numpy makes the strings. None otherwise."""
+    if ts.size < _WHOLE_MIN:
+        return None
+    seconds, millis = np.divmod(ts, 1000)
+    first, last = int(seconds.min()), int(seconds.max())
+    if first <= 0 or millis.any():
+        return None
+    digits = len(str(last))
+    if len(str(first)) != digits:
+        return None
+    rows = np.empty((ts.size, digits + 6), np.uint32)
+    rows[:, :2] = (ord(","), ord("["))
+    rows[:, 2 : 2 + digits] = seconds[:, None] // _POWERS[-digits:] % 10 + ord("0")
+    rows[:, 2 + digits :] = (ord("."), ord("0"), ord(","), ord('"'))
+    heads: list[str] = rows.view(f"U{digits + 6}").ravel().tolist()
+    return heads
 
 
 def tails_of(vs: np.ndarray) -> list[str]:
@@ -87,22 +102,81 @@ def tails_of(vs: np.ndarray) -> list[str]:
     return list(out.tolist())
 
 
-def points_json(ts: np.ndarray, vs: np.ndarray, grids: Grids, values: Values) -> list[str]:
-    """The pieces of a series' ``[<s>,"<v>"],...`` (joined, then the first comma cut):
-    timestamp heads and value tails interleaved, so the per-point work is two list fills in C."""
-    n = len(ts)
-    parts: list[str] = [""] * (2 * n)
-    parts[0::2] = grids.of(ts)
-    parts[1::2] = values.of(vs)
-    return parts
+_PROBE = 256  # values sampled across an answer to see whether they repeat
+
+
+def value_tails(vs: np.ndarray) -> list[str]:
+    """``<value>"]`` for each of these values (no negative zero among them). Where they
+    repeat (utilisations, averages of a few integers, counts) each distinct value is
+    formatted once and the texts taken by index (Arrow's hash-based dictionary encoding: a
+    sort, as ``np.unique`` does, cost more than the formatting it saved); values that rarely
+    repeat (rates, quantiles) go to :func:`tails_of` without it."""
+    if vs.size > _PROBE:
+        sample = vs[:: vs.size // _PROBE]
+        if np.unique(sample).size <= sample.size * 9 // 10:
+            encoded = pc.dictionary_encode(pa.array(vs, pa.float64()))
+            distinct = encoded.dictionary.to_numpy(zero_copy_only=False)
+            if distinct.size * 2 <= vs.size:
+                texts = np.array(tails_of(distinct), dtype=object)
+                tails: list[str] = texts[encoded.indices.to_numpy()].tolist()
+                return tails
+    return tails_of(vs)
+
+
+def format_series(
+    items: Sequence[tuple[np.ndarray, np.ndarray]], with_starts: bool = False
+) -> list[tuple[str, np.ndarray | None]]:
+    """Each series' ``[<s>,"<v>"],...`` (timestamps in ms, values) and, ``with_starts``, the
+    offset of each point in that text (n + 1 of them: the last is the text's length + 1).
+    The series of an answer are formatted together: their timestamp arrays through one
+    :class:`Grids`, their values in one :func:`value_tails`."""
+    heads = Heads()
+    grids = Grids(heads)
+    out: list[tuple[str, np.ndarray | None]] = []
+    regular: list[int] = []
+    for ts, vs in items:
+        if not len(ts):
+            out.append(("", np.zeros(1, np.int64) if with_starts else None))
+        elif has_negative_zero(vs):  # one distinct value with 0.0 in value_tails
+            out.append(_one_by_one(ts, vs, heads, with_starts))
+        else:
+            regular.append(len(out))
+            out.append(("", None))  # written below
+    if not regular:
+        return out
+    values = np.concatenate([np.asarray(items[i][1], dtype=np.float64) for i in regular])
+    tails = value_tails(values)
+    at = 0
+    for i in regular:
+        ts = items[i][0]
+        n = len(ts)
+        parts: list[str] = [""] * (2 * n)
+        parts[0::2] = grids.of(ts)
+        parts[1::2] = tails[at : at + n]
+        at += n
+        out[i] = ("".join(parts)[1:], _starts(parts, 2) if with_starts else None)
+    return out
+
+
+def _one_by_one(
+    ts: np.ndarray, vs: np.ndarray, heads: Heads, with_starts: bool
+) -> tuple[str, np.ndarray | None]:
+    """A series' points one at a time (the path of a series holding a negative zero)."""
+    pieces = [
+        heads[t] + format_value(v) + '"]' for t, v in zip(ts.tolist(), vs.tolist(), strict=True)
+    ]
+    return "".join(pieces)[1:], _starts(pieces, 1) if with_starts else None
+
+
+def _starts(parts: list[str], per_point: int) -> np.ndarray:
+    """Where each point starts in the joined text (its first comma cut), from its pieces."""
+    lengths = np.fromiter(map(len, parts), np.int64, len(parts))
+    lengths = lengths.reshape(-1, per_point).sum(axis=1)
+    starts = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=starts[1:])  # each point's length with the comma before it
+    return starts
 
 
 def has_negative_zero(vs: np.ndarray) -> bool:
     zero = vs == 0
     return bool(zero.any() and np.signbit(vs[zero]).any())
-
-
-def points_one_by_one(ts: np.ndarray, vs: np.ndarray, heads: Heads) -> str:
-    return "".join(
-        heads[t] + format_value(v) + '"]' for t, v in zip(ts.tolist(), vs.tolist(), strict=True)
-    )[1:]

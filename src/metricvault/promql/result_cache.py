@@ -27,7 +27,6 @@ negative ``offset``) and instant queries are never cached. Cached points are bou
 
 from __future__ import annotations
 
-import itertools
 import json
 import threading
 from collections import OrderedDict
@@ -40,14 +39,8 @@ import promql_parser as pp
 
 from metricvault.errors import PromQLError
 from metricvault.promql.parse import duration_ms, parse, post_order
-from metricvault.promql.points_json import (
-    Grids,
-    Heads,
-    Values,
-    has_negative_zero,
-    points_json,
-)
-from metricvault.promql.values import QueryResult, format_value
+from metricvault.promql.points_json import format_series
+from metricvault.promql.values import QueryResult
 
 SETTLE_MS = 5 * 60_000  # VictoriaMetrics's -search.cacheTimestampOffset default
 MAX_POINTS = 2_000_000  # about 100 MB: 16 B of numbers and ~35 B of JSON text a point
@@ -175,74 +168,25 @@ class _Text:
         if not other.text:
             return self
         shift = len(self.text) + 1
-        return _Text(self.text + "," + other.text,
+        return _Text(f"{self.text},{other.text}",
                      np.concatenate([self.starts[:-1], other.starts + shift]))  # fmt: skip
 
 
 _EMPTY_TEXT = _Text("", np.zeros(1, np.int64))
 
 
-def _format_points(ts: np.ndarray, vs: np.ndarray, writer: _Writer | None = None) -> _Text:
-    """The JSON of a series' points and where each starts (``writer``: the formatted
-    timestamps and values shared by the series of one answer)."""
-    if len(ts) == 0:
-        return _EMPTY_TEXT
-    w = writer or _Writer()
-    if has_negative_zero(vs):  # 0.0 and -0.0 are one key of the values' cache
-        pieces = [
-            w.heads[t] + format_value(v) + '"]'
-            for t, v in zip(ts.tolist(), vs.tolist(), strict=True)
-        ]
-        text = "".join(pieces)[1:]
-        lengths = np.fromiter(map(len, pieces), np.int64, len(pieces))
-    else:
-        parts = points_json(ts, vs, w.grids, w.values)
-        text = "".join(parts)[1:]
-        lengths = np.fromiter(map(len, parts), np.int64, len(parts)).reshape(-1, 2).sum(axis=1)
-    starts = np.zeros(len(ts) + 1, np.int64)
-    np.cumsum(lengths, out=starts[1:])  # each point's length with the comma before it
-    return _Text(text, starts)
+def _format_series(items: list[tuple[np.ndarray, np.ndarray]]) -> list[_Text]:
+    """The JSON of each series' points and where each point starts, the series of an answer
+    formatted together (points_json.format_series)."""
+    return [
+        _Text(text, starts) if text and starts is not None else _EMPTY_TEXT
+        for text, starts in format_series(items, with_starts=True)
+    ]
 
 
-def _format_series(
-    items: list[tuple[np.ndarray, np.ndarray]], writer: _Writer | None = None
-) -> list[_Text]:
-    """:func:`_format_points` of each series of an answer, formatted together: the numpy
-    work (lengths, offsets) done once for all points, not once per series."""
-    w = writer or _Writer()
-    sizes = [len(ts) for ts, _ in items]
-    total = sum(sizes)
-    if len(items) < 2 or total == 0:
-        return [_format_points(ts, vs, w) for ts, vs in items]
-    all_vs = np.concatenate([vs for _, vs in items])
-    if has_negative_zero(all_vs):
-        return [_format_points(ts, vs, w) for ts, vs in items]
-    heads = list(itertools.chain.from_iterable(w.grids.of(ts) for ts, _ in items))
-    tails = w.values.of(all_vs)
-    lengths = np.fromiter(map(len, heads), np.int64, total)
-    lengths += np.fromiter(map(len, tails), np.int64, total)
-    ends = np.zeros(total + 1, np.int64)
-    np.cumsum(lengths, out=ends[1:])
-    parts: list[str] = [""] * (2 * total)
-    parts[0::2], parts[1::2] = heads, tails
-    out, at = [], 0
-    for n in sizes:
-        if n == 0:
-            out.append(_EMPTY_TEXT)
-            continue
-        text = "".join(parts[2 * at : 2 * (at + n)])[1:]
-        out.append(_Text(text, ends[at : at + n + 1] - ends[at]))
-        at += n
-    return out
-
-
-class _Writer:
-    """Formatted timestamps and values, shared by the series of one answer."""
-
-    def __init__(self) -> None:
-        self.heads = Heads()
-        self.values = Values()
-        self.grids = Grids(self.heads)
+def _format_points(ts: np.ndarray, vs: np.ndarray) -> _Text:
+    """:func:`_format_series` of one series."""
+    return _format_series([(ts, vs)])[0]
 
 
 @dataclass
@@ -254,13 +198,13 @@ class CachedAnswer(QueryResult):
     texts: list[str] = field(default_factory=list)
 
     def body(self, warnings: list[str]) -> bytes:
-        result = ",".join(
-            '{"metric":' + _DUMPS(labels) + ',"values":[' + text + "]}"
+        result = ",".join(  # f-strings: see server/prometheus_json.answer_body
+            f'{{"metric":{_DUMPS(labels)},"values":[{text}]}}'
             for (labels, _, _), text in zip(self.series, self.texts, strict=True)
         )
-        tail = ',"warnings":' + _DUMPS(warnings) if warnings else ""
-        data = '{"resultType":"matrix","result":[' + result + "]}"
-        return ('{"status":"success","data":' + data + tail + "}").encode("utf-8")
+        tail = f',"warnings":{_DUMPS(warnings)}' if warnings else ""
+        data = f'{{"resultType":"matrix","result":[{result}]}}'
+        return f'{{"status":"success","data":{data}{tail}}}'.encode()
 
 
 @dataclass
