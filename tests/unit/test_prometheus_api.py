@@ -372,3 +372,19 @@ def test_times_and_durations_no_timestamp_can_hold_are_bad_data(
     reply = test_client.get(path, params={"query": "gpu_util", **params})
     assert reply.status_code == 400, reply.text
     assert reply.json() == {"status": "error", "errorType": "bad_data", "error": error}
+
+
+def test_a_query_reads_one_catalog_version_with_one_probe(
+    client: tuple[TestClient, Vault],
+) -> None:
+    """Each query is evaluated with the catalog pinned (Vault.pinned): its reads share the
+    version current when it started, so the catalog is probed once a query, not once per read."""
+    test_client, vault = client
+    params = {"query": "sum(rate(gpu_util[1m])) + count(gpu_util)", "nocache": "1",
+              "start": f"{T0 / 1000}", "end": f"{(T0 + 285_000) / 1000}", "step": "15"}  # fmt: skip
+    first = test_client.get("/api/v1/query_range", params=params, headers=A)
+    assert first.status_code == 200, first.text
+    before = vault.catalog.probes
+    reply = test_client.get("/api/v1/query_range", params=params, headers=A)
+    assert reply.status_code == 200 and reply.json() == first.json()
+    assert vault.catalog.probes - before == 1

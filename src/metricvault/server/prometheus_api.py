@@ -202,11 +202,17 @@ def _match_error(text: str, ours: str) -> PromQLError:
     return invalid_param("match[]", ours)
 
 
-def _trimmed_after_refusal(call: Callable[[], Any]) -> Any:
-    """``call()``; a query stopped by its budget or deadline built up to the limit before it
-    was refused, so its freed pages go back to the OS (else the worker keeps that peak)."""
+def _trimmed_after_refusal(call: Callable[[], Any], store: object = None) -> Any:
+    """``call()``, its reads of ``store`` in one catalog version where the store pins one
+    (``Vault.pinned``: one catalog probe a query, not one per read); a query stopped by its
+    budget or deadline built up to the limit before it was refused, so its freed pages go back
+    to the OS (else the worker keeps that peak)."""
+    pinned = getattr(store, "pinned", None)
     try:
-        return call()
+        if pinned is None:
+            return call()
+        with pinned():
+            return call()
     except PromQLError as exc:
         if exc.kind in ("execution", "timeout"):
             release_freed_memory()
@@ -345,7 +351,8 @@ class PrometheusAPI:
         single read (which no deadline check can interrupt) a little later."""
         try:
             return await asyncio.wait_for(
-                run_in_threadpool(_trimmed_after_refusal, call), timeout_s + BACKSTOP_GRACE_S
+                run_in_threadpool(_trimmed_after_refusal, call, self.gateway.vault),
+                timeout_s + BACKSTOP_GRACE_S,
             )
         except TimeoutError:
             log.warning("a query ran %.1f s past its deadline in one read", BACKSTOP_GRACE_S)

@@ -530,8 +530,8 @@ def newest_at(
         times = at[int(np.searchsorted(at, run[0], "left")) :]
         if times.size == 0:
             continue
-        newest = np.searchsorted(run, times, "right") - 1
-        rows.append(first + np.unique(newest))
+        newest = np.searchsorted(run, times, "right") - 1  # non-decreasing: times ascend
+        rows.append(first + newest[np.r_[True, newest[1:] != newest[:-1]]])  # np.unique sorts
     if not rows:
         return table.slice(0, 0)
     return table.take(pa.array(np.concatenate(rows)))

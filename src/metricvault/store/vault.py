@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from time import monotonic
@@ -640,6 +640,12 @@ class Vault:
         now (``.version``, ``.files``, ``.dirty_hours``). Not an experiment snapshot file
         (``metricvault archive export``): those are opened with ``Vault.open("x.parquet")``."""
         return self.catalog.current()
+
+    def pinned(self) -> AbstractContextManager[Snapshot]:
+        """``with vault.pinned():`` the reads on this thread see one catalog version, the one
+        current on entry (this thread's own flushes move it on): the query API evaluates each
+        query in one (``Catalog.pinned``)."""
+        return self.catalog.pinned()
 
     def snapshot(self) -> Snapshot:
         """The old name of :meth:`catalog_version`: documented API (docs/storage-format.md)."""
