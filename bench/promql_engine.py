@@ -16,7 +16,9 @@ unmeasured runs with ``Engine(vault)`` (no HTTP, no result cache). It prints, pe
 round, the minimum and the median CPU ms of the process's runs: a fresh process per cell,
 because on a shared machine a process may land at a steadily different speed for the same
 code (docs/benchmarks.md) and rounds show that. ``--batch-cells`` sets the engine's cells per
-evaluation pass (``promql/tiers.py`` ``BATCH_CELLS``) in every child, checked.
+evaluation pass (``promql/tiers.py`` ``BATCH_CELLS``) in every child, checked; ``--part json``
+times the query API's JSON body of each answer (``server/prometheus_json.answer_body``)
+instead of its evaluation.
 """
 
 # ruff: noqa: E402  (the path set-up below must precede the project imports)
@@ -37,6 +39,7 @@ import os
 import statistics
 import subprocess
 import time
+from functools import partial
 
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
@@ -47,7 +50,9 @@ QUERIES = {
     "energy": "sum by (Hostname) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[{w}]))",
     "hist": f"histogram_quantile(0.99, sum by (le) (rate({HISTOGRAM}[5m])))",
     "topk": "topk(5, avg_over_time(DCGM_FI_DEV_GPU_UTIL[{w}]))",
+    "gpu": 'DCGM_FI_DEV_GPU_UTIL{{Hostname="node01",gpu="0"}}',
 }
+PARTS = ("engine", "json")  # what a child times: the evaluation, or the answer's JSON body
 RANGES = {"1d": (DAY_MS, MINUTE_MS, "1m"), "7d": (7 * DAY_MS, 10 * MINUTE_MS, "10m")}
 
 
@@ -78,12 +83,19 @@ def build(workdir: Path, nodes: int, days: int) -> Path:
 
 
 def child(
-    vault_dir: Path, expr: str, range_name: str, runs: int, batch_cells: int = 0
+    vault_dir: Path,
+    expr: str,
+    range_name: str,
+    runs: int,
+    batch_cells: int = 0,
+    part: str = "engine",
 ) -> dict[str, object]:
     """In a fresh process: ``expr`` over the range, ``runs`` times after two unmeasured
-    (``batch_cells``: the engine's cells per evaluation pass instead of its own)."""
+    (``batch_cells``: the engine's cells per evaluation pass instead of its own); ``part``
+    ``json``: the query API's JSON body of its answer (``answer_body``) instead."""
     import metricvault
     from metricvault.promql import Engine, tiers
+    from metricvault.server.prometheus_json import answer_body
 
     if batch_cells:
         tiers.BATCH_CELLS = batch_cells
@@ -95,23 +107,33 @@ def child(
     with Vault.open_local(str(vault_dir), retention_raw="forever") as vault:
         engine = Engine(vault)
         for _ in range(2):
-            engine.evaluate(expr, start, end, step)
+            result = engine.evaluate(expr, start, end, step)
+        timed = partial(engine.evaluate, expr, start, end, step)
+        if part == "json":
+            timed = partial(answer_body, result, [])
+            timed()
         cpu = []
         for _ in range(runs):
             began = time.process_time()
-            engine.evaluate(expr, start, end, step)
+            timed()
             cpu.append((time.process_time() - began) * 1000)
     return {"min": min(cpu), "median": statistics.median(cpu), "module": metricvault.__file__,
             "cells": tiers.BATCH_CELLS}  # fmt: skip
 
 
 def measure(
-    src: Path, vault_dir: Path, expr: str, range_name: str, runs: int, batch_cells: int = 0
+    src: Path,
+    vault_dir: Path,
+    expr: str,
+    range_name: str,
+    runs: int,
+    batch_cells: int = 0,
+    part: str = "engine",
 ) -> dict[str, float]:
     """:func:`child` in a fresh interpreter importing metricvault from ``src`` (checked)."""
     env = {**os.environ, "PYTHONPATH": str(src)}
     cmd = [sys.executable, __file__, "--child", str(vault_dir), expr, range_name, str(runs),
-           str(batch_cells)]  # fmt: skip
+           str(batch_cells), part]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{expr} from {src}: {done.stderr.strip()[-2000:]}")
@@ -136,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--window", help="the range functions' window (default: the step)")
     parser.add_argument("--batch-cells", type=int, default=0,
                         help="cells per evaluation pass (default: the engine's own)")  # fmt: skip
+    parser.add_argument("--part", choices=PARTS, default="engine",
+                        help="time the evaluation, or its answer's JSON body")  # fmt: skip
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     vault_dir = build(args.workdir, args.nodes, args.days)
@@ -144,7 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.nodes} nodes x 8 GPUs, {args.days} d at 15 s (simulated); {args.rounds} "
           f"rounds of a fresh process per tree, {args.runs} runs each; windows "
           f"{args.window or 'of one step'}; "
-          f"{args.batch_cells or 'the engine' + chr(39) + 's'} cells a pass; load average "
+          f"{args.batch_cells or 'the engine' + chr(39) + 's'} cells a pass; timing "
+          f"{'the JSON body' if args.part == 'json' else 'the evaluation'}; load average "
           f"{os.getloadavg()[0]:.2f}\n")  # fmt: skip
     head = ["query", "range, step", *(f"{name} min / median CPU ms" for name, _ in trees)]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
@@ -158,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
             cells: dict[str, list[str]] = {tree: [] for tree, _ in trees}
             for _ in range(args.rounds):
                 for tree, src in trees:
-                    got = measure(src, vault_dir, expr, range_name, args.runs, args.batch_cells)
+                    got = measure(src, vault_dir, expr, range_name, args.runs, args.batch_cells,
+                                  args.part)  # fmt: skip
                     cells[tree].append(f"{got['min']:.1f} / {got['median']:.1f}")
             row = [f"`{expr}`", f"{range_name}, {step}", *(", ".join(c) for c in cells.values())]
             print("| " + " | ".join(row) + " |", flush=True)
@@ -167,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     if CHILD:
-        vault, expression, rng, n, cells = sys.argv[2:7]
-        print(json.dumps(child(Path(vault), expression, rng, int(n), int(cells))))
+        vault, expression, rng, n, cells, timed_part = sys.argv[2:8]
+        print(json.dumps(child(Path(vault), expression, rng, int(n), int(cells), timed_part)))
     else:
         main()

@@ -44,3 +44,19 @@ def test_the_cells_a_pass_asked_for_are_the_ones_the_child_ran(tmp_path: Path) -
     expr, src = "avg_over_time(DCGM_FI_DEV_GPU_UTIL[5m])", REPO_ROOT / "src"
     got = promql_engine.measure(src, vault, expr, "1d", 1, 4096)
     assert got["min"] > 0
+
+
+def test_the_json_part_times_the_answer_body_of_each_query(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    promql_engine.main(["--workdir", str(tmp_path), "--nodes", "1", "--days", "1",
+                        "--rounds", "1", "--runs", "2", "--queries", "gpu,avg",
+                        "--part", "json"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "timing the JSON body" in out
+    rows = [line for line in out.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == [
+        'DCGM_FI_DEV_GPU_UTIL{Hostname="node01",gpu="0"}',
+        "avg_over_time(DCGM_FI_DEV_GPU_UTIL[1m])",
+    ]
+    assert all(re.search(r"\d+\.\d / \d+\.\d", row) for row in rows), out
