@@ -39,6 +39,7 @@ import os
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from functools import partial
 
 MINUTE_MS = 60_000
@@ -108,7 +109,7 @@ def child(
         engine = Engine(vault)
         for _ in range(2):
             result = engine.evaluate(expr, start, end, step)
-        timed = partial(engine.evaluate, expr, start, end, step)
+        timed: Callable[[], object] = partial(engine.evaluate, expr, start, end, step)
         if part == "json":
             timed = partial(answer_body, result, [])
             timed()

@@ -213,6 +213,10 @@ class BucketSelection:
     width_ms: int = 0
     shifted: bool = False
     range_ms: int = 0
+    # Optional: every series' rows laid end to end, of which each SeriesBuckets' columns are
+    # slices (the row columns only, not the sketches); the engine then checks all rows at
+    # once instead of series by series. A store that has no such arrays leaves it None.
+    rows: dict[str, np.ndarray] | None = None
 
 
 class SampleSource(Protocol):

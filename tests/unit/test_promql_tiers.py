@@ -125,6 +125,28 @@ def test_the_vault_hands_over_only_the_bucket_columns_the_function_reads(engines
         assert set(s.columns) == wanted | SKETCH_KEYS, func
 
 
+def test_the_vault_lays_every_series_rows_end_to_end_as_well(engines) -> None:
+    """BucketSelection.rows: the columns of all series' rows, of which each series' columns
+    are the consecutive slices (the engine checks all rows there at once)."""
+    from metricvault.promql.source import hints_for
+    from metricvault.selector import Matcher
+
+    *_, vault = engines
+    refs = T0 + 2 * HOUR + HOUR * np.arange(4)
+    selection = vault.select_buckets(
+        [Matcher("__name__", "=~", "energy_total|gpu_util")], hints_for(refs, HOUR, "rate", False)
+    )
+    assert selection is not None and len(selection.series) > 1 and selection.rows is not None
+    assert set(selection.rows) == set(bucket_columns("rate"))
+    at = 0
+    for s in selection.series:
+        n = s.columns["ts"].size
+        for name, flat in selection.rows.items():
+            assert np.array_equal(s.columns[name], flat[at : at + n], equal_nan=True), name
+        at += n
+    assert at == selection.rows["ts"].size
+
+
 def test_bucket_columns_name_each_functions_own_and_all_for_the_others() -> None:
     assert "increase" in bucket_columns("rate") and "sum" not in bucket_columns("rate")
     assert "sum" in bucket_columns("avg_over_time") and "max" not in bucket_columns("avg_over_time")
@@ -241,7 +263,12 @@ def test_before_the_raw_horizon_rollups_answer_and_say_so(tmp_path: Path) -> Non
 
 class _OldRows(MemorySource):
     """A store holding one counter's rows as rollups wrote them before issue 13 (no first
-    sample, no sample times), all before the raw horizon; its planner picks the 1h tier."""
+    sample, no sample times), all before the raw horizon; its planner picks the 1h tier.
+    ``laid_out``: it also hands over the rows laid end to end (BucketSelection.rows)."""
+
+    def __init__(self, laid_out: bool = False) -> None:
+        super().__init__()
+        self.laid_out = laid_out
 
     def horizons(self) -> Horizons:
         return Horizons(T0 + 30 * 24 * HOUR, None, HOUR)
@@ -258,13 +285,15 @@ class _OldRows(MemorySource):
         return BucketSelection(
             [SeriesBuckets({"__name__": "old_total"}, True, columns)],
             self.horizons().raw_start_ms, HOUR, ("1h",), HOUR, False, hints.range_ms,
+            dict(columns) if self.laid_out else None,
         )  # fmt: skip
 
 
-def test_rows_without_first_samples_answer_over_time_but_not_rate() -> None:
+@pytest.mark.parametrize("laid_out", [False, True], ids=["series by series", "all rows at once"])
+def test_rows_without_first_samples_answer_over_time_but_not_rate(laid_out: bool) -> None:
     from metricvault.promql.tiers import OLD_ROWS_NOTE
 
-    engine = Engine(_OldRows())
+    engine = Engine(_OldRows(laid_out))
     got = engine.evaluate("sum_over_time(old_total[1h])", T0 + 2 * HOUR, T0 + 3 * HOUR, HOUR)
     assert got.series[0][2].tolist() == [60.0, 60.0]
     got = engine.evaluate("rate(old_total[1h])", T0 + 2 * HOUR, T0 + 3 * HOUR, HOUR)

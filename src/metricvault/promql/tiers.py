@@ -175,12 +175,15 @@ def _range_call(
     rv = RangeVector([], p.refs - p.range_ms, p.refs, p.range_ms)
     rows = []
     pending: list[tuple[Labels, dict[str, np.ndarray]]] = []  # evaluated a batch at a time
+    every_row_held, old_rows = _row_facts(selection, name)
     # Sorted by label set, as the raw path (and Prometheus's storage) returns series.
-    for s in sorted(selection.series, key=lambda s: make_labels(s.labels.items())):
+    labelled = sorted(((make_labels(s.labels.items()), s) for s in selection.series),
+                      key=lambda pair: pair[0])  # fmt: skip
+    for labels, s in labelled:
         if name in ("rate", "increase") and not s.counter:
             continue  # only before the horizon (else _exact said no): rows have no increase
-        cols = _finite_rows(s.columns)
-        if name in ("rate", "increase", "delta") and (cols["first_ts"] < 0).any():
+        cols = s.columns if every_row_held else _finite_rows(s.columns)
+        if old_rows and name in ("rate", "increase", "delta") and (cols["first_ts"] < 0).any():
             # only before the horizon: rows from older versions keep no first sample
             ev.notes.append(OLD_ROWS_NOTE)
             continue
@@ -188,9 +191,9 @@ def _range_call(
             v, ok, lacking = _spread(name, cols, p, qs)
             if lacking:
                 ev.notes.append(SPREAD_NOTE)
-            rows.append((make_labels(s.labels.items()), v, ok))
+            rows.append((labels, v, ok))
             continue
-        pending.append((make_labels(s.labels.items()), cols))
+        pending.append((labels, cols))
     per_batch = max(1, BATCH_CELLS // max(steps.size, 1))
     for a in range(0, len(pending), per_batch):
         ev.limits.check()
@@ -417,7 +420,27 @@ def _rounds_windows(ev: Evaluator, name: str, refs: np.ndarray, range_ms: int) -
     return bool(range_ms % MINUTE_MS or (refs % MINUTE_MS).any())
 
 
+_COUNTING = ("rate", "increase")  # read each bucket's counter increase
+
+
+def _row_facts(selection: BucketSelection, name: str) -> tuple[bool, bool]:
+    """(every row holds a sample, some held row lacks its first sample's time), from all
+    rows at once where the store laid them end to end; else (False, True): each series'
+    rows are then filtered and checked on their own."""
+    flat = selection.rows
+    if flat is None or "count" not in flat or "first_ts" not in flat:
+        return False, True
+    held = flat["count"] > 0
+    every = bool(held.all())
+    first_ts = flat["first_ts"] if every else flat["first_ts"][held]
+    return every, name in ("rate", "increase", "delta") and bool((first_ts < 0).any())
+
+
 def _exact(selection: BucketSelection, name: str) -> bool:
+    flat = selection.rows
+    needed = {"nonfinite", "count", "first_ts"} | ({"increase"} if name in _COUNTING else set())
+    if flat is not None and needed <= flat.keys():
+        return _exact_rows(selection, flat, name)
     for s in selection.series:
         c = s.columns
         if c["nonfinite"].any():
@@ -427,6 +450,20 @@ def _exact(selection: BucketSelection, name: str) -> bool:
             return False  # rows written before rollups kept their first and last samples
         if name in ("rate", "increase") and (not s.counter or np.isnan(c["increase"][held]).any()):
             return False
+    return True
+
+
+def _exact_rows(selection: BucketSelection, flat: dict[str, np.ndarray], name: str) -> bool:
+    """:func:`_exact` over every series' rows at once (the store's rows laid end to end)."""
+    if flat["nonfinite"].any():
+        return False
+    held = flat["count"] > 0
+    if (flat["first_ts"][held] < 0).any():
+        return False
+    if name in _COUNTING:
+        if not all(s.counter for s in selection.series):
+            return False
+        return not bool(np.isnan(flat["increase"][held]).any())
     return True
 
 

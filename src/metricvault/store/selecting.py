@@ -73,6 +73,7 @@ def to_selection(
     ``protocols.bucket_columns``) and the sketches."""
     table = buckets.table
     out: list[SeriesBuckets] = []
+    cols: dict[str, np.ndarray] | None = None
     if table.num_rows:
         sid = table["series_id"].to_numpy()
         cols = {}
@@ -101,6 +102,7 @@ def to_selection(
         choice.res,
         choice.shifted,
         choice.range_ms,
+        cols,
     )
 
 
