@@ -39,8 +39,9 @@ import os
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from functools import partial
+from typing import Any
 
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
@@ -53,7 +54,11 @@ QUERIES = {
     "topk": "topk(5, avg_over_time(DCGM_FI_DEV_GPU_UTIL[{w}]))",
     "gpu": 'DCGM_FI_DEV_GPU_UTIL{{Hostname="node01",gpu="0"}}',
 }
-PARTS = ("engine", "json")  # what a child times: the evaluation, or the answer's JSON body
+# what a child times: the evaluation, the answer's JSON body, or the whole query API request
+# in process (ASGI, no socket; nocache=1: evaluated in full each time)
+PARTS = ("engine", "json", "api")
+PART_NAMES = {"engine": "the evaluation", "json": "the JSON body",
+              "api": "the query API request (nocache=1, in process)"}  # fmt: skip
 RANGES = {"1d": (DAY_MS, MINUTE_MS, "1m"), "7d": (7 * DAY_MS, 10 * MINUTE_MS, "10m")}
 
 
@@ -93,7 +98,8 @@ def child(
 ) -> dict[str, object]:
     """In a fresh process: ``expr`` over the range, ``runs`` times after two unmeasured
     (``batch_cells``: the engine's cells per evaluation pass instead of its own); ``part``
-    ``json``: the query API's JSON body of its answer (``answer_body``) instead."""
+    ``json``: the query API's JSON body of its answer (``answer_body``) instead; ``api``: a
+    ``GET /api/v1/query_range`` with ``nocache=1`` through the gateway's ASGI app."""
     import metricvault
     from metricvault.promql import Engine, tiers
     from metricvault.server.prometheus_json import answer_body
@@ -113,6 +119,9 @@ def child(
         if part == "json":
             timed = partial(answer_body, result, [])
             timed()
+        if part == "api":
+            timed = _api_request(vault, expr, start, end, step)
+            timed()
         cpu = []
         for _ in range(runs):
             began = time.process_time()
@@ -120,6 +129,55 @@ def child(
             cpu.append((time.process_time() - began) * 1000)
     return {"min": min(cpu), "median": statistics.median(cpu), "module": metricvault.__file__,
             "cells": tiers.BATCH_CELLS}  # fmt: skip
+
+
+def _api_request(vault: Any, expr: str, start: int, end: int, step: int) -> Callable[[], object]:
+    """One ``query_range`` request (``nocache=1``) through the gateway's app, in process: the
+    app started (its lifespan) on an event loop of its own, the request sent as ASGI."""
+    import asyncio
+    from urllib.parse import urlencode
+
+    from metricvault.config import Settings
+    from metricvault.server.app import create_app
+
+    settings = Settings.load(env={}, gateway_maintain=False, retention_raw="forever")
+    app = create_app(vault, settings)
+    loop = asyncio.new_event_loop()
+    started: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
+
+    asked: list[bool] = []
+
+    async def lifespan_receive() -> dict[str, Any]:
+        if not asked:
+            asked.append(True)
+            return {"type": "lifespan.startup"}
+        await asyncio.Event().wait()  # never set: the app stays up for the process
+        return {"type": "lifespan.shutdown"}
+
+    lifespan = loop.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}},
+                                    lifespan_receive, started.put))  # fmt: skip
+    loop.run_until_complete(started.get())
+    query = urlencode({"query": expr, "start": start / 1000, "end": end / 1000,
+                       "step": step / 1000, "nocache": "1"}).encode()  # fmt: skip
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+             "scheme": "http", "path": "/api/v1/query_range", "raw_path": b"/api/v1/query_range",
+             "query_string": query, "root_path": "", "headers": [(b"host", b"127.0.0.1")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}  # fmt: skip
+
+    async def request() -> None:
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            sent.append(dict(message))
+
+        await app({**scope, "state": {}}, receive, send)
+        if sent[0]["status"] != 200:
+            raise RuntimeError(f"{expr}: HTTP {sent[0]['status']}: {sent[-1].get('body')!r}")
+
+    return lambda: (lifespan, loop.run_until_complete(request()))  # the task kept alive
 
 
 def measure(
@@ -160,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-cells", type=int, default=0,
                         help="cells per evaluation pass (default: the engine's own)")  # fmt: skip
     parser.add_argument("--part", choices=PARTS, default="engine",
-                        help="time the evaluation, or its answer's JSON body")  # fmt: skip
+                        help="time the evaluation, its JSON body, or the request")  # fmt: skip
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     vault_dir = build(args.workdir, args.nodes, args.days)
@@ -170,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
           f"rounds of a fresh process per tree, {args.runs} runs each; windows "
           f"{args.window or 'of one step'}; "
           f"{args.batch_cells or 'the engine' + chr(39) + 's'} cells a pass; timing "
-          f"{'the JSON body' if args.part == 'json' else 'the evaluation'}; load average "
+          f"{PART_NAMES[args.part]}; load average "
           f"{os.getloadavg()[0]:.2f}\n")  # fmt: skip
     head = ["query", "range, step", *(f"{name} min / median CPU ms" for name, _ in trees)]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))

@@ -60,3 +60,14 @@ def test_the_json_part_times_the_answer_body_of_each_query(
         "avg_over_time(DCGM_FI_DEV_GPU_UTIL[1m])",
     ]
     assert all(re.search(r"\d+\.\d / \d+\.\d", row) for row in rows), out
+
+
+def test_the_api_part_times_a_query_range_request_through_the_app(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    promql_engine.main(["--workdir", str(tmp_path), "--nodes", "1", "--days", "1",
+                        "--rounds", "1", "--runs", "2", "--queries", "gpu",
+                        "--part", "api"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "timing the query API request" in out
+    assert len(re.findall(r"\d+\.\d / \d+\.\d", out)) == 1, out
