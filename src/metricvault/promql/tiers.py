@@ -432,8 +432,10 @@ def _row_facts(selection: BucketSelection, name: str) -> tuple[bool, bool]:
         return False, True
     held = flat["count"] > 0
     every = bool(held.all())
+    if name not in ("rate", "increase", "delta"):
+        return every, False
     first_ts = flat["first_ts"] if every else flat["first_ts"][held]
-    return every, name in ("rate", "increase", "delta") and bool((first_ts < 0).any())
+    return every, bool((first_ts < 0).any())
 
 
 def _exact(selection: BucketSelection, name: str) -> bool:
