@@ -66,3 +66,46 @@ def test_other_threads_and_nested_pins_keep_their_own_view(loc: Location) -> Non
         thread.join(timeout=10)
         assert catalog.current().version == outer.version
     assert seen == [newer.version]
+
+
+def test_a_commit_by_another_thread_of_this_process_moves_the_pin(loc: Location) -> None:
+    """A flush by the gateway's flusher thread commits samples this process acknowledged: a
+    query pinned before it must still read them."""
+    catalog = Catalog(loc)
+    catalog.commit(Change())
+    with catalog.pinned() as pinned:
+        flusher = threading.Thread(
+            target=lambda: catalog.commit(Change(add=[raw_file(loc, "a", 1)], file_ids_used=1))
+        )
+        flusher.start()
+        flusher.join(timeout=10)
+        assert catalog.current().version == pinned.version + 1
+        assert [f.path.rsplit("/", 1)[1] for f in catalog.current().files] == ["a.parquet"]
+
+
+def test_a_writer_inside_a_pin_reads_the_newest_version(loc: Location) -> None:
+    catalog, other = Catalog(loc), Catalog(loc)
+    catalog.commit(Change())
+    with catalog.pinned() as pinned:
+        newer = other.commit(Change(add=[raw_file(loc, "b", 1)], file_ids_used=1))
+        with catalog.unpinned():
+            assert catalog.current().version == newer.version  # what a flush bases on
+        assert catalog.current().version == pinned.version
+
+
+def test_a_pinned_query_reads_samples_a_background_flush_committed(tmp_path: Path) -> None:
+    """Acknowledged, then flushed by another thread after the query pinned its version and
+    before it read: the query still sees the samples (read after write)."""
+    from metricvault.store.vault import Vault
+
+    vault = Vault.open_local(str(tmp_path / "v"))
+    t0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+    vault.write([("gpu_util", {"gpu": "0"}, t0 + 1_000 * i, float(i)) for i in range(1, 11)])
+    with vault.pinned():
+        flusher = threading.Thread(target=vault.flush)
+        flusher.start()
+        flusher.join(timeout=30)
+        assert not flusher.is_alive()
+        found = vault.select_series("gpu_util", t0, t0 + 20_000)
+    assert [values.tolist() for _, _, values in found] == [[float(i) for i in range(1, 11)]]
+    vault.close()

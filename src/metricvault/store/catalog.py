@@ -281,6 +281,7 @@ class Catalog:
         self.probes = 0
         self.lost_races = 0
         self._pins = threading.local()  # a thread's pinned snapshot (:meth:`pinned`)
+        self._commits = 0  # commits by this object, any thread: a pinned thread sees them
 
     def _versions(self) -> list[int]:
         self.listings += 1
@@ -325,22 +326,41 @@ class Catalog:
         instead of listing catalog/, whose cost grows with the versions kept; a cold one
         starts from catalog/NEWEST. Only a vault without the pointer, or a cached version
         that expiry deleted, falls back to listing."""
-        pinned: Snapshot | None = getattr(self._pins, "snapshot", None)
-        return pinned if pinned is not None else self._newest()
+        pin: tuple[Snapshot, int] | None = getattr(self._pins, "pin", None)
+        suspended: int = getattr(self._pins, "suspended", 0)
+        if pin is None or suspended:
+            return self._newest()
+        if pin[1] != self._commits and self._cached is not None:
+            # this process committed since (a flush of samples it acknowledged): read it
+            pin = self._pins.pin = (self._cached, self._commits)
+        return pin[0]
 
     @contextlib.contextmanager
     def pinned(self) -> Iterator[Snapshot]:
-        """Within the block, :meth:`current` on this thread answers the snapshot read on entry:
-        one query's reads see one version (and probe the catalog once, not once per read:
-        ~15 us each on a local disk, a GET on S3). This thread's own commits (a read's flush
-        of the buffer) move the pin to what they committed; other threads are not pinned.
-        Nested blocks keep the outer pin."""
-        outer: Snapshot | None = getattr(self._pins, "snapshot", None)
-        self._pins.snapshot = outer if outer is not None else self._newest()
+        """Within the block, :meth:`current` on this thread answers the snapshot read on entry,
+        moved on only by this process's own commits (its flushes: samples it acknowledged
+        stay readable at once): one query's reads see one version of what other processes
+        commit, and probe the catalog once, not once per read (~15 us each on a local disk,
+        a GET on S3). Writers never read a pin (:meth:`unpinned`). Nested blocks keep the
+        outer pin."""
+        outer: tuple[Snapshot, int] | None = getattr(self._pins, "pin", None)
+        if outer is None:
+            commits = self._commits
+            self._pins.pin = (self._newest(), commits)
         try:
-            yield self._pins.snapshot
+            yield self.current()
         finally:
-            self._pins.snapshot = outer
+            self._pins.pin = outer
+
+    @contextlib.contextmanager
+    def unpinned(self) -> Iterator[None]:
+        """Within the block this thread reads the newest snapshot even where it is pinned:
+        what a writer bases a change on (a flush's buffer watermark) must be the newest."""
+        self._pins.suspended = getattr(self._pins, "suspended", 0) + 1
+        try:
+            yield
+        finally:
+            self._pins.suspended -= 1
 
     def _newest(self) -> Snapshot:
         start, fresh = self._cached, False
@@ -434,8 +454,7 @@ class Catalog:
             path = self.version_path(new.version)
             if self.loc.write_bytes_exclusive(path, new.to_json(self.loc)):
                 self._cached = new
-                if getattr(self._pins, "snapshot", None) is not None:
-                    self._pins.snapshot = new  # a pinned thread reads what it committed
+                self._commits += 1  # after _cached: a pinned thread then reads ``new``
                 self._newest_on_disk = new.version
                 self._advance_pointer(new.version)
                 return new

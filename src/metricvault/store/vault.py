@@ -452,8 +452,9 @@ class Vault:
 
     @contextmanager
     def writer_lock(self) -> Iterator[None]:
-        """Serialise catalog commits with other threads and processes using this vault."""
-        with self._commit_lock:
+        """Serialise catalog commits with other threads and processes using this vault
+        (inside, this thread reads the newest catalog version even where it is pinned)."""
+        with self._commit_lock, self.catalog.unpinned():
             fcntl.flock(self._lock_file, fcntl.LOCK_EX)
             try:
                 yield
@@ -643,8 +644,9 @@ class Vault:
 
     def pinned(self) -> AbstractContextManager[Snapshot]:
         """``with vault.pinned():`` the reads on this thread see one catalog version, the one
-        current on entry (this thread's own flushes move it on): the query API evaluates each
-        query in one (``Catalog.pinned``)."""
+        current on entry, moved on only by this process's own commits (its flushes: what it
+        acknowledged stays readable): the query API evaluates each query in one
+        (``Catalog.pinned``)."""
         return self.catalog.pinned()
 
     def snapshot(self) -> Snapshot:
