@@ -119,21 +119,26 @@ def child(
         if part == "json":
             timed = partial(answer_body, result, [])
             timed()
+        stop: Callable[[], object] = lambda: None  # noqa: E731
         if part == "api":
-            timed = _api_request(vault, expr, start, end, step)
+            timed, stop = _api_request(vault, expr, start, end, step)
             timed()
         cpu = []
         for _ in range(runs):
             began = time.process_time()
             timed()
             cpu.append((time.process_time() - began) * 1000)
+        stop()
     return {"min": min(cpu), "median": statistics.median(cpu), "module": metricvault.__file__,
             "cells": tiers.BATCH_CELLS}  # fmt: skip
 
 
-def _api_request(vault: Any, expr: str, start: int, end: int, step: int) -> Callable[[], object]:
+def _api_request(
+    vault: Any, expr: str, start: int, end: int, step: int
+) -> tuple[Callable[[], object], Callable[[], object]]:
     """One ``query_range`` request (``nocache=1``) through the gateway's app, in process: the
-    app started (its lifespan) on an event loop of its own, the request sent as ASGI."""
+    app started (its lifespan) on an event loop of its own, the request sent as ASGI; and
+    what stops the app (its lifespan's shutdown, then the loop closed)."""
     import asyncio
     from urllib.parse import urlencode
 
@@ -146,12 +151,13 @@ def _api_request(vault: Any, expr: str, start: int, end: int, step: int) -> Call
     started: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
 
     asked: list[bool] = []
+    stopping = asyncio.Event()
 
     async def lifespan_receive() -> dict[str, Any]:
         if not asked:
             asked.append(True)
             return {"type": "lifespan.startup"}
-        await asyncio.Event().wait()  # never set: the app stays up for the process
+        await stopping.wait()  # set by stop(): the app stays up until then
         return {"type": "lifespan.shutdown"}
 
     lifespan = loop.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}},
@@ -177,7 +183,12 @@ def _api_request(vault: Any, expr: str, start: int, end: int, step: int) -> Call
         if sent[0]["status"] != 200:
             raise RuntimeError(f"{expr}: HTTP {sent[0]['status']}: {sent[-1].get('body')!r}")
 
-    return lambda: (lifespan, loop.run_until_complete(request()))  # the task kept alive
+    def stop() -> None:
+        stopping.set()
+        loop.run_until_complete(lifespan)
+        loop.close()
+
+    return lambda: loop.run_until_complete(request()), stop
 
 
 def measure(
