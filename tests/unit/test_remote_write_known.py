@@ -17,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 from metricvault.errors import LabelError, MetricVaultError, ValueRangeError
+from metricvault.ingest.protocols import remote_write_known
 from metricvault.ingest.protocols.remote_write import LabelPairCache, decode_remote_write
 from metricvault.ingest.protocols.remote_write_columns import KnownDecodedWrite
 from metricvault.ingest.protocols.remote_write_known import SeriesKeyCache, decode_v1_known
@@ -63,6 +64,15 @@ def _golden() -> list[str]:
 
 def _raw(body: bytes) -> memoryview:
     return memoryview(bytes(cramjam.snappy.decompress_raw(body)))
+
+
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def known_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs on both known-series paths: numba's compiled walk and numpy's."""
+    assert remote_write_known.start_compiling(wait=True), "numba's compiled decoder loads"
+    if request.param == "numpy":
+        monkeypatch.setattr(remote_write_known, "COMPILED", None)
+    return str(request.param)
 
 
 T0 = 1_767_225_600_000

@@ -317,8 +317,12 @@ def create_app(
 def _warm_write_path() -> None:
     """Before a worker takes requests: the store's first ``pa.array`` of a numpy array makes
     pyarrow import pandas (~0.5 s, seconds on a busy machine), which the first write would
-    otherwise wait for."""
+    otherwise wait for; remote_write's compiled decoder starts loading on a thread (requests
+    take the numpy path until it is ready)."""
+    from metricvault.ingest.protocols.remote_write_known import start_compiling
+
     pa.array(np.zeros(1, dtype=np.int64))
+    start_compiling()
 
 
 READ_METHODS = frozenset({"GET", "HEAD"})

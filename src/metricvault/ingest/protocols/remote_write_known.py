@@ -19,8 +19,11 @@ general path is quick for those), varints longer than usual.
 
 from __future__ import annotations
 
+import logging
 import threading
 from functools import partial
+from operator import itemgetter
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -44,6 +47,8 @@ from metricvault.ingest.protocols.remote_write_columns import (
 )
 from metricvault.model import KINDS, DistinctSeriesRows, Series, SeriesRows, kind_from_name
 from metricvault.wire.proto import messages
+
+log = logging.getLogger(__name__)
 
 MAX_SAMPLES_PER_SERIES = 64  # numpy steps over the samples: one per sample of a series
 MAX_LABELS_PER_SERIES = 256
@@ -98,6 +103,8 @@ class _Generation:
         self.first_token = _token_block(max_series)
         self.ids: set[int] = set()
         self.distinct_ids = True  # no two entries share a series id (only ever turns False)
+        self.table: Any = None  # the compiled path's KeyTable, made by the first add after
+        # the compiled functions are ready (a generation made before holds none: numpy path)
 
     def add(self, key: bytes, entry: KnownSeries) -> int:
         at = len(self.entries)
@@ -114,8 +121,23 @@ class _Generation:
         self.name_set_of[at] = name_set
         self.entries.append(entry)
         self.rows.append(entry.row)
+        self._add_to_table(key, at)
         self.known[key] = at  # last: a reader that finds the key finds the facts
         return at
+
+    def _add_to_table(self, key: bytes, at: int) -> None:
+        if self.table is None and COMPILED is not None:
+            self.make_table(COMPILED)
+        if self.table is not None:
+            self.table.add(key, at)
+
+    def make_table(self, compiled: ModuleType) -> None:
+        """The compiled path's table of every entry so far (under the cache's lock)."""
+        if self.table is None:
+            table = compiled.KeyTable()
+            for key, index in self.known.items():  # in the order they were added
+                table.add(key, index)
+            self.table = table
 
 
 class SeriesKeyCache:
@@ -165,10 +187,72 @@ class SeriesKeyCache:
 SERIES_KEYS = SeriesKeyCache()
 
 
+COMPILED: ModuleType | None = None  # remote_write_compiled once it is ready
+_COMPILING = threading.Lock()
+_compiling: list[threading.Thread] = []
+
+
+def _compile() -> None:
+    try:
+        from metricvault.ingest.protocols import remote_write_compiled
+
+        remote_write_compiled.warm()
+    except Exception:  # no numba for this platform, or its compiler failed: numpy path
+        log.warning("remote_write's compiled decoder is not available", exc_info=True)
+        return
+    global COMPILED
+    COMPILED = remote_write_compiled
+
+
+def start_compiling(wait: bool = False) -> bool:
+    """Load the compiled decoder on a thread (once a process); True once it is ready. Until
+    then requests take the numpy path; ``wait``: block until it is loaded or has failed."""
+    with _COMPILING:
+        if not _compiling:
+            _compiling.append(threading.Thread(target=_compile, name="rw-compile", daemon=True))
+            _compiling[0].start()
+    if wait:
+        _compiling[0].join()
+    return COMPILED is not None
+
+
 def decode_v1_known(
     raw: memoryview, limits: Limits, cache: SeriesKeyCache = SERIES_KEYS
 ) -> DecodedWrite | None:
     """The request decoded through the series cache, or None for the general path."""
+    compiled = COMPILED
+    if compiled is None:
+        start_compiling()
+    else:
+        taken, decoded = _decode_compiled(compiled, raw, limits, cache)
+        if taken:
+            return decoded
+    return _decode_numpy(raw, limits, cache)
+
+
+def _decode_compiled(
+    compiled: ModuleType, raw: memoryview, limits: Limits, cache: SeriesKeyCache
+) -> tuple[bool, DecodedWrite | None]:
+    """(True, the answer) from the compiled path, or (False, None): the numpy path decides."""
+    generation = cache.generation  # one generation for the whole request
+    if generation.table is None:
+        with cache.lock:
+            generation.make_table(compiled)
+    decoded = compiled.decode(raw, generation.table, MAX_SAMPLES_PER_SERIES)
+    if decoded is None:
+        return False, None
+    starts, ends, counts, values, timestamps, found = decoded
+    check_series_count(len(starts), limits.max_series)
+    limits.budget.check(f"parsing {len(raw):,} bytes of protobuf")
+    for i in np.flatnonzero(found < 0).tolist():
+        at = cache.learn(bytes(raw[starts[i] : ends[i]]), generation)
+        if at is None:
+            return True, None  # the general path names the rule it breaks
+        found[i] = at
+    return True, _result(generation, found, counts, values, timestamps, limits)
+
+
+def _decode_numpy(raw: memoryview, limits: Limits, cache: SeriesKeyCache) -> DecodedWrite | None:
     request = messages.WriteRequestSeries()
     try:
         request.ParseFromString(raw)
@@ -314,8 +398,8 @@ def _result(
     distinct = ordered[np.r_[True, ordered[1:] != ordered[:-1]]]  # one per label bytes
     name_sets = set(generation.name_set_of[distinct].tolist())
     names: set[str] = set().union(*(generation.name_sets[i] for i in name_sets))
-    shown = ", ".join(map(show, sorted(names)[:3]))
-    check_label_names(len(names), limits.max_label_names, shown)
+    if limits.max_label_names is not None and len(names) > limits.max_label_names:
+        check_label_names(len(names), limits.max_label_names, _shown(names))
     series_ids = np.repeat(generation.series_ids[found], counts)
     _check_cells(len(found), len(series_ids), len(names) + 1, limits.max_label_cells)
     stale, non_finite = special_value_counts(values)
@@ -323,7 +407,7 @@ def _result(
     # read after ``found``: every entry found was added before, so if no two ids in the
     # generation were equal then, these rows' ids are distinct
     rows_type = DistinctSeriesRows if generation.distinct_ids else SeriesRows
-    series = rows_type([rows[i] for i in distinct.tolist()])
+    series = rows_type(_rows(rows, distinct.tolist()))
     series.keys = distinct + generation.first_token
     build = partial(_table, generation, found, counts, names, timestamps, values)
     return KnownDecodedWrite(
@@ -339,6 +423,17 @@ def _result(
         series=len(found),
         resolved=ResolvedSamples(series_ids, timestamps, values, series, build),
     )
+
+
+def _shown(names: set[str]) -> str:
+    return ", ".join(map(show, sorted(names)[:3]))
+
+
+def _rows(rows: list[tuple[int, str, str, str]], at: list[int]) -> list[Any]:
+    """``rows[i] for i in at``, in C (itemgetter) rather than a comprehension."""
+    if len(at) == 1:
+        return [rows[at[0]]]
+    return list(itemgetter(*at)(rows)) if at else []
 
 
 def _check_cells(series: int, rows: int, names: int, max_label_cells: int) -> None:
