@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -344,6 +345,20 @@ class SeriesRows(list[tuple[int, str, str, str]]):
 
     __slots__ = ("keys",)
     keys: Any  # int64 numpy array, one per row
+
+
+# SeriesRows keys: process-wide numbers, never given twice (each decoder cache, or each of its
+# generations, takes a block of its own), so the store can remember the rows it checked.
+_KEYS_LOCK = threading.Lock()
+_NEXT_KEY = [0]
+
+
+def series_key_block(size: int) -> int:
+    """The first of ``size`` SeriesRows keys no one else is given."""
+    with _KEYS_LOCK:
+        first = _NEXT_KEY[0]
+        _NEXT_KEY[0] += size
+    return first
 
 
 class DistinctSeriesRows(SeriesRows):

@@ -140,12 +140,8 @@ class Gateway:
         """Store one decoded remote-write (or OTLP) request; the samples stored."""
         # staleness markers and NaN/±Inf samples are stored like any other
         self.metrics.received.labels(protocol).inc(decoded.samples)
-        if decoded.kinds:  # metadata usually arrives in requests of its own
-            update = self.vault.set_metric_kinds(decoded.kinds)
-            for change in update.applied:
-                self.metrics.kind_changes.labels(change.old, change.new, "applied").inc()
-            for change in update.refused:
-                self.metrics.kind_changes.labels(change.old, change.new, "refused").inc()
+        if decoded.kinds:  # metadata usually arrives in requests of its own (OTLP: in each)
+            self._apply_kinds(decoded.kinds)
         if decoded.histograms:
             self.metrics.dropped.labels("histogram").inc(decoded.histograms)
         resolved = self._resolved(decoded, who)
@@ -166,11 +162,20 @@ class Gateway:
         """:meth:`store_decoded` for the usual request (series the decoder resolved, no
         metadata, no tenant) on the calling worker thread, so the request takes one thread
         hop for decoding and storing: the samples stored, or None to take that method."""
-        resolved = None if decoded.kinds or decoded.histograms else self._resolved(decoded, who)
+        resolved = None if decoded.histograms else self._resolved(decoded, who)
         if resolved is None:
             return None
         self.metrics.received.labels(protocol).inc(decoded.samples)
+        if decoded.kinds:  # OTLP's types, in every request
+            self._apply_kinds(decoded.kinds)
         return self._store_resolved(resolved, who, protocol)
+
+    def _apply_kinds(self, kinds: dict[str, str]) -> None:
+        update = self.vault.set_metric_kinds(kinds)
+        for change in update.applied:
+            self.metrics.kind_changes.labels(change.old, change.new, "applied").inc()
+        for change in update.refused:
+            self.metrics.kind_changes.labels(change.old, change.new, "refused").inc()
 
     def _resolved(self, decoded: DecodedWrite, who: Principal) -> ResolvedSamples | None:
         """The request's samples as the decoder resolved them, where the embedded vault can

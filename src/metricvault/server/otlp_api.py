@@ -35,6 +35,8 @@ from metricvault.server.api import ServerAPI
 from metricvault.store.vault import Vault
 
 if TYPE_CHECKING:
+    from metricvault.ingest.protocols.otlp_streams import Pending
+    from metricvault.ingest.protocols.remote_write_columns import DecodedWrite
     from metricvault.server.app import Gateway
 
 ENDPOINT = "/v1/metrics"
@@ -79,8 +81,28 @@ class OtlpAPI:
     async def work(self, request: Request, who: Principal) -> Response:
         gateway = self.gateway
         body = await gateway.body(request)
-        decoded: OtlpDecoded = await run_in_threadpool(
-            decode_otlp,
+        decoded, left = await gateway.in_write_thread(self.decode_and_store, body, request, who)
+        if decoded.has_deltas:
+            async with self.delta_lock:  # totals are read, stored and committed in turn
+                await self.store(decoded, who)
+        elif left is not None:  # applied to the streams, not stored: the general store
+            write, pending = left
+            await gateway.store_decoded(write, who, "otlp")
+            pending.commit()
+        if decoded.points.rejected:
+            gateway.metrics.rejected.labels("otlp_data_point").inc(decoded.points.rejected)
+        content = response_body(
+            decoded.points.rejected, decoded.error_message(), decoded.content_type
+        )
+        return Response(content, 200, media_type=decoded.content_type)
+
+    def decode_and_store(
+        self, body: bytes, request: Request, who: Principal
+    ) -> tuple[OtlpDecoded, tuple[DecodedWrite, Pending] | None]:
+        """Decode, and (without delta sums) store the request on the same worker thread: one
+        hop. Returns what is left to store, if the gateway's resolved path did not take it."""
+        gateway = self.gateway
+        decoded = decode_otlp(
             body,
             content_type=request.headers.get("content-type"),
             content_encoding=request.headers.get("content-encoding"),
@@ -88,16 +110,16 @@ class OtlpAPI:
             **gateway.decode_limits(),
         )
         if decoded.has_deltas:
-            async with self.delta_lock:  # totals are read, stored and committed in turn
-                await self.store(decoded, who)
-        else:
-            await self.store(decoded, who)
-        if decoded.points.rejected:
-            gateway.metrics.rejected.labels("otlp_data_point").inc(decoded.points.rejected)
-        content = response_body(
-            decoded.points.rejected, decoded.error_message(), decoded.content_type
-        )
-        return Response(content, 200, media_type=decoded.content_type)
+            return decoded, None
+        vault = gateway.vault
+        pending = self.streams.apply(decoded.points, who.tenant, vault.min_writable_ms())
+        # the kinds new series get, as Vault.write decides them (a known kind stands)
+        known_kind = vault.index.kind_of_metric if isinstance(vault, Vault) else None
+        write = to_write(decoded, known_kind)
+        if gateway.store_known(write, who, "otlp") is None:  # a tenant's, kinds to set, ...
+            return decoded, (write, pending)
+        pending.commit()  # only now: a refused request changes no stream
+        return decoded, None
 
     async def store(self, decoded: OtlpDecoded, who: Principal) -> None:
         min_ms = await run_in_threadpool(self.gateway.vault.min_writable_ms)

@@ -282,6 +282,11 @@ class SeriesIndex:
             if selector.matches(self._by_id[sid].metric, self._by_id[sid].labels)
         ]
 
+    def has_series_of(self, metric: str) -> bool:
+        """Whether any series of ``metric`` is stored (``match`` of its name, not listed)."""
+        self.need_metrics((metric,))
+        return bool(self._by_metric.get(metric))
+
     def set_metric_kinds(self, kinds: dict[str, str]) -> None:
         self._metric_kinds.update(kinds)
 

@@ -309,7 +309,7 @@ class Vault:
         # Only metrics with stored series: metadata names families too (an OpenMetrics
         # counter `foo` of samples `foo_total`), and Prometheus re-sends it every minute, so
         # a metric whose series arrive later gets its kind from the next metadata.
-        stored = {m: k for m, k in kinds.items() if self.index.match(_metric_selector(m))}
+        stored = {m: k for m, k in kinds.items() if self.index.has_series_of(m)}
         update = metadata_kind_update(
             stored, self._known_kinds(stored), self._explicit_kinds, now_ms()
         )

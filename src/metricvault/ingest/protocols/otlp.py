@@ -44,6 +44,7 @@ from metricvault.ingest.protocols.otlp_known import (
     OtlpSeries,
     OtlpSeriesCache,
     decode_fast,
+    distinct_series,
 )
 from metricvault.ingest.protocols.otlp_points import Labels, Points, Translator
 from metricvault.ingest.protocols.otlp_streams import OtlpStreams, Pending
@@ -54,7 +55,7 @@ from metricvault.ingest.protocols.remote_write_columns import (
     ResolvedSamples,
     special_value_counts,
 )
-from metricvault.model import DCGM_COUNTERS, kind_from_name
+from metricvault.model import DCGM_COUNTERS, KINDS, DistinctSeriesRows, kind_from_name
 
 __all__ = [
     "OtlpDecoded",
@@ -204,15 +205,12 @@ def _resolved_write(
             entries.append(entry)
         timestamps = np.concatenate([timestamps, np.array(points.timestamps, dtype=np.int64)])
         values = np.concatenate([values, np.array(points.values, dtype=np.float64)])
-    by_id: dict[int, OtlpSeries] = {}
-    for entry in entries:
-        by_id.setdefault(entry.series_id, entry)
-    distinct = list(by_id.values())
+    distinct = distinct_series(entries) if points.metrics else rows.distinct
     kind_of = {
         metric: _new_series_kind(metric, points.kinds.get(metric), known_kind)
         for metric in {entry.metric for entry in distinct}
     }
-    series = [(e.series_id, e.metric, e.labels_json, kind_of[e.metric]) for e in distinct]
+    series = _series_rows(distinct, kind_of)
     series_ids = np.fromiter((e.series_id for e in entries), np.int64, len(entries))
     stale, non_finite = special_value_counts(values)
 
@@ -234,6 +232,23 @@ def _resolved_write(
         series=len(distinct),
         resolved=ResolvedSamples(series_ids, timestamps, values, series, build),
     )
+
+
+def _series_rows(distinct: list[OtlpSeries], kind_of: dict[str, str]) -> list[Any]:
+    """(series_id, metric, labels_json, kind) of each series (ids distinct), with the keys
+    the store remembers checked rows by (SeriesRows) where every kind is one of KINDS."""
+    rows = DistinctSeriesRows(
+        [(e.series_id, e.metric, e.labels_json, kind_of[e.metric]) for e in distinct]
+    )
+    if not set(kind_of.values()) <= _KIND_INDEX.keys():
+        return list(rows)
+    keys = np.fromiter((2 * e.key + _KIND_INDEX[kind_of[e.metric]] for e in distinct), np.int64)
+    rows.keys = keys
+    return rows
+
+
+_KIND_INDEX: dict[str, int] = {kind: number for number, kind in enumerate(KINDS)}
+assert len(_KIND_INDEX) <= 2  # OtlpSeries.key's rows: 2 * key + the kind's index
 
 
 def _new_series_kind(

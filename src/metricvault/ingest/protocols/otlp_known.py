@@ -57,7 +57,7 @@ from metricvault.ingest.protocols.otlp_points import (
     _labels,
     resource_identity,
 )
-from metricvault.model import Series
+from metricvault.model import Series, series_key_block
 
 CACHE_MAX = 1 << 18  # series remembered per process: emptied when full (only speed changes)
 _BUDGET_EVERY = 64  # metrics between two looks at the decode time budget
@@ -135,15 +135,33 @@ RequestTwin: Any = _twin_class()
 class OtlpSeries:
     """What a data point's attribute bytes mean, for one metric name and resource."""
 
-    __slots__ = ("label_map", "labels", "labels_json", "metric", "names", "series_id")
+    __slots__ = ("key", "label_map", "labels", "labels_json", "metric", "names", "series_id")
 
-    def __init__(self, metric: str, labels: Labels, series: Series) -> None:
+    def __init__(self, metric: str, labels: Labels, series: Series, key: int) -> None:
+        self.key = key  # its rows' SeriesRows keys: 2 * key + the kind's index in KINDS
         self.metric = metric
         self.labels = labels
         self.label_map = dict(labels)
-        self.names = frozenset(self.label_map)  # for the request's label-name limit
+        names = frozenset(self.label_map)
+        # for the request's label-name limit; one object per distinct set of names, so that a
+        # set of them is built by identity, not by comparing sets
+        self.names = _NAME_SETS.setdefault(names, names) if len(_NAME_SETS) < 4096 else names
         self.series_id = series.series_id
         self.labels_json = series.labels_json
+
+
+_NAME_SETS: dict[frozenset[str], frozenset[str]] = {}  # the first 4,096 label-name sets
+
+
+def distinct_series(entries: list[OtlpSeries]) -> list[OtlpSeries]:
+    """The first row's series of each series id, in the order they first appear."""
+    once = list(dict.fromkeys(entries))  # by identity: one OtlpSeries per (metric, labels)
+    if len({entry.series_id for entry in once}) == len(once):
+        return once
+    by_id: dict[int, OtlpSeries] = {}  # two objects of one id: a cache emptied meanwhile
+    for entry in entries:
+        by_id.setdefault(entry.series_id, entry)
+    return list(by_id.values())
 
 
 @dataclass(frozen=True)
@@ -178,6 +196,19 @@ class OtlpSeriesCache:
         self.scopes: set[bytes] = set()
         self.labelled: dict[tuple[str, Labels], OtlpSeries] = {}
         self.lock = threading.Lock()
+        self._keys_lock = threading.Lock()
+        self._next_key = self._keys_end = 0
+
+    def _key(self) -> int:
+        """A number of its own for a new OtlpSeries (blocks of ``max_series`` at a time)."""
+        with self._keys_lock:
+            if self._next_key == self._keys_end:
+                # 2 * key + 1 stays inside the block, whatever its first number
+                self._next_key = (series_key_block(2 * self.max_series + 1) + 1) // 2
+                self._keys_end = self._next_key + self.max_series
+            key = self._next_key
+            self._next_key += 1
+            return key
 
     def resource(self, raw: bytes) -> _Resource | None:
         known = self.resources.get(raw)
@@ -264,7 +295,8 @@ class OtlpSeriesCache:
                 series = Series.make(metric, dict(labels))
             except (LabelError, ValueError):
                 return None
-            entry = self.labelled.setdefault(key, OtlpSeries(metric, labels, series))
+            made = OtlpSeries(metric, labels, series, self._key())  # a key unused if it loses
+            entry = self.labelled.setdefault(key, made)
         return entry
 
 
@@ -327,10 +359,7 @@ class _Walk:
             latest_ns = max(latest_ns, int(times_ns[first:end].max()))
             if kind == COUNTER:
                 self._starts(learned, starts_ns[first:end], ts_ms[first:end])
-        by_id: dict[int, OtlpSeries] = {}
-        for entry in entries:
-            by_id.setdefault(entry.series_id, entry)
-        distinct = list(by_id.values())
+        distinct = distinct_series(entries)
         if len(entries) == len(self.points):  # no target_info rows: the columns as they are
             return out, FastRows(entries, ts_ms, values, distinct)
         in_order = _in_row_order(self.segments, ts_ms, values, entries)

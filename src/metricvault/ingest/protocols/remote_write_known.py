@@ -45,7 +45,14 @@ from metricvault.ingest.protocols.remote_write_columns import (
     _decode_canonical_samples,
     special_value_counts,
 )
-from metricvault.model import KINDS, DistinctSeriesRows, Series, SeriesRows, kind_from_name
+from metricvault.model import (
+    KINDS,
+    DistinctSeriesRows,
+    Series,
+    SeriesRows,
+    kind_from_name,
+    series_key_block,
+)
 from metricvault.wire.proto import messages
 
 log = logging.getLogger(__name__)
@@ -73,19 +80,6 @@ class KnownSeries:
         self.row = (self.series_id, self.metric, self.labels_json, self.kind)
 
 
-# Tokens: a process-wide number per cache entry, never given twice (each generation of each
-# cache takes a block of its own): the store remembers which it has checked (SeriesRows.keys).
-_TOKENS_LOCK = threading.Lock()
-_NEXT_TOKEN = [0]
-
-
-def _token_block(size: int) -> int:
-    with _TOKENS_LOCK:
-        first = _NEXT_TOKEN[0]
-        _NEXT_TOKEN[0] += size
-    return first
-
-
 class _Generation:
     """The entries a cache learned since it was last emptied, each by its index here: the
     label bytes map to that index, and the per-entry facts a request needs for all its series
@@ -100,7 +94,7 @@ class _Generation:
         self.name_set_of = np.zeros(64, dtype=np.int64)
         self.name_sets: list[frozenset[str]] = []
         self.name_set_index: dict[frozenset[str], int] = {}
-        self.first_token = _token_block(max_series)
+        self.first_token = series_key_block(max_series)  # its entries' SeriesRows keys
         self.ids: set[int] = set()
         self.distinct_ids = True  # no two entries share a series id (only ever turns False)
         self.table: Any = None  # the compiled path's KeyTable, made by the first add after
