@@ -90,7 +90,15 @@ SAMPLES = [
 ]
 
 
-def test_samples_decode_as_protobuf_parses_them(compiled: Any) -> None:
+@pytest.fixture(params=["bounded arrays", "counted first"])
+def sizing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, compiled: Any) -> str:
+    """Small bodies decode into arrays of their bound; big ones are counted first."""
+    if request.param == "counted first":
+        monkeypatch.setattr(compiled, "COUNT_FIRST_BYTES", 0)
+    return str(request.param)
+
+
+def test_samples_decode_as_protobuf_parses_them(compiled: Any, sizing: str) -> None:
     body = _request([([("__name__", "m"), ("i", str(i))], [s]) for i, s in enumerate(SAMPLES)])
     decoded = compiled.decode(memoryview(body), compiled.KeyTable(), 64)
     assert decoded is not None
@@ -148,7 +156,7 @@ LEFT_TO_THE_NUMPY_PATH = {
 
 @pytest.mark.parametrize("name", sorted(LEFT_TO_THE_NUMPY_PATH))
 def test_bodies_it_does_not_take_in_full_are_left_to_the_numpy_path(
-    compiled: Any, name: str
+    compiled: Any, name: str, sizing: str
 ) -> None:
     body = LEFT_TO_THE_NUMPY_PATH[name]
     assert compiled.decode(memoryview(body), compiled.KeyTable(), 64) is None
@@ -177,7 +185,7 @@ def _outcome(body: bytes) -> Any:
 
 
 def test_every_truncation_and_byte_flip_decodes_as_the_numpy_path_decodes_it(
-    compiled: Any, monkeypatch: pytest.MonkeyPatch
+    compiled: Any, monkeypatch: pytest.MonkeyPatch, sizing: str
 ) -> None:
     body = _request(
         [

@@ -27,6 +27,7 @@ import numpy as np
 
 OK = 0
 FALL_BACK = 1  # the numpy path decides
+COUNT_FIRST_BYTES = 4 << 20  # bodies over this are counted before their arrays are made
 _EMPTY = np.int64(-1)
 _MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
 _SEED = np.uint64(0xCBF29CE484222325)
@@ -50,10 +51,10 @@ def _varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
 
 
 @numba.njit(nogil=True, cache=True)
-def _walk(buf: Any, max_per_series: int, out: Any) -> tuple[int, int, int]:
-    """Record every series and sample of a WriteRequest made only of timeseries of labels
-    then samples into ``out`` (room for as many as ``buf`` can hold): (status, series,
-    samples)."""
+def _walk(buf: Any, max_per_series: int, out: Any, fill: bool) -> tuple[int, int, int]:
+    """Count (``fill`` False) or record into ``out`` every series and sample of a
+    WriteRequest made only of timeseries of labels then samples: (status, series, samples).
+    The count checks everything but the samples' shapes."""
     label_starts, label_ends, counts, value_bits, stamps = out
     end_all = len(buf)
     pos = 0
@@ -74,8 +75,9 @@ def _walk(buf: Any, max_per_series: int, out: Any) -> tuple[int, int, int]:
             at += size
         if at > end or at == pos:
             return FALL_BACK, 0, 0
-        label_starts[series] = pos
-        label_ends[series] = at
+        if fill:
+            label_starts[series] = pos
+            label_ends[series] = at
         count = 0
         while at < end:
             if buf[at] != 0x12 or count == max_per_series:  # TimeSeries.samples
@@ -83,13 +85,14 @@ def _walk(buf: Any, max_per_series: int, out: Any) -> tuple[int, int, int]:
             size, at = _varint(buf, at + 1, end)
             if size < 0 or at + size > end:
                 return FALL_BACK, 0, 0
-            if not _sample(buf, at, at + size, samples + count, value_bits, stamps):
+            if fill and not _sample(buf, at, at + size, samples + count, value_bits, stamps):
                 return FALL_BACK, 0, 0
             at += size
             count += 1
         if count == 0:
             return FALL_BACK, 0, 0
-        counts[series] = count
+        if fill:
+            counts[series] = count
         series += 1
         samples += count
         pos = end
@@ -270,6 +273,12 @@ def decode(
     buffer = np.frombuffer(raw, dtype=np.uint8)
     most_series = len(buffer) // 6 + 1  # a series takes >= 6 bytes: tag, length, a label, a sample
     most_samples = len(buffer) // 2 + 1  # a sample >= 2: tag, length (np.empty: pages untouched)
+    if len(buffer) > COUNT_FIRST_BYTES:  # a big body: arrays of the sizes it needs, not bounds
+        empty = np.zeros(0, dtype=np.int64)
+        nothing = (empty, empty, empty, np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+        status, most_series, most_samples = _walk(buffer, max_per_series, nothing, False)
+        if status != OK:
+            return None
     out = (
         np.empty(most_series, dtype=np.int64),
         np.empty(most_series, dtype=np.int64),
@@ -292,7 +301,7 @@ def decode(
 def _decode(
     buf: Any, words: Any, max_per_series: int, out: Any, table: Any, found: Any
 ) -> tuple[int, int, int]:
-    status, series, samples = _walk(buf, max_per_series, out)
+    status, series, samples = _walk(buf, max_per_series, out, True)
     if status == OK:
         _lookup(buf, words, out[0][:series], out[1][:series], table, found)
     return status, series, samples
