@@ -19,6 +19,7 @@ general path is quick for those), varints longer than usual.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from functools import partial
@@ -205,6 +206,9 @@ def start_compiling(wait: bool = False) -> bool:
         if not _compiling:
             _compiling.append(threading.Thread(target=_compile, name="rw-compile", daemon=True))
             _compiling[0].start()
+            # a daemon thread still inside LLVM when the interpreter finalizes can crash it:
+            # an exit waits for the compiler (seconds, bounded)
+            atexit.register(_compiling[0].join, 60)
     if wait:
         _compiling[0].join()
     return COMPILED is not None
