@@ -70,7 +70,8 @@ import pyarrow.compute as pc
 from bench.ingest import SAMPLE_RECORD_BYTES, _label_bytes, _sample_records, _varint
 from bench.peers import VM_INSTALL_HINT, VictoriaMetrics, find_victoria_metrics
 from bench.peers import victoria_metrics_version as vm_version
-from metricvault.promql import Engine, MemorySource, SeriesSamples
+from metricvault import compiled
+from metricvault.promql import Engine, MemorySource, SeriesSamples, tiers
 from metricvault.selector import Matcher, Selector
 from metricvault.sim import ClusterSpec, generate
 from metricvault.store.vault import Vault
@@ -689,6 +690,9 @@ def run_queries(
     mv_url: str,
     data_end: int,
 ) -> None:
+    # the compiled rollup-row kernel loaded in this process (as in `metricvault serve`, which
+    # loads its own at start: from numba's cache, which this call fills, in about a second)
+    compiled.start(tiers.KERNEL, wait=True)
     engine = Engine(vault)
     engine_long = Engine(LongShapeSource(vault))
     mv = Http(mv_url)

@@ -106,6 +106,12 @@ def child(
 
     if batch_cells:
         tiers.BATCH_CELLS = batch_cells
+    try:  # as a server has it: the compiled rollup-row kernel loaded (trees that have one)
+        from metricvault import compiled
+
+        compiled.start(tiers.KERNEL, wait=True)
+    except (ImportError, AttributeError):
+        pass
     from metricvault.store.vault import Vault
 
     span, step, _ = RANGES[range_name]

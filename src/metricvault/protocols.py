@@ -198,6 +198,9 @@ class SeriesBuckets:
     labels: dict[str, str]
     counter: bool
     columns: dict[str, np.ndarray]
+    # Optional: where its rows are in BucketSelection.rows (start, end), of which its
+    # columns are then the slices; None where the store lays out no such arrays.
+    rows_at: tuple[int, int] | None = None
 
 
 @dataclass

@@ -13,13 +13,15 @@ import numpy as np
 import pytest
 
 from metricvault.ingest.protocols import remote_write_known
+from metricvault.model import SeriesRows
 from metricvault.wire.proto import messages
 
 
 @pytest.fixture(scope="module")
 def compiled() -> Any:
-    assert remote_write_known.start_compiling(wait=True), "numba's compiled decoder loads"
-    return remote_write_known.COMPILED
+    walk = remote_write_known.compiled_walk(wait=True)
+    assert walk is not None, "numba's compiled decoder loads"
+    return walk
 
 
 def _keys(count: int, seed: int) -> list[bytes]:
@@ -204,7 +206,7 @@ def test_every_truncation_and_byte_flip_decodes_as_the_numpy_path_decodes_it(
         taken += compiled.decode(memoryview(one), compiled.KeyTable(), 64) is not None
         fast = _outcome(one)
         with monkeypatch.context() as numpy_only:
-            numpy_only.setattr(remote_write_known, "COMPILED", None)
+            numpy_only.setattr(remote_write_known, "USE_COMPILED", False)
             assert _outcome(one) == fast
     assert taken > 100  # most flips land in a value or a label: still a well-formed request
 
@@ -220,18 +222,20 @@ def test_series_learned_before_the_compiler_was_ready_are_found_by_it(
         _request([([("__name__", "m"), ("i", str(i))], [(1.0, 5)]) for i in range(9)])
     )
     limits = Limits(None, None, DecodeBudget(None))
-    monkeypatch.setattr(remote_write_known, "COMPILED", None)
+    monkeypatch.setattr(remote_write_known, "USE_COMPILED", False)
     learned = remote_write_known.decode_v1_known(body, limits, cache)  # the numpy path learns
     assert learned is not None and cache.generation.table is None
-    monkeypatch.setattr(remote_write_known, "COMPILED", compiled)
+    monkeypatch.setattr(remote_write_known, "USE_COMPILED", True)
 
     def no_numpy(*args: Any) -> None:
         raise AssertionError("the compiled path did not take a request of known series")
 
     monkeypatch.setattr(remote_write_known, "_decode_numpy", no_numpy)
     again = remote_write_known.decode_v1_known(body, limits, cache)
-    assert again is not None and cache.generation.table.entries == 9
+    table: Any = cache.generation.table  # made from the 9 entries the numpy path learned
+    assert again is not None and table.entries == 9
     first, second = learned.prepared(), again.prepared()
     assert first is not None and second is not None
     assert np.array_equal(first.series_ids, second.series_ids)
+    assert isinstance(first.series, SeriesRows) and isinstance(second.series, SeriesRows)
     assert first.series.keys.tolist() == second.series.keys.tolist()

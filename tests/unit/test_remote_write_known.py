@@ -71,7 +71,7 @@ def known_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     """Every test here runs on both known-series paths: numba's compiled walk and numpy's."""
     assert remote_write_known.start_compiling(wait=True), "numba's compiled decoder loads"
     if request.param == "numpy":
-        monkeypatch.setattr(remote_write_known, "COMPILED", None)
+        monkeypatch.setattr(remote_write_known, "USE_COMPILED", False)
     return str(request.param)
 
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import promql_parser as pp
 
+from metricvault import compiled
 from metricvault.model import PAST_HORIZON_FUNCTIONS
 from metricvault.promql import rangefuncs as rf
 from metricvault.promql.parse import duration_ms
@@ -175,6 +176,7 @@ def _range_call(
     rv = RangeVector([], p.refs - p.range_ms, p.refs, p.range_ms)
     rows = []
     pending: list[tuple[Labels, dict[str, np.ndarray]]] = []  # evaluated a batch at a time
+    pending_spans: list[tuple[int, int] | None] = []  # where each one's rows are laid out
     every_row_held, old_rows = _row_facts(selection, name)
     # Sorted by label set, as the raw path (and Prometheus's storage) returns series.
     labelled = sorted(((make_labels(s.labels.items()), s) for s in selection.series),
@@ -194,6 +196,15 @@ def _range_call(
             rows.append((labels, v, ok))
             continue
         pending.append((labels, cols))
+        pending_spans.append(s.rows_at)
+    kernel = compiled.ready(KERNEL) if USE_COMPILED and name in EVALUATED else None
+    if kernel is not None and pending:  # every series in one compiled call
+        ev.limits.check()
+        laid = _laid_out(selection, pending_spans) if every_row_held else None
+        lookback = selection.counter_lookback_ms
+        found = _evaluate_compiled(kernel, name, [c for _, c in pending], p, lookback, laid)
+        rows += [(labels, v, ok) for (labels, _), (v, ok) in zip(pending, found, strict=True)]
+        pending = []
     per_batch = max(1, BATCH_CELLS // max(steps.size, 1))
     for a in range(0, len(pending), per_batch):
         ev.limits.check()
@@ -211,6 +222,50 @@ BATCH_CELLS = 1 << 10
 _ROW_COLUMNS = ("ts", "first_ts", "last_ts", "first", "last", "count", "sum", "min", "max",
                 "increase")  # fmt: skip
 _KEY_BITS = 42  # a series' rank above its rows' times (from the batch's earliest) in one key
+
+
+KERNEL = "metricvault.promql.tiers_compiled"  # loaded by servers (metricvault.compiled)
+USE_COMPILED = True  # False: numpy alone (tests run both)
+EVALUATED = OVER_TIME | {"rate", "increase", "delta"}  # what the kernel answers
+
+
+def _evaluate_compiled(
+    kernel: Any,
+    name: str,
+    cols: list[dict[str, np.ndarray]],
+    p: Plan,
+    lookback_ms: int,
+    laid: tuple[dict[str, np.ndarray], np.ndarray, np.ndarray] | None = None,
+) -> list[rf.Result]:
+    """:func:`_evaluate_batch`'s answers from the compiled kernel, every series in one call;
+    ``laid``: the selection's rows laid end to end and each series' (start, end) in them (else
+    ``cols`` are laid end to end here)."""
+    if laid is None:
+        sizes = np.fromiter((c["ts"].size for c in cols), np.int64, len(cols))
+        ends = np.cumsum(sizes)
+        flat = {k: np.concatenate([c[k] for c in cols]) for k in _ROW_COLUMNS if k in cols[0]}
+        laid = flat, ends - sizes, ends
+    flat, starts, ends = laid
+    values = np.empty((len(cols), p.refs.size))
+    ok = np.empty((len(cols), p.refs.size), dtype=np.bool_)
+    refs = np.ascontiguousarray(p.refs, dtype=np.int64)
+    kernel.evaluate(
+        kernel.OPS[name], kernel.columns_of(flat), starts, ends, refs, p.range_ms,
+        int(lookback_ms), values, ok,
+    )  # fmt: skip
+    return [(values[i], ok[i]) for i in range(len(cols))]
+
+
+def _laid_out(
+    selection: BucketSelection, spans: list[tuple[int, int] | None]
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray] | None:
+    """The selection's rows laid end to end and each pending series' (start, end) in them,
+    where the store gave both (``BucketSelection.rows``, ``SeriesBuckets.rows_at``)."""
+    if selection.rows is None or any(span is None for span in spans):
+        return None
+    bounds = np.array(spans, dtype=np.int64).reshape(len(spans), 2)
+    flat = {k: v for k, v in selection.rows.items() if k in _ROW_COLUMNS}
+    return flat, np.ascontiguousarray(bounds[:, 0]), np.ascontiguousarray(bounds[:, 1])
 
 
 def _evaluate_batch(

@@ -322,12 +322,20 @@ def create_app(
 def _warm_write_path() -> None:
     """Before a worker takes requests: the store's first ``pa.array`` of a numpy array makes
     pyarrow import pandas (~0.5 s, seconds on a busy machine), which the first write would
-    otherwise wait for; remote_write's compiled decoder starts loading on a thread (requests
-    take the numpy path until it is ready)."""
-    from metricvault.ingest.protocols.remote_write_known import start_compiling
-
+    otherwise wait for."""
     pa.array(np.zeros(1, dtype=np.int64))
+    start_compiled()
+
+
+def start_compiled() -> None:
+    """Start loading the server's numba-compiled code on threads: remote_write's decoder and
+    the rollup-row kernel of PromQL (requests use numpy until each is ready)."""
+    from metricvault import compiled
+    from metricvault.ingest.protocols.remote_write_known import start_compiling
+    from metricvault.promql import tiers
+
     start_compiling()
+    compiled.start(tiers.KERNEL)
 
 
 READ_METHODS = frozenset({"GET", "HEAD"})
@@ -344,6 +352,7 @@ def create_ui_app(vault: Any, settings: Any) -> Any:
 
     gateway = Gateway(vault, settings)
     gateway.ready = True
+    start_compiled()  # PromQL's rollup-row kernel
     routes: list[Route] = []
     for api in (ui_api.API, experiments_api.API, health_api.API, prometheus_api.API):
         for route in api.routes(gateway):

@@ -92,7 +92,9 @@ def to_selection(
             rows = {name: values[a:b] for name, values in cols.items()}
             rows.update(sketches(a, b))
             out.append(
-                SeriesBuckets(buckets.labels[series_id], series_id in buckets.counters, rows)
+                SeriesBuckets(
+                    buckets.labels[series_id], series_id in buckets.counters, rows, (a, b)
+                )
             )
     return BucketSelection(
         out,

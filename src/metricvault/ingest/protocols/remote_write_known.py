@@ -19,8 +19,6 @@ general path is quick for those), varints longer than usual.
 
 from __future__ import annotations
 
-import atexit
-import logging
 import threading
 from functools import partial
 from operator import itemgetter
@@ -30,6 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from metricvault import compiled
 from metricvault.errors import MetricVaultError, TooLargeError
 from metricvault.ingest.protocols.decode_limits import check_label_names
 from metricvault.ingest.protocols.remote_write_checks import (
@@ -55,8 +54,6 @@ from metricvault.model import (
     series_key_block,
 )
 from metricvault.wire.proto import messages
-
-log = logging.getLogger(__name__)
 
 MAX_SAMPLES_PER_SERIES = 64  # numpy steps over the samples: one per sample of a series
 MAX_LABELS_PER_SERIES = 256
@@ -121,8 +118,9 @@ class _Generation:
         return at
 
     def _add_to_table(self, key: bytes, at: int) -> None:
-        if self.table is None and COMPILED is not None:
-            self.make_table(COMPILED)
+        walk = compiled_walk() if self.table is None else None
+        if walk is not None:
+            self.make_table(walk)
         if self.table is not None:
             self.table.add(key, at)
 
@@ -182,47 +180,28 @@ class SeriesKeyCache:
 SERIES_KEYS = SeriesKeyCache()
 
 
-COMPILED: ModuleType | None = None  # remote_write_compiled once it is ready
-_COMPILING = threading.Lock()
-_compiling: list[threading.Thread] = []
+USE_COMPILED = True  # False: numpy's path alone (tests run both)
+_MODULE = "metricvault.ingest.protocols.remote_write_compiled"
 
 
-def _compile() -> None:
-    try:
-        from metricvault.ingest.protocols import remote_write_compiled
-
-        remote_write_compiled.warm()
-    except Exception:  # no numba for this platform, or its compiler failed: numpy path
-        log.warning("remote_write's compiled decoder is not available", exc_info=True)
-        return
-    global COMPILED
-    COMPILED = remote_write_compiled
+def compiled_walk(wait: bool = False) -> ModuleType | None:
+    """The compiled decoder if it is loaded (its loading starts on a thread the first time;
+    ``wait``: block until it has loaded or failed), else None: numpy's path."""
+    return compiled.start(_MODULE, wait) if USE_COMPILED else None
 
 
 def start_compiling(wait: bool = False) -> bool:
-    """Load the compiled decoder on a thread (once a process); True once it is ready. Until
-    then requests take the numpy path; ``wait``: block until it is loaded or has failed."""
-    with _COMPILING:
-        if not _compiling:
-            _compiling.append(threading.Thread(target=_compile, name="rw-compile", daemon=True))
-            _compiling[0].start()
-            # a daemon thread still inside LLVM when the interpreter finalizes can crash it:
-            # an exit waits for the compiler (seconds, bounded)
-            atexit.register(_compiling[0].join, 60)
-    if wait:
-        _compiling[0].join()
-    return COMPILED is not None
+    """Start loading the compiled decoder (a gateway worker at start); True once ready."""
+    return compiled_walk(wait) is not None
 
 
 def decode_v1_known(
     raw: memoryview, limits: Limits, cache: SeriesKeyCache = SERIES_KEYS
 ) -> DecodedWrite | None:
     """The request decoded through the series cache, or None for the general path."""
-    compiled = COMPILED
-    if compiled is None:
-        start_compiling()
-    else:
-        taken, decoded = _decode_compiled(compiled, raw, limits, cache)
+    walk = compiled_walk()
+    if walk is not None:
+        taken, decoded = _decode_compiled(walk, raw, limits, cache)
         if taken:
             return decoded
     return _decode_numpy(raw, limits, cache)
