@@ -6,7 +6,6 @@ engine the same with the kernel as without it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -15,8 +14,8 @@ import pytest
 from metricvault import compiled
 from metricvault.promql import Engine, tiers
 from metricvault.promql.values import RangeVector
-from tests.unit.test_promql_tiers import HOUR, SPAN, T0, _workload
 from tests.unit.test_promql_tiers_batched import EXPRS, RANGES
+from tests.unit.test_promql_tiers_batched import engine as engine  # the fixture: a vault's
 
 MINUTE = 60_000
 
@@ -109,20 +108,6 @@ def test_the_kernel_answers_as_numpy_bit_for_bit(
         # max/min is not compared: numpy's own fmax gives +0 or -0 for (0, -0) depending on
         # whether its SIMD loop or its scalar one ran
         assert np.array_equal(value, want, equal_nan=True), np.flatnonzero(value != want)[:5]
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    from metricvault.store.vault import Vault
-
-    vault = Vault.open_local(str(tmp_path_factory.mktemp("compiled") / "vault"))
-    rows = []
-    for metric, labels, ts, values in _workload():
-        rows += [(metric, labels, int(t), float(v)) for t, v in zip(ts, values, strict=True)]
-    vault.write(rows)
-    vault.maintain(now_ms=T0 + SPAN + 2 * HOUR)
-    yield Engine(vault)
-    vault.close()
 
 
 @pytest.mark.parametrize("expr", EXPRS)

@@ -15,6 +15,7 @@ import pytest
 from metricvault.ingest.protocols import remote_write_known
 from metricvault.model import SeriesRows
 from metricvault.wire.proto import messages
+from tests.unit.test_remote_write_known import _body, _raw
 
 
 @pytest.fixture(scope="module")
@@ -70,14 +71,8 @@ def test_a_readers_arrays_keep_answering_while_the_table_grows(compiled: Any) ->
 
 
 def _request(series: list[tuple[list[tuple[str, str]], list[tuple[float, int]]]]) -> bytes:
-    request = messages.WriteRequest()
-    for labels, samples in series:
-        one = request.timeseries.add()
-        for name, text in labels:
-            one.labels.add(name=name, value=text)
-        for number, ts in samples:
-            one.samples.add(value=number, timestamp=ts)
-    return request.SerializeToString()
+    """A WriteRequest's protobuf bytes (not compressed)."""
+    return bytes(_raw(_body(series)))
 
 
 SAMPLES = [
