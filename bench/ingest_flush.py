@@ -36,7 +36,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench import ingest as bench
     from metricvault.ingest.protocols.remote_write import decode_remote_write
+    from metricvault.ingest.protocols.remote_write_known import start_compiling
     from metricvault.store.vault import Vault
+
+    start_compiling(wait=True)  # as a gateway worker has it: the compiled decoder loaded
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "payloads.bin"

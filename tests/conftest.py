@@ -24,6 +24,22 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _compiled_code_loaded() -> None:
+    """The numba-compiled modules loaded before any test, as a server loads them at start.
+
+    Loaded on a background thread (as ``metricvault serve`` does) they would compile while
+    later tests run, and numba's compiler enters and leaves ``warnings.catch_warnings()``,
+    which is not thread-safe: a test's ``pytest.warns`` in the main thread then records
+    nothing. Loaded here, once per test process, no compiler runs beside a test."""
+    from metricvault import compiled
+    from metricvault.ingest.protocols.remote_write_known import start_compiling
+    from metricvault.promql import tiers
+
+    start_compiling(wait=True)
+    compiled.start(tiers.KERNEL, wait=True)
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _no_metricvault_env() -> Iterator[None]:
     """``Settings.load`` reads ``METRICVAULT_*``; a developer's shell must not change results.
 

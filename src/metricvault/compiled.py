@@ -27,8 +27,8 @@ def _load(name: str) -> None:
     try:
         module = importlib.import_module(name)
         module.warm()
-    except Exception:  # no numba for this platform, or its compiler failed: numpy path
-        log.warning("%s is not available: numpy computes instead", name, exc_info=True)
+    except Exception as exc:  # no numba here, its compiler failed, no file descriptor left
+        log.warning("%s is not available (%s): numpy computes instead", name, exc)
         return
     _READY[name] = module
 

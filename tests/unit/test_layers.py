@@ -34,6 +34,7 @@ LEAF = {
     "metricvault.progressbar",  # rich bars for the store's progress callbacks
     "metricvault.memory",  # malloc_trim for the agent and the gateway's workers
     "metricvault.client_auth",  # the Authorization header of the push and Alertmanager clients
+    "metricvault.compiled",  # loads numba-compiled modules (by name, on a thread)
 }
 
 # Which layers each layer may import (its own always).

@@ -185,14 +185,18 @@ _MODULE = "metricvault.ingest.protocols.remote_write_compiled"
 
 
 def compiled_walk(wait: bool = False) -> ModuleType | None:
-    """The compiled decoder if it is loaded (its loading starts on a thread the first time;
-    ``wait``: block until it has loaded or failed), else None: numpy's path."""
-    return compiled.start(_MODULE, wait) if USE_COMPILED else None
+    """The compiled decoder if a server has loaded it (``wait``: load it now, blocking),
+    else None: numpy's path. Decoding never starts the loading itself: a library user's
+    process gets no compiler thread it did not ask for."""
+    if not USE_COMPILED:
+        return None
+    return compiled.start(_MODULE, wait=True) if wait else compiled.ready(_MODULE)
 
 
 def start_compiling(wait: bool = False) -> bool:
-    """Start loading the compiled decoder (a gateway worker at start); True once ready."""
-    return compiled_walk(wait) is not None
+    """Start loading the compiled decoder on a thread (a gateway worker at start; ``wait``:
+    block until it is loaded or has failed); True once it is ready."""
+    return compiled.start(_MODULE, wait) is not None
 
 
 def decode_v1_known(
