@@ -8,6 +8,7 @@ checkouts (``git worktree add /tmp/before REV``) alternately to compare.
 
     .venv/bin/python bench/ingest_flush.py                   # ~1 min
     .venv/bin/python bench/ingest_flush.py --profile 15      # and the flush's top functions
+    .venv/bin/python bench/ingest_flush.py --decoder numpy   # numpy's known-series decoder
 """
 
 from __future__ import annotations
@@ -32,14 +33,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=600, help="payloads (default 600)")
     parser.add_argument("--warmup", type=int, default=50, help="requests before timing (50)")
     parser.add_argument("--profile", type=int, default=0, help="print the flush's top N")
+    parser.add_argument(
+        "--decoder",
+        choices=("compiled", "numpy"),
+        default="compiled",
+        help="remote_write's known-series decoder: numba's, as a gateway has it (default), "
+        "or numpy's (what a worker uses until numba has loaded)",
+    )
     args = parser.parse_args(argv)
 
     from bench import ingest as bench
+    from metricvault.ingest.protocols import remote_write_known
     from metricvault.ingest.protocols.remote_write import decode_remote_write
-    from metricvault.ingest.protocols.remote_write_known import start_compiling
     from metricvault.store.vault import Vault
 
-    start_compiling(wait=True)  # as a gateway worker has it: the compiled decoder loaded
+    remote_write_known.start_compiling(wait=True)  # as a gateway worker has it
+    remote_write_known.USE_COMPILED = args.decoder == "compiled"
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "payloads.bin"
@@ -81,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     per_request = (cpu1 - cpu0) / len(timed) * 1e3
     per_sample, wall_ms = (cpu1 - cpu0) / stored * 1e9, (wall1 - wall0) / len(timed) * 1e3
     flush_ns = (cpu2 - cpu1) / max(flushed, 1) * 1e9
-    print(f"requests timed: {len(timed)}, samples {stored:,}, flushed {flushed:,}")
+    print(f"decoder: {args.decoder}; requests timed: {len(timed)}, samples {stored:,}, "
+          f"flushed {flushed:,}")  # fmt: skip
     print(
         f"decode + durable store: {per_request:.3f} ms CPU per request "
         f"({per_sample:.0f} ns/sample; wall {wall_ms:.2f} ms)"

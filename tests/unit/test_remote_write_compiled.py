@@ -20,7 +20,8 @@ from tests.unit.test_remote_write_known import _body, _raw
 
 @pytest.fixture(scope="module")
 def compiled() -> Any:
-    walk = remote_write_known.compiled_walk(wait=True)
+    remote_write_known.start_compiling(wait=True)
+    walk = remote_write_known.compiled_walk()
     assert walk is not None, "numba's compiled decoder loads"
     return walk
 

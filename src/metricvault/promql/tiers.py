@@ -226,7 +226,7 @@ _KEY_BITS = 42  # a series' rank above its rows' times (from the batch's earlies
 
 KERNEL = "metricvault.promql.tiers_compiled"  # loaded by servers (metricvault.compiled)
 USE_COMPILED = True  # False: numpy alone (tests run both)
-EVALUATED = OVER_TIME | {"rate", "increase", "delta"}  # what the kernel answers
+EVALUATED = BUCKET_FUNCTIONS  # the kernel answers every function rows answer exactly
 
 
 def _evaluate_compiled(

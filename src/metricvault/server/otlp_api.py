@@ -84,11 +84,10 @@ class OtlpAPI:
         decoded, left = await gateway.in_write_thread(self.decode_and_store, body, request, who)
         if decoded.has_deltas:
             async with self.delta_lock:  # totals are read, stored and committed in turn
-                await self.store(decoded, who)
+                left = await run_in_threadpool(self._prepare, decoded, who)
+                await self._store(*left, who)
         elif left is not None:  # applied to the streams, not stored: the general store
-            write, pending = left
-            await gateway.store_decoded(write, who, "otlp")
-            pending.commit()
+            await self._store(*left, who)
         if decoded.points.rejected:
             gateway.metrics.rejected.labels("otlp_data_point").inc(decoded.points.rejected)
         content = response_body(
@@ -111,22 +110,21 @@ class OtlpAPI:
         )
         if decoded.has_deltas:
             return decoded, None
-        vault = gateway.vault
-        pending = self.streams.apply(decoded.points, who.tenant, vault.min_writable_ms())
-        # the kinds new series get, as Vault.write decides them (a known kind stands)
-        known_kind = vault.index.kind_of_metric if isinstance(vault, Vault) else None
-        write = to_write(decoded, known_kind)
-        if gateway.store_known(write, who, "otlp") is None:  # a tenant's, kinds to set, ...
+        write, pending = self._prepare(decoded, who)
+        if self.gateway.store_known(write, who, "otlp") is None:  # a tenant's, or not a Vault
             return decoded, (write, pending)
         pending.commit()  # only now: a refused request changes no stream
         return decoded, None
 
-    async def store(self, decoded: OtlpDecoded, who: Principal) -> None:
-        min_ms = await run_in_threadpool(self.gateway.vault.min_writable_ms)
-        pending = self.streams.apply(decoded.points, who.tenant, min_ms)
+    def _prepare(self, decoded: OtlpDecoded, who: Principal) -> tuple[DecodedWrite, Pending]:
+        """The request's write (the streams' zero samples and delta totals added) and what
+        the streams remember once it is stored (blocking: a worker thread)."""
         vault = self.gateway.vault
+        pending = self.streams.apply(decoded.points, who.tenant, vault.min_writable_ms())
         # the kinds new series get, as Vault.write decides them (a known kind stands)
         known_kind = vault.index.kind_of_metric if isinstance(vault, Vault) else None
-        write = await run_in_threadpool(to_write, decoded, known_kind)
+        return to_write(decoded, known_kind), pending
+
+    async def _store(self, write: DecodedWrite, pending: Pending, who: Principal) -> None:
         await self.gateway.store_decoded(write, who, "otlp")
         pending.commit()  # only now: a refused request changes no stream

@@ -95,8 +95,7 @@ class _Generation:
         self.first_token = series_key_block(max_series)  # its entries' SeriesRows keys
         self.ids: set[int] = set()
         self.distinct_ids = True  # no two entries share a series id (only ever turns False)
-        self.table: Any = None  # the compiled path's KeyTable, made by the first add after
-        # the compiled functions are ready (a generation made before holds none: numpy path)
+        self.table: Any = None  # the compiled path's KeyTable, made by its first decode
 
     def add(self, key: bytes, entry: KnownSeries) -> int:
         at = len(self.entries)
@@ -118,10 +117,7 @@ class _Generation:
         return at
 
     def _add_to_table(self, key: bytes, at: int) -> None:
-        walk = compiled_walk() if self.table is None else None
-        if walk is not None:
-            self.make_table(walk)
-        if self.table is not None:
+        if self.table is not None:  # else made with every entry by the first compiled decode
             self.table.add(key, at)
 
     def make_table(self, compiled: ModuleType) -> None:
@@ -184,13 +180,11 @@ USE_COMPILED = True  # False: numpy's path alone (tests run both)
 _MODULE = "metricvault.ingest.protocols.remote_write_compiled"
 
 
-def compiled_walk(wait: bool = False) -> ModuleType | None:
-    """The compiled decoder if a server has loaded it (``wait``: load it now, blocking),
-    else None: numpy's path. Decoding never starts the loading itself: a library user's
-    process gets no compiler thread it did not ask for."""
-    if not USE_COMPILED:
-        return None
-    return compiled.start(_MODULE, wait=True) if wait else compiled.ready(_MODULE)
+def compiled_walk() -> ModuleType | None:
+    """The compiled decoder if a server has loaded it (:func:`start_compiling`), else None:
+    numpy's path. Decoding never starts the loading itself: a library user's process gets no
+    compiler thread it did not ask for."""
+    return compiled.ready(_MODULE) if USE_COMPILED else None
 
 
 def start_compiling(wait: bool = False) -> bool:
