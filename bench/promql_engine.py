@@ -112,6 +112,12 @@ def child(
         compiled.start(tiers.KERNEL, wait=True)
     except (ImportError, AttributeError):
         pass
+    try:  # as a server has it: freed large blocks kept (trees that have the allocator)
+        from metricvault import allocator
+
+        allocator.keep_freed_memory()
+    except ImportError:
+        pass
     from metricvault.store.vault import Vault
 
     span, step, _ = RANGES[range_name]

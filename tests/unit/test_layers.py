@@ -18,6 +18,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "metricvault"
 
 # The leaf: imports nothing of metricvault but other leaf modules.
 LEAF = {
+    "metricvault.allocator",
     "metricvault.errors",
     "metricvault.durations",
     "metricvault.model",

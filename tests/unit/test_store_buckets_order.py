@@ -71,6 +71,17 @@ def test_long_runs_of_day_files_are_moved_as_slices_in_series_order() -> None:
     assert _rows(out) == _expected(table)
 
 
+def test_runs_that_go_on_across_chunks_are_moved_whole() -> None:
+    # the day files read as chunks that cut the runs: series 9's first day ends in chunk 2
+    day1, day2 = list(range(0, 40)), list(range(40, 80))
+    whole = _runs_table([(9, day1), (4, day1), (9, day2), (4, day2)])
+    table = pa.concat_tables([whole.slice(0, 25), whole.slice(25, 70), whole.slice(95)])
+    assert table["ts"].num_chunks == 3
+    out = _series_major(table)
+    assert _rows(out) == _expected(table)
+    assert out.schema == table.schema
+
+
 def test_short_runs_out_of_order_are_taken_row_by_row() -> None:
     table = _runs_table([(2, [5, 6]), (1, [5, 6]), (2, [1, 2]), (1, [1, 2])])
     out = _series_major(table)

@@ -515,12 +515,17 @@ def _exact_rows(selection: BucketSelection, flat: dict[str, np.ndarray], name: s
     if flat["nonfinite"].any():
         return False
     held = flat["count"] > 0
-    if (flat["first_ts"][held] < 0).any():
+    every = bool(held.all())  # as a day's rows are: no boolean copy of each column then
+
+    def of_held(column: np.ndarray) -> np.ndarray:
+        return column if every else column[held]
+
+    if (of_held(flat["first_ts"]) < 0).any():
         return False
     if name in _COUNTING:
         if not all(s.counter for s in selection.series):
             return False
-        return not bool(np.isnan(flat["increase"][held]).any())
+        return not bool(np.isnan(of_held(flat["increase"])).any())
     return True
 
 

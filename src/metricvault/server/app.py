@@ -324,16 +324,18 @@ def _warm_write_path() -> None:
     pyarrow import pandas (~0.5 s, seconds on a busy machine), which the first write would
     otherwise wait for."""
     pa.array(np.zeros(1, dtype=np.int64))
-    start_compiled()
+    prepare_server()
 
 
-def start_compiled() -> None:
+def prepare_server() -> None:
     """Start loading the server's numba-compiled code on threads: remote_write's decoder and
-    the rollup-row kernel of PromQL (requests use numpy until each is ready)."""
-    from metricvault import compiled
+    the rollup-row kernel of PromQL (requests use numpy until each is ready); and keep the
+    large blocks queries free for the next one (:mod:`metricvault.allocator`)."""
+    from metricvault import allocator, compiled
     from metricvault.ingest.protocols.remote_write_known import start_compiling
     from metricvault.promql import tiers
 
+    allocator.keep_freed_memory()
     start_compiling()
     compiled.start(tiers.KERNEL)
 
@@ -352,7 +354,7 @@ def create_ui_app(vault: Any, settings: Any) -> Any:
 
     gateway = Gateway(vault, settings)
     gateway.ready = True
-    start_compiled()  # PromQL's rollup-row kernel
+    prepare_server()  # PromQL's rollup-row kernel, the allocator's thresholds
     routes: list[Route] = []
     for api in (ui_api.API, experiments_api.API, health_api.API, prometheus_api.API):
         for route in api.routes(gateway):

@@ -474,9 +474,25 @@ def _series_major(table: pa.Table) -> pa.Table:
     if order.size * _SLICED_RUN_ROWS > sid.size:  # short runs: one take
         offsets = np.cumsum(lens) - lens
         return table.take(pa.array(np.arange(sid.size) - np.repeat(offsets - first, lens)))
-    return pa.concat_tables(
-        [table.slice(a, n) for a, n in zip(first.tolist(), lens.tolist(), strict=True)]
-    )
+    return _runs_of_batches(table, first, lens)
+
+
+def _runs_of_batches(table: pa.Table, first: np.ndarray, lens: np.ndarray) -> pa.Table:
+    """Rows ``first[i]:first[i] + lens[i]`` of ``table``, run after run, as slices of its
+    record batches: a table's own ``slice`` walks every chunk of every column to find a run
+    (a 7-day read is ~300 chunks, ~800 runs: 18 ms against 3 ms for the batches' slices)."""
+    batches = table.to_batches()
+    offsets = np.cumsum([0, *(b.num_rows for b in batches)])
+    at = np.searchsorted(offsets, first, "right") - 1  # the batch each run starts in
+    pieces = []
+    for a, n, i in zip(first.tolist(), lens.tolist(), at.tolist(), strict=True):
+        while n:  # a run may go on into the next batch
+            batch = batches[i]
+            offset = a - int(offsets[i])
+            piece = batch.slice(offset, min(n, batch.num_rows - offset))
+            pieces.append(piece)
+            a, n, i = a + piece.num_rows, n - piece.num_rows, i + 1
+    return pa.Table.from_batches(pieces, schema=table.schema)
 
 
 def _widen_to_empty_time(snapshot: Snapshot, start: int, end: int) -> tuple[int, int]:
