@@ -40,8 +40,8 @@ def keep_freed_memory(env: dict[str, str] | None = None) -> bool:
     except (OSError, AttributeError):  # musl, macOS: no mallopt
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    done = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
-    done = mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and done
+    done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1)
+    done = bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1) and done
     if not done:
         log.warning("mallopt refused the thresholds: glibc's defaults kept")
     return done

@@ -66,7 +66,7 @@ def _reduce(op: str, vec: StepVector, codes: np.ndarray, n: int) -> tuple[np.nda
     t = vec.n_steps
     present = vec.present
     count = np.zeros((n, t))
-    np.add.at(count, codes, present.astype(np.float64))
+    _add_rows(count, codes, present.astype(np.float64))
     any_present = count > 0
     with np.errstate(all="ignore"):
         if op in ("max", "min"):
@@ -79,7 +79,7 @@ def _reduce(op: str, vec: StepVector, codes: np.ndarray, n: int) -> tuple[np.nda
         if op == "group":
             return np.ones((n, t)), any_present
         total = np.zeros((n, t))
-        np.add.at(total, codes, np.where(present, vec.values, 0.0))
+        _add_rows(total, codes, np.where(present, vec.values, 0.0))
         if op == "sum":
             return total, any_present
         mean = total / count
@@ -91,6 +91,21 @@ def _reduce(op: str, vec: StepVector, codes: np.ndarray, n: int) -> tuple[np.nda
     raise PromQLError(f"unknown aggregation {op!r}", "bad_data")
 
 
+# Steps from which a group's rows are added one numpy call a row: ``np.add.at`` costs ~20 ns
+# an element (96 series x 1,441 steps: 2.6 ms a call), a row's ``np.add`` ~1 us plus its steps
+_ROW_BY_ROW_STEPS = 16
+
+
+def _add_rows(out: np.ndarray, codes: np.ndarray, rows: np.ndarray) -> None:
+    """``np.add.at(out, codes, rows)``: each row added to its group's, in the rows' order, so
+    every sum is the same float (one ``np.add`` a row where the rows are long)."""
+    if rows.shape[1] < _ROW_BY_ROW_STEPS:
+        np.add.at(out, codes, rows)
+        return
+    for r, g in enumerate(codes.tolist()):
+        np.add(out[g], rows[r], out=out[g])
+
+
 def _variance(vec: StepVector, codes: np.ndarray, n: int, count: np.ndarray) -> np.ndarray:
     # Relative to the group's first sample at each step, so equal values give exactly 0, and
     # a group of one sample is 0 whatever its value: both as Prometheus's Welford update.
@@ -99,11 +114,11 @@ def _variance(vec: StepVector, codes: np.ndarray, n: int, count: np.ndarray) -> 
         first[codes[r], vec.present[r]] = vec.values[r, vec.present[r]]
     shifted = np.where(vec.present, vec.values - first[codes], 0.0)
     total = np.zeros((n, vec.n_steps))
-    np.add.at(total, codes, shifted)
+    _add_rows(total, codes, shifted)
     mean = total / count
     dev = np.where(vec.present, shifted - mean[codes], 0.0)
     squares = np.zeros((n, vec.n_steps))
-    np.add.at(squares, codes, dev * dev)
+    _add_rows(squares, codes, dev * dev)
     return np.asarray(np.where(count == 1, 0.0, squares / count))
 
 

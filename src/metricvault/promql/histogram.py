@@ -50,12 +50,27 @@ def _group_quantile(
     n_steps = counts.shape[1]
     out = np.full(n_steps, np.nan)
     any_present = np.asarray(present.any(axis=0))
-    patterns, inverse = np.unique(present.T, axis=0, return_inverse=True)
-    for p, pattern in enumerate(patterns):
-        cols = np.flatnonzero(inverse.reshape(-1) == p)
+    for pattern, cols in _patterns(present):
         if pattern.any():
             out[cols] = _bucket_quantile(q[cols], bounds[pattern], counts[pattern][:, cols])
     return out, any_present
+
+
+def _patterns(present: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each distinct set of buckets present at some step (a column of ``present``), with
+    its steps. Usually every bucket is at every step: one set, found without a sort (numpy's
+    ``unique`` by rows sorts the steps' patterns as records: 5 ms at a day's 1,441 steps)."""
+    steps = present.shape[1]
+    if (present == present[:, :1]).all():
+        return [(present[:, 0], np.arange(steps))]
+    if present.shape[0] <= 62:  # a step's pattern as the bits of one integer
+        bits = np.left_shift(np.int64(1), np.arange(present.shape[0], dtype=np.int64))
+        keys = (present.T.astype(np.int64) * bits).sum(axis=1)
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        return [(present[:, c], np.flatnonzero(inverse == p)) for p, c in enumerate(first)]
+    patterns, inverse = np.unique(present.T, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    return [(pattern, np.flatnonzero(inverse == p)) for p, pattern in enumerate(patterns)]
 
 
 def _bucket_quantile(q: np.ndarray, bounds: np.ndarray, counts: np.ndarray) -> np.ndarray:
