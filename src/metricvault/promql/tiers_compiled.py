@@ -274,6 +274,7 @@ def evaluate(
 
 def columns_of(flat: dict[str, Any]) -> tuple[Any, ...]:
     """The kernel's columns from the rows laid end to end (empty where a function reads none)."""
+
     def column(name: str, dtype: type) -> Any:
         return np.ascontiguousarray(flat[name], dtype=dtype) if name in flat else np.zeros(0, dtype)
 
