@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -82,3 +84,23 @@ def test_series_formatted_together_keep_each_series_points() -> None:
         assert text == expect
         assert starts is not None and len(starts) == len(ts) + 1
         assert [text[s] for s in starts[:-1].tolist()] == ["["] * len(ts)
+        assert int(starts[-1]) == (len(text) + 1 if text else 0)
+
+
+def test_many_small_series_get_each_point_s_offset() -> None:
+    """A refresh's few points of many series (no negative zero among them): each series'
+    offsets come from one pass over every value, its timestamps' own (some off the second)."""
+    rng = np.random.default_rng(7)
+    items = []
+    for i in range(40):
+        n = int(rng.integers(1, 30))
+        ts = 1_796_000_000_000 + np.sort(rng.choice(10_000, n, replace=False)) * (15_000 + i % 3)
+        items.append((ts.astype(np.int64), rng.normal(size=n) * 10.0 ** (i % 9 - 4)))
+    for (ts, vs), (text, starts) in zip(items, format_series(items, with_starts=True), strict=True):
+        pieces = [
+            f'[{t / 1000!r},"{format_value(v)}"]'
+            for t, v in zip(ts.tolist(), vs.tolist(), strict=True)
+        ]
+        assert text == ",".join(pieces)
+        assert starts is not None
+        assert [text[a : b - 1] for a, b in itertools.pairwise(starts.tolist())] == pieces

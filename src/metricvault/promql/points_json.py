@@ -31,6 +31,15 @@ class Grids(dict[bytes, list[str]]):
     def __init__(self, heads: Heads) -> None:
         super().__init__()
         self.heads = heads
+        self._lengths: dict[int, np.ndarray] = {}  # by id of the list :meth:`of` returned
+
+    def lengths(self, ts: np.ndarray, heads: list[str]) -> np.ndarray:
+        """The length of each of ``heads`` (what :meth:`of` returned for ``ts``), computed
+        once per distinct timestamp array."""
+        found = self._lengths.get(id(heads))
+        if found is None:
+            found = self._lengths[id(heads)] = np.fromiter(map(len, heads), np.int64, ts.size)
+        return found
 
     def of(self, ts: np.ndarray) -> list[str]:
         key = ts.dtype.char.encode() + ts.tobytes()
@@ -134,10 +143,14 @@ def format_series(
     grids = Grids(heads)
     out: list[tuple[str, np.ndarray | None]] = []
     regular: list[int] = []
+    held = [np.asarray(vs, dtype=np.float64) for ts, vs in items if len(ts)]
+    # one test of every value: a negative zero is rare, and each series' own test cost a
+    # few numpy calls (most of the work for a refresh's few points of many series)
+    any_negative_zero = bool(held) and has_negative_zero(np.concatenate(held))
     for ts, vs in items:
         if not len(ts):
             out.append(("", np.zeros(1, np.int64) if with_starts else None))
-        elif has_negative_zero(vs):  # one distinct value with 0.0 in value_tails
+        elif any_negative_zero and has_negative_zero(vs):  # one value with 0.0 in value_tails
             out.append(_one_by_one(ts, vs, heads, with_starts))
         else:
             regular.append(len(out))
@@ -146,15 +159,21 @@ def format_series(
         return out
     values = np.concatenate([np.asarray(items[i][1], dtype=np.float64) for i in regular])
     tails = value_tails(values)
+    tail_lengths = np.fromiter(map(len, tails), np.int64, len(tails)) if with_starts else None
     at = 0
     for i in regular:
         ts = items[i][0]
         n = len(ts)
         parts: list[str] = [""] * (2 * n)
-        parts[0::2] = grids.of(ts)
+        parts[0::2] = series_heads = grids.of(ts)
         parts[1::2] = tails[at : at + n]
+        starts = None
+        if tail_lengths is not None:  # each point's length with its comma, summed up
+            lengths = grids.lengths(ts, series_heads) + tail_lengths[at : at + n]
+            starts = np.zeros(n + 1, np.int64)
+            np.cumsum(lengths, out=starts[1:])
         at += n
-        out[i] = ("".join(parts)[1:], _starts(parts, 2) if with_starts else None)
+        out[i] = ("".join(parts)[1:], starts)
     return out
 
 
