@@ -104,3 +104,17 @@ def test_many_small_series_get_each_point_s_offset() -> None:
         assert text == ",".join(pieces)
         assert starts is not None
         assert [text[a : b - 1] for a, b in itertools.pairwise(starts.tolist())] == pieces
+
+
+def test_values_arrow_writes_are_repr_s_text() -> None:
+    """Below 1e10 the values' texts come from Arrow's cast (points_json.ARROW_BELOW): each is
+    format_value's, at the boundaries and for digits as long as a float's."""
+    from metricvault.promql import points_json
+
+    assert points_json.arrow_writes_repr()  # this pyarrow: else repr writes them all
+    rng = np.random.default_rng(3)
+    edges = np.array([1e-4, 1.0000000000000002e-4, 9.999999999999999e9, 1e10 - 0.5, 0.1, 1 / 3,
+                      2 / 3, 123456789.12345679, 5e-4, 4.35e-4, 0.30000000000000004])  # fmt: skip
+    values = np.r_[edges, -edges, rng.random(20_000) * 10.0 ** rng.integers(-5, 17, 20_000)]
+    values = values[values != 0]
+    assert tails_of(values) == [format_value(v) + '"]' for v in values.tolist()]

@@ -96,19 +96,52 @@ def tails_of(vs: np.ndarray) -> list[str]:
     kind in a few passes instead of one :func:`format_value` call each: whole numbers under
     1e16 as integers (what ``repr`` writes, without its ``.0``), other finite values from
     1e-4 to 1e16 as ``repr`` writes them (no exponent there, and no ``.0`` ending: a
-    fraction's shortest digits are no whole number), the rest (NaN, ±Inf, exponents) one by
-    one."""
+    fraction's shortest digits are no whole number; below 1e10 by Arrow's cast, which writes
+    the same text: :func:`arrow_writes_repr`), the rest (NaN, ±Inf, exponents) one by one."""
     size = np.abs(vs)
     with np.errstate(invalid="ignore"):
         whole = (size < 1e16) & (vs == np.trunc(vs))
         plain = (size >= 1e-4) & (size < 1e16) & ~whole
     out = np.empty(vs.size, dtype=object)
     out[whole] = [text + '"]' for text in map(str, vs[whole].astype(np.int64).tolist())]
+    short = plain & (size < ARROW_BELOW) if arrow_writes_repr() else np.zeros(vs.size, bool)
+    if short.any():  # Arrow's shortest digits: repr's there, ~5x quicker than repr
+        texts = pc.binary_join_element_wise(pc.cast(pa.array(vs[short]), pa.string()), '"]', "")
+        out[short] = texts.to_numpy(zero_copy_only=False)  # (to_pylist: 4x slower)
+    plain &= ~short
     out[plain] = [text + '"]' for text in map(repr, vs[plain].tolist())]
-    rest = ~(whole | plain)
+    rest = ~(whole | plain | short)
     if rest.any():
         out[rest] = [format_value(v) + '"]' for v in vs[rest].tolist()]
     return list(out.tolist())
+
+
+# Arrow's cast of a float64 to a string writes the shortest digits that read back to it,
+# positionally from 1e-4 up to (not including) 1e10, exponents from there: there its text is
+# repr's, byte for byte (282,250 random values compared; checked once a process against
+# probes of every decade, and by tests/unit/test_promql_points_json.py), at ~110 ns a value
+# against repr's ~550 (and its list's) on the bench machine
+ARROW_BELOW = 1e10
+_ARROW_CHECKED: list[bool] = []
+
+
+def arrow_writes_repr() -> bool:
+    """Whether this pyarrow's float-to-string cast writes repr's text below
+    :data:`ARROW_BELOW` (probed on first use: values of every decade, both signs, and
+    ones whose shortest digits are long); else repr writes them all."""
+    if not _ARROW_CHECKED:
+        rng = np.random.default_rng(0)
+        decades = 10.0 ** np.arange(-4, 10, dtype=np.float64)
+        probes = np.concatenate([
+            decades * 1.5, decades * (1 + 2**-52), decades * 0.3 * 10, 1 / 3 * decades,
+            rng.random(2_000) * 10.0 ** rng.integers(-4, 10, 2_000),
+        ])  # fmt: skip
+        probes = np.concatenate([probes, -probes])
+        probes = probes[(np.abs(probes) >= 1e-4) & (np.abs(probes) < ARROW_BELOW)]
+        probes = probes[probes != np.trunc(probes)]
+        cast = pc.cast(pa.array(probes), pa.string()).to_pylist()
+        _ARROW_CHECKED.append(cast == list(map(repr, probes.tolist())))
+    return _ARROW_CHECKED[0]
 
 
 _PROBE = 256  # values sampled across an answer to see whether they repeat
