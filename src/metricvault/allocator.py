@@ -4,13 +4,14 @@ A PromQL query over days of rollup rows fills numpy arrays of megabytes (a colum
 million rows is 8 MB). glibc's malloc serves such blocks with ``mmap`` and returns them with
 ``munmap`` when freed (above its mmap threshold, or trimmed off the top of the heap), so the
 next query faults every page in again: on the 2-core machine of docs/benchmarks.md a 7-day
-histogram panel spent 19-21 ms of its ~140 ms of CPU in the kernel, ~5,000 page faults a
-query. :func:`keep_freed_memory` raises both thresholds in a server process (``mallopt``), so
-blocks up to :data:`MMAP_THRESHOLD` come from the heap and up to :data:`TRIM_THRESHOLD` of
-freed heap stays mapped for the next query: faults ~0 a query, the process's peak resident
-memory unchanged (what is kept was in use a moment before). One-shot commands keep glibc's
-defaults. Where glibc is not the C library, or the operator set ``MALLOC_MMAP_THRESHOLD_`` /
-``MALLOC_TRIM_THRESHOLD_`` (glibc's own tunables), nothing is changed.
+histogram panel spent 19-21 ms of its ~140 ms of CPU as system time (the OS kernel's),
+~5,000 page faults a query. :func:`keep_freed_memory` raises both thresholds in a server
+process (``mallopt``), so blocks up to :data:`MMAP_THRESHOLD` come from the heap and up to
+:data:`TRIM_THRESHOLD` of freed heap stays mapped for the next query: faults ~0 a query, the
+process's peak resident memory unchanged (what is kept was in use a moment before).
+One-shot commands keep glibc's defaults. Where glibc is not the C library, or the operator
+set ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` (glibc's own tunables), nothing
+is changed.
 """
 
 from __future__ import annotations
