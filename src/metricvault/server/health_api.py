@@ -84,6 +84,9 @@ class Health:
         while True:
             try:
                 await run_in_threadpool(self.update_gauges)
+            except OSError as exc:  # no file descriptor left: the next round tries again
+                if self.gateway.ready:
+                    log.error("updating the gateway's gauges failed: %s", exc)
             except Exception:
                 if self.gateway.ready:  # not the vault closing under it at shutdown
                     log.exception("updating the gateway's gauges failed")

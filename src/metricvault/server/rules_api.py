@@ -279,6 +279,8 @@ class Evaluator:
         while not stop.is_set():
             try:
                 self.step()
+            except OSError as exc:  # no file descriptor left, a failing disk: not a bug
+                log.error("rule evaluator pass failed: %s; the next pass tries again", exc)
             except Exception:  # a bug in one pass must not end the evaluator
                 log.exception("rule evaluator pass failed")
             self.gateway.metrics.rule_leader.set(1 if self.leader else 0)

@@ -46,6 +46,8 @@ async def flusher(gateway: Gateway) -> None:
         try:
             await run_in_threadpool(gateway.vault.flush)
             gateway.metrics.flush.observe(time.perf_counter() - started)
+        except OSError as exc:  # no file descriptor left, a full disk: not a bug, no traceback
+            log.error("flush failed (%s); buffered samples are kept and retried", exc)
         except Exception:  # samples stay in the durable buffer; try again next round
             log.exception("flush failed; buffered samples are kept and retried")
 
